@@ -1,0 +1,129 @@
+"""Compute-dtype policy and dynamic loss scaling for fp16 training.
+
+Params and optimizer state stay fp32; the forward and backward passes run in the compute dtype.
+fp16 gradients underflow unless the loss is scaled up first (Micikevicius et al. 2018,
+https://arxiv.org/abs/1710.03740), so with fp16 the scale adapts: it grows by `factor` after
+`growth_interval` finite steps in a row and shrinks by `factor` (never below `minimum`) on a step
+whose gradients hold an inf or NaN, which is then skipped. bf16 and fp32 need no scaling; with
+`dynamic=False` the same functions keep a constant scale of 1, so the trainer has one code path:
+
+    grads = unscale(mean_grads, ls)
+    finite = all_finite(grads)
+    new_params, new_opt = ...LARS update...
+    params, opt = select_tree(finite, (new_params, new_opt), (params, opt))
+    ls = update_loss_scale(ls, finite, growth_interval=..., factor=..., minimum=..., dynamic=...)
+
+All of it is pure and jit-friendly. Call it on gradients already averaged over devices, so every
+device takes the same skip/grow decision.
+"""
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+_COMPUTE_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
+
+
+def compute_dtype(name: str) -> jnp.dtype:
+    """The dtype named by `precision.compute`: 'bfloat16', 'float16' or 'float32'.
+
+    Raises:
+      ValueError: for any other name.
+    """
+    if name not in _COMPUTE_DTYPES:
+        raise ValueError(
+            f"precision.compute must be one of {sorted(_COMPUTE_DTYPES)}, got {name!r}"
+        )
+    return jnp.dtype(_COMPUTE_DTYPES[name])
+
+
+def needs_loss_scaling(dtype: jnp.dtype) -> bool:
+    """True for fp16, whose narrow exponent range makes small gradients underflow."""
+    return jnp.dtype(dtype) == jnp.float16
+
+
+class LossScaleState(NamedTuple):
+    """Loss-scaling state, replicated on every device and checkpointed with the params.
+
+    Attributes:
+      scale: fp32 scalar the loss is multiplied by.
+      good_steps: int32 scalar, finite steps since the scale last changed or overflowed.
+    """
+
+    scale: jax.Array
+    good_steps: jax.Array
+
+
+def init_loss_scale(initial: float = 2.0**15, *, dynamic: bool = True) -> LossScaleState:
+    """Initial state: scale `initial` if `dynamic`, else 1 (a no-op for bf16/fp32)."""
+    return LossScaleState(
+        scale=jnp.asarray(initial if dynamic else 1.0, jnp.float32),
+        good_steps=jnp.zeros([], jnp.int32),
+    )
+
+
+def scale_loss(loss: jax.Array, state: LossScaleState) -> jax.Array:
+    """The loss times the scale; differentiate this one."""
+    return loss * state.scale
+
+
+def unscale(grads: Any, state: LossScaleState) -> Any:
+    """Gradients of the scaled loss divided by the scale, in fp32 whatever their dtype."""
+    return jax.tree.map(lambda g: jnp.asarray(g, jnp.float32) / state.scale, grads)
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """bool scalar: no leaf of `tree` holds an inf or NaN (True for an empty tree)."""
+    leaves = jax.tree.leaves(tree)
+    return (
+        jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+        if leaves
+        else jnp.array(True)
+    )
+
+
+def update_loss_scale(
+    state: LossScaleState,
+    finite: jax.Array,
+    *,
+    growth_interval: int,
+    factor: float,
+    minimum: float,
+    dynamic: bool = True,
+) -> LossScaleState:
+    """The next loss-scale state after a step whose gradients were `finite` or not.
+
+    Not finite: scale / factor (at least `minimum`), good_steps 0. Finite: good_steps + 1; when
+    it reaches `growth_interval`, scale * factor and good_steps 0. With `dynamic=False` the state
+    is returned unchanged.
+
+    Args:
+      state: the current state.
+      finite: bool scalar, e.g. `all_finite(unscaled_grads)`.
+      growth_interval: finite steps in a row before the scale grows.
+      factor: growth and shrink factor (> 1).
+      minimum: floor of the scale.
+      dynamic: False for a constant scale (bf16/fp32).
+
+    Returns:
+      The new `LossScaleState`.
+    """
+    if not dynamic:
+        return state
+    good_steps = jnp.where(finite, state.good_steps + 1, 0)
+    grow = good_steps >= growth_interval
+    scale = jnp.where(
+        finite,
+        jnp.where(grow, state.scale * factor, state.scale),
+        jnp.maximum(state.scale / factor, minimum),
+    )
+    return LossScaleState(
+        scale=scale.astype(jnp.float32),
+        good_steps=jnp.where(grow, 0, good_steps).astype(jnp.int32),
+    )
+
+
+def select_tree(pred: jax.Array, new: Any, old: Any) -> Any:
+    """`new` where the bool scalar `pred` holds, else `old`, leaf by leaf (skips a bad step)."""
+    return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)

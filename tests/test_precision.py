@@ -1,0 +1,113 @@
+"""Compute-dtype policy and dynamic loss scaling vs a numpy re-implementation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jia_jax.precision import (
+    LossScaleState,
+    all_finite,
+    compute_dtype,
+    init_loss_scale,
+    needs_loss_scaling,
+    scale_loss,
+    select_tree,
+    unscale,
+    update_loss_scale,
+)
+
+
+def test_compute_dtype_and_which_needs_scaling():
+    assert compute_dtype("bfloat16") == jnp.bfloat16
+    assert compute_dtype("float16") == jnp.float16
+    assert compute_dtype("float32") == jnp.float32
+    assert [needs_loss_scaling(compute_dtype(n)) for n in ("bfloat16", "float16", "float32")] == [
+        False,
+        True,
+        False,
+    ]
+    with pytest.raises(ValueError, match=r"precision\.compute"):
+        compute_dtype("fp16")
+
+
+def ref_scale_sequence(pattern, initial, growth_interval, factor, minimum):
+    """numpy reference of the dynamic loss-scale rule; returns the scale after each step."""
+    scale, good, out = initial, 0, []
+    for finite in pattern:
+        if finite:
+            good += 1
+            if good == growth_interval:
+                scale, good = scale * factor, 0
+        else:
+            scale, good = max(scale / factor, minimum), 0
+        out.append((scale, good))
+    return out
+
+
+def test_scale_sequence_over_scripted_pattern():
+    # Growth after 3 finite steps; overflows that halve it down to (and hold it at) the floor.
+    pattern = [True] * 7 + [False] * 4 + [True, True, False] + [True] * 3 + [False]
+    kwargs = dict(growth_interval=3, factor=2.0, minimum=64.0)
+    step = jax.jit(lambda s, f: update_loss_scale(s, f, **kwargs))
+    state = init_loss_scale(256.0)
+    got = []
+    for finite in pattern:
+        state = step(state, jnp.asarray(finite))
+        assert state.scale.dtype == jnp.float32 and state.good_steps.dtype == jnp.int32
+        got.append((float(state.scale), int(state.good_steps)))
+    want = ref_scale_sequence(pattern, 256.0, **kwargs)
+    assert got == want  # powers of two: exact
+    assert (
+        min(s for s, _ in want) == 64.0 and max(s for s, _ in want) == 1024.0
+    )  # both ends exercised
+
+
+def test_static_scale_is_a_no_op():
+    state = init_loss_scale(2.0**15, dynamic=False)
+    assert float(state.scale) == 1.0
+    for finite in (True, False, True):
+        state = update_loss_scale(
+            state, jnp.asarray(finite), growth_interval=1, factor=2.0, minimum=1.0, dynamic=False
+        )
+    assert float(state.scale) == 1.0 and int(state.good_steps) == 0
+    loss = jnp.asarray(1.2345, jnp.float32)
+    assert scale_loss(loss, state) == loss
+
+
+def test_scale_then_unscale_is_exact_and_fp32():
+    rng = np.random.default_rng(0)
+    state = LossScaleState(
+        scale=jnp.asarray(2.0**12, jnp.float32), good_steps=jnp.zeros([], jnp.int32)
+    )
+    grads = {
+        "a": rng.normal(size=(3, 4)).astype(np.float16),
+        "b": rng.normal(size=(5,)).astype(np.float32),
+    }
+    # Gradients of the scaled loss: g * scale, exact in fp16 (power of two, no overflow here).
+    scaled = jax.tree.map(lambda g: jnp.asarray(g) * jnp.asarray(2.0**12, g.dtype), grads)
+    out = unscale(scaled, state)
+    for name in grads:
+        assert out[name].dtype == jnp.float32
+        np.testing.assert_array_equal(out[name], grads[name].astype(np.float32))  # bitwise
+    assert float(scale_loss(jnp.asarray(0.75), state)) == 0.75 * 2.0**12
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_all_finite_flags_one_bad_leaf(bad):
+    tree = {"a": jnp.ones((3,)), "b": {"c": jnp.zeros((2, 2), jnp.float16), "d": jnp.arange(4)}}
+    assert bool(all_finite(tree))
+    tree["b"]["c"] = tree["b"]["c"].at[1, 0].set(bad)
+    assert not bool(jax.jit(all_finite)(tree))
+    assert bool(all_finite({}))
+
+
+def test_select_tree_keeps_old_values_when_false():
+    old = {"w": jnp.ones((2, 3), jnp.bfloat16), "count": jnp.asarray(4, jnp.int32)}
+    new = {"w": jnp.full((2, 3), 7.0, jnp.bfloat16), "count": jnp.asarray(5, jnp.int32)}
+    select = jax.jit(select_tree)
+    kept, taken = select(jnp.asarray(False), new, old), select(jnp.asarray(True), new, old)
+    for got, want in ((kept, old), (taken, new)):
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64))

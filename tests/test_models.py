@@ -1,0 +1,218 @@
+"""Tests for jia_jax.models: parameter counts, mixed-precision dtypes, BatchNorm, zero-init."""
+
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jia_jax.models import MODEL_NAMES, create_model
+from jia_jax.models.alexnet import adaptive_avg_pool
+from jia_jax.models.resnet import BasicBlock, BottleneckBlock, ResNet
+
+
+def _abstract_variables(model: nn.Module, image_size: int) -> dict:
+    """Variable shapes without computing anything (jax.eval_shape)."""
+    x = jnp.zeros((1, image_size, image_size, 3), jnp.float32)
+    return jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False))
+
+
+def _init(model: nn.Module, x: jax.Array) -> dict:
+    # The 'rbg' PRNG compiles several times faster on CPU than the default threefry.
+    return jax.jit(lambda: model.init(jax.random.key(0, impl="rbg"), x, train=False))()
+
+
+def _count(tree) -> int:
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(tree))
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        # torchvision's counts for the same nets (convs without bias, BN gamma/beta, fc w+b).
+        ("resnet18", 11_689_512),
+        ("resnet34", 21_797_672),
+        ("resnet50", 25_557_032),
+        ("resnet101", 44_549_160),
+    ],
+)
+def test_resnet_parameter_count(name, expected):
+    variables = _abstract_variables(create_model(name, num_classes=1000, dtype="bfloat16"), 224)
+    assert _count(variables["params"]) == expected
+
+
+def test_alexnet_bn_parameter_count_and_pool5_size():
+    # Hand count at 1000 classes. Convs and fc6/fc7 have no bias (BN follows); every BN has
+    # gamma and beta, one pair per channel/feature.
+    conv = (
+        11 * 11 * 3 * 96  # conv1      34,848
+        + 5 * 5 * 96 * 256  # conv2   614,400
+        + 3 * 3 * 256 * 384  # conv3  884,736
+        + 3 * 3 * 384 * 384  # conv4 1,327,104
+        + 3 * 3 * 384 * 256  # conv5  884,736
+    )  # 3,745,824
+    bn = 2 * (96 + 256 + 384 + 384 + 256 + 256 + 4096 + 4096)  # conv1..5, pool5, fc6, fc7: 19,648
+    fc = (
+        6 * 6 * 256 * 4096  # fc6 37,748,736
+        + 4096 * 4096  # fc7 16,777,216
+        + (4096 * 1000 + 1000)  # fc8 4,097,000 (with bias: no BN after the logits)
+    )  # 58,622,952
+    assert conv + bn + fc == 62_388_424
+
+    model = create_model("alexnet_bn", num_classes=1000, dtype="bfloat16")
+    variables = _abstract_variables(model, 224)
+    assert _count(variables["params"]) == conv + bn + fc
+
+    # At 224x224 pool5 must already be 6x6 (so the adaptive pool is the identity there).
+    x = jnp.zeros((1, 224, 224, 3), jnp.float32)
+    _, state = jax.eval_shape(
+        lambda v: model.apply(
+            v, x, train=False, capture_intermediates=lambda m, _: m.name == "pool5_bn"
+        ),
+        variables,
+    )
+    assert state["intermediates"]["pool5_bn"]["__call__"][0].shape == (1, 6, 6, 256)
+
+
+def test_adaptive_avg_pool_matches_torch_bins():
+    rng = np.random.default_rng(0)
+    # Bins [floor(i*H/6), ceil((i+1)*H/6)) written out by hand for H = 4 and H = 1.
+    bins = {4: [(0, 1), (0, 2), (1, 2), (2, 3), (2, 4), (3, 4)], 1: [(0, 1)] * 6}
+    for size, size_bins in bins.items():
+        x = rng.standard_normal((2, size, size, 3))
+        expected = np.empty((2, 6, 6, 3))
+        for i, (r0, r1) in enumerate(size_bins):
+            for j, (c0, c1) in enumerate(size_bins):
+                expected[:, i, j] = x[:, r0:r1, c0:c1].mean(axis=(1, 2))
+        got = adaptive_avg_pool(jnp.asarray(x, jnp.float32), 6)
+        # fp32 sums of <= 4 unit-normal values: errors ~1e-7; 1e-6 leaves margin.
+        np.testing.assert_allclose(np.asarray(got, np.float64), expected, atol=1e-6)
+    x6 = jnp.asarray(rng.standard_normal((1, 6, 6, 2)), jnp.bfloat16)
+    assert adaptive_avg_pool(x6, 6) is x6
+
+
+@pytest.fixture(scope="module")
+def tiny_resnet50():
+    """A bf16 ResNet-50 of width 4 on 8x8 images, initialised once for the tests below."""
+    model = create_model("resnet50", num_classes=5, dtype=jnp.bfloat16, width=4, small_inputs=True)
+    return model, _init(model, jnp.zeros((6, 8, 8, 3), jnp.float32))
+
+
+def test_resnet_bf16_forward_and_batchnorm_update(tiny_resnet50):
+    """bf16 compute, fp32 BN statistics and logits; the running mean/var follow numpy float64.
+
+    Small-integer images and stem kernel make the stem conv's output small integers, exact in
+    bf16, so stem_bn's input is known exactly whatever XLA fuses, and an fp32 reduction of it
+    must match float64 to fp32 rounding, while a bf16 one would be off by ~2^-9 relative.
+    """
+    model, variables = tiny_resnet50
+    rng = np.random.default_rng(1)
+    x = rng.integers(-2, 3, size=(6, 8, 8, 3)).astype(np.float64)
+    kernel = rng.integers(-1, 2, size=(3, 3, 3, 4)).astype(np.float64)
+    params = {**variables["params"], "stem_conv": {"kernel": jnp.asarray(kernel, jnp.float32)}}
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(params))
+
+    logits, state = jax.jit(
+        lambda v, x: model.apply(
+            v,
+            x,
+            train=True,
+            mutable=["batch_stats", "intermediates"],
+            capture_intermediates=lambda m, _: m.name == "stem_conv",
+        )
+    )({**variables, "params": params}, jnp.asarray(x, jnp.float32))
+    assert logits.shape == (6, 5) and logits.dtype == jnp.float32
+    assert np.all(np.isfinite(np.asarray(logits)))
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(state["batch_stats"]))
+
+    # 3x3 stride-1 conv with zero padding 1, in float64.
+    xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    h = sum(
+        np.einsum("nhwc,co->nhwo", xp[:, i : i + 8, j : j + 8], kernel[i, j])
+        for i in range(3)
+        for j in range(3)
+    )
+    stem_out = state["intermediates"]["stem_conv"]["__call__"][0]
+    assert stem_out.dtype == jnp.bfloat16  # the convs really run in bf16
+    np.testing.assert_array_equal(np.asarray(stem_out, np.float64), h)  # integers |h| <= 54
+
+    # Batch mean and biased variance over N, H, W blended into the initial running averages
+    # (0 and 1) with momentum 0.9. fp32 rounding of a few operations: relative error < 1e-6.
+    stats = state["batch_stats"]["stem_bn"]
+    np.testing.assert_allclose(stats["mean"], 0.1 * h.mean(axis=(0, 1, 2)), rtol=1e-6)
+    np.testing.assert_allclose(stats["var"], 0.9 + 0.1 * h.var(axis=(0, 1, 2)), rtol=1e-6)
+
+
+def test_resnet_last_bn_gamma_zero_init(tiny_resnet50):
+    _, variables = tiny_resnet50
+    params = variables["params"]
+    blocks = [k for k in params if k.startswith("stage")]
+    assert len(blocks) == 3 + 4 + 6 + 3
+    for block in blocks:
+        for layer, p in params[block].items():
+            if "scale" in p:
+                # bn3 ends the residual branch; bn1, bn2 and the projection's BN start at 1.
+                expected = 0.0 if layer == "bn3" else 1.0
+                np.testing.assert_array_equal(p["scale"], expected, err_msg=f"{block}/{layer}")
+
+
+@pytest.mark.parametrize("block_cls, channels", [(BasicBlock, 4), (BottleneckBlock, 16)])
+def test_fresh_residual_block_is_identity(block_cls, channels):
+    """Zero last gamma (and zero beta) make the residual branch 0: the block is relu(x)."""
+    block = block_cls(
+        features=4,
+        strides=1,
+        conv=functools.partial(nn.Conv, use_bias=False),
+        norm=functools.partial(nn.BatchNorm, use_running_average=False),
+    )
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 5, 5, channels)), jnp.float32)
+    variables = jax.jit(block.init)(jax.random.key(0, impl="rbg"), x)
+    y, _ = jax.jit(lambda v: block.apply(v, x, mutable=["batch_stats"]))(variables)
+    np.testing.assert_array_equal(y, np.maximum(np.asarray(x), 0.0))
+
+
+def test_alexnet_bf16_small_images_and_dropout():
+    model = create_model(
+        "alexnet_bn",
+        num_classes=7,
+        dtype="bfloat16",
+        width=6,
+        small_inputs=True,
+        dropout_rate=0.5,
+    )
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((4, 8, 8, 3)), jnp.float32)
+    variables = _init(model, x)
+
+    @jax.jit
+    def train_apply(seed):
+        rngs = {"dropout": jax.random.key(seed, impl="rbg")}
+        return model.apply(variables, x, train=True, mutable=["batch_stats"], rngs=rngs)
+
+    logits, state = train_apply(1)
+    assert logits.shape == (4, 7) and logits.dtype == jnp.float32
+    assert np.all(np.isfinite(np.asarray(logits)))
+    stats = state["batch_stats"]
+    assert set(stats) == {f"conv{i}_bn" for i in range(1, 6)} | {"pool5_bn", "fc6_bn", "fc7_bn"}
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(stats))
+    assert all(np.any(s["mean"] != 0) for s in stats.values())  # every BN layer updated
+    # Dropout is active in training (another mask, other logits) ...
+    assert not np.array_equal(logits, train_apply(2)[0])
+    # ... and off in evaluation, which then needs no 'dropout' RNG (apply would raise).
+    eval_logits = jax.jit(lambda v: model.apply(v, x, train=False))(variables)
+    assert eval_logits.shape == (4, 7) and np.all(np.isfinite(np.asarray(eval_logits)))
+
+
+def test_unknown_model_name_lists_valid_names():
+    with pytest.raises(ValueError, match=r"model\.name") as err:
+        create_model("vgg16", num_classes=10, dtype="float32")
+    assert all(name in str(err.value) for name in MODEL_NAMES)
+
+
+def test_bad_depth_is_rejected():
+    with pytest.raises(ValueError, match="depth 20"):
+        ResNet(num_classes=10, depth=20)
+    with pytest.raises(ValueError, match=r"model\.depth"):
+        create_model("resnet50", num_classes=10, dtype="float32", depth=18)

@@ -1,0 +1,339 @@
+"""Checkpoints of the training state and preemption handling.
+
+A checkpoint holds two items: ``state``, any pytree of (sharded or replicated) `jax.Array`s
+(params, optimizer state, batch stats, loss scale, RNG key data, step), and ``meta``, a JSON dict
+(config, data-iterator position, seed). Saves are asynchronous and atomic (orbax writes to a
+temporary directory and renames it when every process has finished); the newest
+``max_to_keep`` are kept.
+
+Typical use in the training loop::
+
+  ckpt = Checkpointer(workdir / "checkpoints", max_to_keep=3, save_every_steps=1000)
+  restored = ckpt.restore_latest(abstract_state)  # abstract_state: from jax.eval_shape
+  with PreemptionHandler() as preemption:
+    for step in range(start, total_steps):
+      state, metrics = train_step(state, batch)
+      ckpt.save(step, state, meta)  # no-op unless step % save_every_steps == 0
+      # A collective: every process calls it at the same steps.
+      if step % log_every_steps == 0 and preemption.agreed_stop():
+        ckpt.save(step, state, meta, force=True)
+        break
+  ckpt.close()  # waits for the last save
+"""
+
+from __future__ import annotations
+
+import signal
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+PyTree = Any
+
+_STATE = "state"
+_META = "meta"
+# Sub-directory that receives checkpoints found unreadable, so they are kept for inspection but
+# no longer shadow the step numbers the resumed run will save again.
+_CORRUPT_DIR = "corrupt"
+# How many differences a mismatch error lists before summarising the rest.
+_MAX_LISTED_DIFFERENCES = 10
+# Tensorstore errors embed their whole spec; the start says what went wrong.
+_MAX_ERROR_CHARS = 400
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint's arrays do not match the state the trainer expects to restore."""
+
+
+class _UnreadableCheckpointError(RuntimeError):
+    """A checkpoint's metadata could not be read."""
+
+
+class Checkpointer:
+    """Saves and restores the training state with an orbax `CheckpointManager`.
+
+    All methods must be called by every process (orbax synchronises them); the directory must
+    be shared by all processes.
+
+    Args:
+      directory: Where checkpoints live, one sub-directory per step.
+      max_to_keep: How many of the newest checkpoints to keep.
+      save_every_steps: `save` writes only at multiples of this (unless forced).
+    """
+
+    def __init__(
+        self, directory: epath.PathLike, *, max_to_keep: int, save_every_steps: int
+    ) -> None:
+        self._directory = epath.Path(directory).absolute()
+        self._manager = ocp.CheckpointManager(
+            self._directory,
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=max_to_keep,
+                save_interval_steps=save_every_steps,
+                enable_async_checkpointing=True,
+                # Left-over temporary directories are saves that never committed.
+                cleanup_tmp_directories=True,
+            ),
+            item_handlers={
+                _STATE: ocp.StandardCheckpointHandler(),
+                _META: ocp.JsonCheckpointHandler(),
+            },
+        )
+
+    @property
+    def directory(self) -> epath.Path:
+        """The checkpoint directory (absolute)."""
+        return self._directory
+
+    def all_steps(self) -> Sequence[int]:
+        """Steps of the committed checkpoints, ascending."""
+        return sorted(self._manager.all_steps())
+
+    def save(
+        self, step: int, state: PyTree, meta: Mapping[str, Any], *, force: bool = False
+    ) -> bool:
+        """Starts an asynchronous save of `state` and `meta` at `step`.
+
+        Returns once the arrays are copied off the devices, so `state` may be donated to the
+        next step right away. Waits first for the previous save to finish.
+
+        Args:
+          step: Training step the state belongs to.
+          state: Pytree of arrays.
+          meta: JSON-serialisable dict.
+          force: Save even if `step` is not a multiple of `save_every_steps` (for preemption
+            and the final step).
+
+        Returns:
+          Whether a save was started (False off the save interval, or if `step` is saved already).
+        """
+        if force and step in self._manager.all_steps():
+            return False
+        return self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{_STATE: ocp.args.StandardSave(state), _META: ocp.args.JsonSave(dict(meta))}
+            ),
+            force=force,
+        )
+
+    def restore_latest(self, abstract_state: PyTree) -> tuple[int, PyTree, dict] | None:
+        """Restores the newest readable checkpoint onto the shardings of `abstract_state`.
+
+        An unreadable checkpoint (truncated or missing files) is logged as a warning, moved to
+        ``<directory>/corrupt/`` (never deleted) and the previous one is tried.
+
+        Args:
+          abstract_state: Pytree of `jax.ShapeDtypeStruct` with shardings, e.g. from
+            `jax.eval_shape` of the state initialiser plus the target shardings.
+
+        Returns:
+          ``(step, state, meta)``, or None if the directory holds no readable checkpoint.
+
+        Raises:
+          CheckpointMismatchError: The newest readable checkpoint holds arrays of another
+            structure, shape or dtype (another model or optimizer config).
+        """
+        _check_has_shardings(abstract_state)
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            error = None
+            try:
+                restored = self._restore(step, abstract_state)
+            except CheckpointMismatchError:
+                raise
+            except Exception as e:  # Any read failure makes the checkpoint "unreadable".
+                error = e
+            # Every process must resume from the same step, even if only one failed to read.
+            if not any_process(error is not None):
+                return step, restored[_STATE], dict(restored[_META])
+            reason = (
+                f"{type(error).__name__}: {str(error)[:_MAX_ERROR_CHARS]}"
+                if error is not None
+                else "it failed to load on another process"
+            )
+            quarantined = self._quarantine(step)
+            logging.warning(
+                "Checkpoint at step %d in %s is unreadable (%s); moved it to %s and trying the "
+                "previous checkpoint.",
+                step,
+                self._directory,
+                reason,
+                quarantined,
+            )
+        return None
+
+    def wait(self) -> None:
+        """Blocks until the pending save is committed; raises its error if it failed."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for the pending save and releases orbax's resources."""
+        self._manager.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _restore(self, step: int, abstract_state: PyTree) -> Mapping[str, Any]:
+        self._check_matches(step, abstract_state)
+        return self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                **{_STATE: ocp.args.StandardRestore(abstract_state), _META: ocp.args.JsonRestore()}
+            ),
+        )
+
+    def _check_matches(self, step: int, abstract_state: PyTree) -> None:
+        metadata = self._manager.metadata(step).item_metadata[_STATE]
+        if metadata is None:
+            raise _UnreadableCheckpointError(f"no readable array metadata for step {step}")
+        # Older orbax versions return the tree itself, newer ones wrap it.
+        stored = _flat_shapes(getattr(metadata, "tree", metadata))
+        expected = _flat_shapes(ocp.tree.serialize_tree(abstract_state))
+        differences = _describe_differences(stored, expected)
+        if differences:
+            raise CheckpointMismatchError(
+                f"The checkpoint at step {step} in {self._directory} does not match the training "
+                "state of this config (another model, optimizer or precision setting?):\n  "
+                + "\n  ".join(differences)
+                + "\nTo start a new run with this config, use a new --workdir. To resume this run, "
+                "use the config it was saved with (stored in the checkpoint's meta/metadata file)."
+            )
+
+    def _quarantine(self, step: int) -> epath.Path:
+        corrupt_dir = self._directory / _CORRUPT_DIR
+        destination = corrupt_dir / str(step)
+        copy = 1
+        while destination.exists():
+            destination = corrupt_dir / f"{step}_{copy}"
+            copy += 1
+        if jax.process_index() == 0:
+            corrupt_dir.mkdir(parents=True, exist_ok=True)
+            (self._directory / str(step)).rename(destination)
+        ocp.multihost.sync_global_processes(f"jia_jax_checkpoint_quarantine_{step}")
+        self._manager.reload()
+        return destination
+
+
+def _check_has_shardings(abstract_state: PyTree) -> None:
+    missing = [
+        jax.tree_util.keystr(path)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(abstract_state)
+        if getattr(leaf, "sharding", None) is None
+    ]
+    if missing:
+        raise ValueError(
+            "restore_latest needs a target sharding for every leaf, e.g. "
+            "jax.ShapeDtypeStruct(shape, dtype, sharding=...); missing for: " + ", ".join(missing)
+        )
+
+
+def _flat_shapes(tree: PyTree) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    return {
+        ".".join(path): (tuple(leaf.shape), np.dtype(leaf.dtype))
+        for path, leaf in ocp.tree.to_flat_dict(tree).items()
+    }
+
+
+def _describe_differences(
+    stored: Mapping[str, tuple[tuple[int, ...], np.dtype]],
+    expected: Mapping[str, tuple[tuple[int, ...], np.dtype]],
+) -> list[str]:
+    def fmt(shape_dtype: tuple[tuple[int, ...], np.dtype]) -> str:
+        return f"{shape_dtype[1].name}{list(shape_dtype[0])}"
+
+    differences = [
+        f"{name}: in the state {fmt(expected[name])}, not in the checkpoint"
+        for name in sorted(expected.keys() - stored.keys())
+    ]
+    differences += [
+        f"{name}: in the checkpoint {fmt(stored[name])}, not in the state"
+        for name in sorted(stored.keys() - expected.keys())
+    ]
+    differences += [
+        f"{name}: checkpoint {fmt(stored[name])}, state {fmt(expected[name])}"
+        for name in sorted(stored.keys() & expected.keys())
+        if stored[name] != expected[name]
+    ]
+    if len(differences) > _MAX_LISTED_DIFFERENCES:
+        rest = len(differences) - _MAX_LISTED_DIFFERENCES
+        differences = differences[:_MAX_LISTED_DIFFERENCES] + [f"... and {rest} more"]
+    return differences
+
+
+def any_process(flag: bool) -> bool:
+    """Returns True on every process if `flag` is True on at least one.
+
+    A collective over all devices: every process must call it at the same point of the program.
+    """
+    if jax.process_count() == 1:
+        return flag
+    mesh = Mesh(np.array(jax.devices()), ("processes",))
+    shards = [jax.device_put(np.full((1,), flag, np.int32), d) for d in jax.local_devices()]
+    flags = jax.make_array_from_single_device_arrays(
+        (jax.device_count(),), NamedSharding(mesh, PartitionSpec("processes")), shards
+    )
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return bool(jax.jit(jnp.max, out_shardings=replicated)(flags))
+
+
+class PreemptionHandler:
+    """Turns SIGTERM/SIGINT into a request to save a checkpoint and stop.
+
+    The first signal of each kind only sets a flag; the handler that was installed before is
+    then put back, so a second Ctrl-C (or SIGTERM) acts as usual. Create it in the main thread
+    (Python delivers signals there). The training loop calls `agreed_stop()` every N steps —
+    the same steps on every process — and on True saves with ``force=True``, waits and exits
+    with status 0.
+
+    Args:
+      signals: The signals to catch.
+    """
+
+    def __init__(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)) -> None:
+        self._requested = False
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in signals}
+
+    @property
+    def requested(self) -> bool:
+        """Whether this process received a stop signal."""
+        return self._requested
+
+    def agreed_stop(self) -> bool:
+        """True on all processes if any process received a stop signal (a collective)."""
+        return any_process(self._requested)
+
+    def close(self) -> None:
+        """Puts back the signal handlers that were installed before."""
+        for sig in list(self._previous):
+            signal.signal(sig, self._pop_previous(sig))
+
+    def __enter__(self) -> PreemptionHandler:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _handle(self, signum: int, frame: types.FrameType | None) -> None:
+        del frame
+        self._requested = True
+        signal.signal(signum, self._pop_previous(signum))
+        logging.warning(
+            "Received %s: will save a checkpoint and stop; send it again to stop at once.",
+            signal.Signals(signum).name,
+        )
+
+    def _pop_previous(self, sig: int) -> Any:
+        previous = self._previous.pop(sig)
+        # None means the previous handler was not installed from Python.
+        return signal.SIG_DFL if previous is None else previous

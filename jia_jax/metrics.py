@@ -1,0 +1,214 @@
+"""Training metrics: lagged device-to-host fetch, progress lines and TensorBoard scalars.
+
+The loop never blocks on the step it just dispatched: `LaggedFetch` hands back step t's metrics
+only after step t+1 is queued, so the device always has work while the host logs::
+
+  lagged = LaggedFetch()
+  meter = ProgressMeter(total_steps=n, global_batch_size=b, start_step=start)
+  with MetricsWriter(workdir) as writer:
+    for step in range(start, n):
+      state, metrics = train_step(state, batch)  # dispatched, not finished
+      fetched = lagged.push(step, metrics, fetch=step % log_every_steps == 0)
+      if fetched is not None:
+        done_step, values = fetched
+        throughput = meter.measure(done_step)
+        logging.info(format_progress(done_step, n, values, throughput))
+        writer.write_scalars(done_step, {"train/" + k: v for k, v in values.items()}
+                             | {"train/images_per_sec": throughput.images_per_sec})
+
+Tags written by the trainer: ``train/{loss,lr,accuracy,images_per_sec,loss_scale}`` and
+``eval/{top1,top5}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+import tensorboardX
+from etils import epath
+
+HostMetrics = tuple[int, dict[str, float]]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A metric that must stay finite (the loss) became inf or NaN."""
+
+
+def check_finite(step: int, metrics: Mapping[str, float], keys: Sequence[str]) -> None:
+    """Raises `NonFiniteLossError` naming the step if any of `keys` is inf or NaN.
+
+    Args:
+      step: The step the metrics belong to.
+      metrics: Host metrics of that step.
+      keys: Names of the metrics to check; names absent from `metrics` are skipped.
+    """
+    bad = {k: metrics[k] for k in keys if k in metrics and not math.isfinite(metrics[k])}
+    if bad:
+        values = ", ".join(f"{k} = {v}" for k, v in bad.items())
+        raise NonFiniteLossError(
+            f"Training diverged at step {step}: {values}. Try a lower optimizer.learning_rate "
+            "or a longer optimizer.warmup_epochs; with precision.compute='float16' check the "
+            "loss scale settings. Rerunning with the same --workdir resumes from the last "
+            "checkpoint."
+        )
+
+
+class LaggedFetch:
+    """Holds step t's device metrics and fetches them to host after step t+1 is dispatched.
+
+    Args:
+      finite_keys: Metrics that must be finite; checked on every fetch (pass ``()`` where the
+        step skips non-finite updates itself, as fp16 loss scaling does).
+    """
+
+    def __init__(self, *, finite_keys: Sequence[str] = ("loss",)) -> None:
+        self._finite_keys = tuple(finite_keys)
+        self._pending: tuple[int, Mapping[str, jax.Array]] | None = None
+
+    def push(
+        self, step: int, metrics: Mapping[str, jax.Array], *, fetch: bool = True
+    ) -> HostMetrics | None:
+        """Holds `metrics` of the just-dispatched `step`; returns the held step's on host.
+
+        Args:
+          step: The step that was just dispatched.
+          metrics: Its scalar device metrics (not yet computed, usually).
+          fetch: Whether this step's metrics are wanted (e.g. a log step); unwanted ones are
+            dropped without a device-to-host transfer.
+
+        Returns:
+          ``(step, {name: float})`` of the previously held step, or None if none was held.
+
+        Raises:
+          NonFiniteLossError: A `finite_keys` metric of the fetched step is inf or NaN.
+        """
+        previous, self._pending = self._pending, ((step, metrics) if fetch else None)
+        return None if previous is None else self._fetch(*previous)
+
+    def flush(self) -> HostMetrics | None:
+        """Fetches the held metrics, if any (at the end of training)."""
+        previous, self._pending = self._pending, None
+        return None if previous is None else self._fetch(*previous)
+
+    def _fetch(self, step: int, metrics: Mapping[str, jax.Array]) -> HostMetrics:
+        host = {name: float(np.asarray(value)) for name, value in jax.device_get(metrics).items()}
+        check_finite(step, host, self._finite_keys)
+        return step, host
+
+
+@dataclasses.dataclass(frozen=True)
+class Throughput:
+    """Training speed over the last measured interval."""
+
+    steps_per_sec: float
+    images_per_sec: float
+    eta_seconds: float
+
+
+def eta_seconds(step: int, total_steps: int, steps_per_sec: float) -> float:
+    """Seconds left to reach `total_steps` from `step` at `steps_per_sec` (inf if not moving)."""
+    remaining = max(total_steps - step, 0)
+    if remaining == 0:
+        return 0.0
+    return remaining / steps_per_sec if steps_per_sec > 0 else math.inf
+
+
+def format_duration(seconds: float) -> str:
+    """Formats seconds as ``H:MM:SS`` (``Nd H:MM:SS`` past a day; ``?`` if unknown)."""
+    if not math.isfinite(seconds):
+        return "?"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    clock = f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{days}d {clock}" if days else clock
+
+
+class ProgressMeter:
+    """Measures throughput and ETA between successive log steps.
+
+    Args:
+      total_steps: The step training ends at.
+      global_batch_size: Images per step over all devices.
+      start_step: The step timing starts from (the first step of this run).
+      clock: Seconds as a float; injectable for tests.
+    """
+
+    def __init__(
+        self,
+        *,
+        total_steps: int,
+        global_batch_size: int,
+        start_step: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._total_steps = total_steps
+        self._global_batch_size = global_batch_size
+        self._clock = clock
+        self._last_step = start_step
+        self._last_time = clock()
+
+    def measure(self, step: int) -> Throughput:
+        """Throughput from the previous call (or the start) to `step`, and the ETA."""
+        now = self._clock()
+        elapsed = now - self._last_time
+        steps_per_sec = (step - self._last_step) / elapsed if elapsed > 0 else 0.0
+        self._last_step, self._last_time = step, now
+        return Throughput(
+            steps_per_sec=steps_per_sec,
+            images_per_sec=steps_per_sec * self._global_batch_size,
+            eta_seconds=eta_seconds(step, self._total_steps, steps_per_sec),
+        )
+
+
+def format_progress(
+    step: int, total_steps: int, metrics: Mapping[str, float], throughput: Throughput
+) -> str:
+    """One console line: step/total, each metric, images/s and ETA."""
+    width = len(str(total_steps))
+    fields = [f"step {step:>{width}d}/{total_steps}"]
+    fields += [f"{name} {value:.4g}" for name, value in metrics.items()]
+    fields += [
+        f"{throughput.images_per_sec:.1f} img/s",
+        f"ETA {format_duration(throughput.eta_seconds)}",
+    ]
+    return " | ".join(fields)
+
+
+class MetricsWriter:
+    """Writes scalars as TensorBoard event files, from one process only.
+
+    Args:
+      logdir: Directory for the event files (e.g. the workdir).
+      enabled: Whether this process writes; by default only process 0 does.
+    """
+
+    def __init__(self, logdir: epath.PathLike, *, enabled: bool | None = None) -> None:
+        if enabled is None:
+            enabled = jax.process_index() == 0
+        self._writer = tensorboardX.SummaryWriter(logdir=str(logdir)) if enabled else None
+
+    def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+        """Writes each ``tag: value`` at `step` and flushes (log steps are rare)."""
+        if self._writer is None:
+            return
+        for tag, value in scalars.items():
+            self._writer.add_scalar(tag, float(value), global_step=step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        """Flushes and closes the event file."""
+        if self._writer is not None:
+            self._writer.close()
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

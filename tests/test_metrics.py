@@ -1,0 +1,109 @@
+"""Tests for jia_jax.metrics: event files, lagged fetch, ETA and the non-finite loss check."""
+
+import math
+import struct
+
+import jax
+import jax.numpy as jnp
+import pytest
+from tensorboardX.proto import event_pb2
+
+from jia_jax import metrics
+
+
+def read_scalars(logdir):
+    """Parses the TFRecord event files in `logdir` into {(tag, step): value}."""
+    scalars = {}
+    files = sorted(logdir.glob("events.out.tfevents.*"))
+    for path in files:
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            # Record: uint64 length, uint32 length crc, payload, uint32 payload crc.
+            (length,) = struct.unpack("<Q", data[offset : offset + 8])
+            payload = data[offset + 12 : offset + 12 + length]
+            offset += 12 + length + 4
+            event = event_pb2.Event.FromString(payload)
+            for value in event.summary.value:
+                scalars[(value.tag, event.step)] = value.simple_value
+    return files, scalars
+
+
+def test_writer_writes_scalars_readable_as_events(tmp_path):
+    written = {
+        10: {"train/loss": 2.5, "train/lr": 0.1, "train/images_per_sec": 1234.5},
+        20: {"train/loss": 1.25, "eval/top1": 0.75, "eval/top5": jnp.float32(0.9)},
+    }
+    with metrics.MetricsWriter(tmp_path, enabled=True) as writer:
+        for step, scalars in written.items():
+            writer.write_scalars(step, scalars)
+    files, scalars = read_scalars(tmp_path)
+    assert len(files) == 1
+    expected = {(tag, step): float(v) for step, s in written.items() for tag, v in s.items()}
+    assert scalars.keys() == expected.keys()
+    for key, value in expected.items():
+        # Event files store float32: relative error <= 2**-24.
+        assert scalars[key] == pytest.approx(value, rel=1e-7), key
+
+
+def test_disabled_writer_writes_nothing(tmp_path):
+    with metrics.MetricsWriter(tmp_path, enabled=False) as writer:
+        writer.write_scalars(1, {"train/loss": 1.0})
+    assert not list(tmp_path.iterdir())
+
+
+@jax.jit
+def fake_step(step):
+    return {"loss": 1.0 / (step + 1.0), "accuracy": step * 0.1}
+
+
+def test_lagged_fetch_returns_step_t_after_step_t_plus_1():
+    lagged = metrics.LaggedFetch()
+    assert lagged.push(0, fake_step(0)) is None
+    assert lagged.push(1, fake_step(1)) == (0, {"loss": 1.0, "accuracy": 0.0})
+    # Step 2 is not wanted: pushing it still fetches step 1, and step 2 is never fetched.
+    step, values = lagged.push(2, fake_step(2), fetch=False)
+    assert step == 1 and values == pytest.approx({"loss": 0.5, "accuracy": 0.1}, rel=1e-6)
+    assert lagged.push(3, fake_step(3)) is None
+    step, values = lagged.flush()
+    # float32 on device: relative error <= 1e-6.
+    assert step == 3 and values == pytest.approx({"loss": 0.25, "accuracy": 0.3}, rel=1e-6)
+    assert lagged.flush() is None
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_non_finite_loss_raises_with_step_and_hint(bad):
+    lagged = metrics.LaggedFetch()
+    lagged.push(41, {"loss": jnp.float32(bad)})
+    with pytest.raises(metrics.NonFiniteLossError, match=r"step 41: loss = (nan|inf)") as info:
+        lagged.push(42, {"loss": jnp.float32(1.0)})
+    assert "learning_rate" in str(info.value)
+
+
+def test_non_finite_check_can_be_disabled_for_fp16():
+    lagged = metrics.LaggedFetch(finite_keys=())
+    lagged.push(0, {"loss": jnp.float32(math.nan)})
+    step, values = lagged.flush()
+    assert step == 0 and math.isnan(values["loss"])
+
+
+def test_eta_and_duration_arithmetic():
+    assert metrics.eta_seconds(100, 1100, 2.0) == 500.0
+    assert metrics.eta_seconds(1100, 1100, 2.0) == 0.0
+    assert metrics.eta_seconds(5, 10, 0.0) == math.inf
+    assert metrics.format_duration(3723) == "1:02:03"
+    assert metrics.format_duration(86400 + 3661) == "1d 1:01:01"
+    assert metrics.format_duration(math.inf) == "?"
+
+
+def test_progress_meter_and_line_use_interval_rates():
+    times = iter([100.0, 110.0, 115.0])
+    meter = metrics.ProgressMeter(
+        total_steps=1000, global_batch_size=256, start_step=0, clock=lambda: next(times)
+    )
+    first = meter.measure(50)  # 50 steps in 10 s
+    assert first == metrics.Throughput(5.0, 5.0 * 256, (1000 - 50) / 5.0)
+    second = meter.measure(100)  # 50 steps in 5 s
+    assert second == metrics.Throughput(10.0, 10.0 * 256, (1000 - 100) / 10.0)
+    line = metrics.format_progress(50, 1000, {"loss": 2.34567, "lr": 0.1}, first)
+    assert line == "step   50/1000 | loss 2.346 | lr 0.1 | 1280.0 img/s | ETA 0:03:10"

@@ -1,0 +1,37 @@
+"""AlexNet with BatchNorm (incl. after pool5) at global batch 65,536 with LARS (Jia et al. 2018).
+
+Jia et al. train it 95 epochs to 58.7% top-1 with LARS, mixed precision and no weight decay on
+bias/BN; You et al. 2017 (LARS) report AlexNet-BN at 8K-32K with trust coefficient 0.001, poly(2)
+decay, momentum 0.9, weight decay 5e-4 and a few warmup epochs. We scale LR 13 at 8K-class settings
+linearly and warm up longer at 64K.
+
+Run:
+  python -m jia_jax.main --config=configs/alexnet_bn_64k.py --workdir=/ckpt/alexnet_64k \
+      --config.data.data_dir=/path/to/tensorflow_datasets
+"""
+
+import ml_collections
+
+from configs import default
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = default.get_config()
+  config.model.name = "alexnet_bn"
+  config.global_batch_size = 65536
+  config.eval_batch_size = 4096
+  config.num_epochs = 95.0
+  config.optimizer.name = "lars"
+  config.optimizer.base_learning_rate = 0.08  # per 256 images: peak 20.5 at 64K
+  config.optimizer.momentum = 0.9
+  config.optimizer.weight_decay = 5e-4
+  config.optimizer.trust_coefficient = 0.001
+  config.optimizer.warmup_epochs = 10.0
+  config.optimizer.decay = "poly"
+  config.optimizer.power = 2.0
+  config.optimizer.end_learning_rate = 0.0
+  config.comm.strategy = "hierarchical"
+  config.log_every_steps = 10
+  config.eval_every_steps = 200
+  config.checkpoint_every_steps = 200
+  return config

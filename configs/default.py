@@ -1,0 +1,74 @@
+"""Defaults shared by every config: ResNet-50 on ImageNet at the classic batch of 256.
+
+Run:
+  python -m jia_jax.main --config=configs/default.py --workdir=/tmp/jia_jax/default \
+      --config.data.data_dir=/path/to/tensorflow_datasets
+"""
+
+import ml_collections
+
+MIB = 1 << 20
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+
+  # `name` picks the architecture; the other fields are passed to its constructor.
+  config.model = ml_collections.ConfigDict({"name": "resnet50"})
+
+  config.data = ml_collections.ConfigDict()
+  config.data.name = "imagenet2012"
+  config.data.data_dir = ml_collections.config_dict.placeholder(str)
+  config.data.image_size = 224
+  config.data.num_classes = 1000  # used only by `synthetic`; real datasets report their own
+  config.data.train_split = "train"
+  config.data.eval_split = "validation"
+
+  config.global_batch_size = 256
+  config.eval_batch_size = 256
+  config.num_epochs = 90.0
+  config.total_steps = -1  # -1: derived from num_epochs and the train-set size
+
+  # -1 infers: node = number of processes, gpu = devices per process.
+  config.mesh = ml_collections.ConfigDict({"node": -1, "gpu": -1})
+  # Set these three only for a hand-rolled launcher; SLURM and mpirun are detected.
+  config.distributed = ml_collections.ConfigDict({
+      "coordinator_address": ml_collections.config_dict.placeholder(str),
+      "num_processes": ml_collections.config_dict.placeholder(int),
+      "process_id": ml_collections.config_dict.placeholder(int),
+  })
+
+  config.precision = ml_collections.ConfigDict()
+  config.precision.compute = "bfloat16"
+  # Dynamic loss scaling, used only with float16 compute.
+  config.precision.loss_scale = ml_collections.ConfigDict(
+      {"initial": 2.0**15, "growth_interval": 2000, "factor": 2.0, "minimum": 1.0})
+
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.name = "sgd"
+  config.optimizer.base_learning_rate = 0.1  # per 256 images (linear scaling rule)
+  config.optimizer.learning_rate = config.optimizer.get_ref("base_learning_rate") * (
+      config.get_ref("global_batch_size") / 256)
+  config.optimizer.momentum = 0.9
+  config.optimizer.nesterov = False
+  config.optimizer.weight_decay = 1e-4
+  config.optimizer.trust_coefficient = 0.001
+  config.optimizer.warmup_epochs = 5.0
+  config.optimizer.decay = "cosine"
+  config.optimizer.power = 2.0
+  config.optimizer.end_learning_rate = 0.0
+
+  config.loss = ml_collections.ConfigDict({"label_smoothing": 0.1})
+
+  config.comm = ml_collections.ConfigDict()
+  config.comm.strategy = "xla"
+  config.comm.bucket_bytes = 64 * MIB
+  config.comm.dtype = "float32"
+  config.comm.hybrid_crossover_bytes = 4 * MIB
+
+  config.log_every_steps = 100
+  config.eval_every_steps = 5000
+  config.checkpoint_every_steps = 5000
+  config.checkpoint_keep = 3
+  return config

@@ -20,6 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.name = "alexnet_bn"
   config.global_batch_size = 65536
   config.eval_batch_size = 4096
+  config.microbatch_size = 512
   config.num_epochs = 95.0
   config.optimizer.name = "lars"
   config.optimizer.base_learning_rate = 0.08  # per 256 images: peak 20.5 at 64K

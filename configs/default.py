@@ -27,6 +27,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.global_batch_size = 256
   config.eval_batch_size = 256
+  # Per-device images per forward/backward pass; a larger per-device batch accumulates gradients
+  # over microbatches of this size (each its own BatchNorm batch). 0: no accumulation.
+  config.microbatch_size = 0
   config.num_epochs = 90.0
   config.total_steps = -1  # -1: derived from num_epochs and the train-set size
 

@@ -22,6 +22,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.name = "resnet50"
   config.global_batch_size = 65536
   config.eval_batch_size = 4096
+  # 256 images per pass fits an 80 GB GPU in bf16; fewer than 256 GPUs accumulate gradients.
+  config.microbatch_size = 256
   config.num_epochs = 90.0
   config.optimizer.name = "lars"
   # 23 at 65,536 is 0.0898 per 256 images under the linear scaling rule.

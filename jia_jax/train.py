@@ -88,7 +88,7 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     model: the flax module, built with the compute dtype.
     tx: the optimizer (runs in fp32 on the reduced, unscaled gradients).
     learning_rate: the schedule, only for logging it.
-    config: the run config (`precision`, `loss`, `comm` blocks are read).
+    config: the run config (`precision`, `loss`, `comm` blocks and `microbatch_size` are read).
     mesh: the ("node", "gpu") mesh.
   """
   compute = precision.compute_dtype(config.precision.compute)
@@ -102,12 +102,9 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
                      f"{('xla', *allreduce.STRATEGIES)}.")
   wire_dtype = jnp.dtype(comm.dtype)
   xla_reduces = comm.strategy == "xla"
+  microbatch = config.microbatch_size
 
-  def per_device(params, batch_stats, scale, batch):
-    # Differentiate with respect to the compute-dtype copy, so gradients come out in that dtype
-    # (what the paper sends over the wire) instead of being upcast inside backward.
-    low_params = _cast_floats(params, compute)
-
+  def local_grads(low_params, batch_stats, scale, batch):
     def scaled_loss(p):
       logits, new_vars = model.apply(
           {"params": p, "batch_stats": batch_stats}, batch["image"].astype(compute),
@@ -117,6 +114,39 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
 
     grads, (loss, logits, new_stats) = jax.grad(scaled_loss, has_aux=True)(low_params)
     metrics = {"loss": loss, "top1": jnp.mean(loss_lib.topk_correct(logits, batch["label"], 1))}
+    return grads, new_stats, metrics
+
+  def accumulated_grads(low_params, batch_stats, scale, batch):
+    """Gradient accumulation over microbatches: a 64K global batch on a handful of GPUs.
+
+    Each microbatch is one BatchNorm batch; the running statistics advance once per microbatch,
+    as they would over the same images split across more devices.
+    """
+    per_device_batch = batch["label"].shape[0]
+    if not microbatch or microbatch >= per_device_batch:
+      return local_grads(low_params, batch_stats, scale, batch)
+    if per_device_batch % microbatch:
+      raise ValueError(f"microbatch_size={microbatch} must divide the per-device batch "
+                       f"({per_device_batch} = global_batch_size / {num_devices} devices).")
+    steps = per_device_batch // microbatch
+    micro = jax.tree.map(lambda x: x.reshape(steps, microbatch, *x.shape[1:]), batch)
+
+    def body(carry, mb):
+      total, stats = carry
+      grads, stats, metrics = local_grads(low_params, stats, scale, mb)
+      return (jax.tree.map(lambda t, g: t + g.astype(jnp.float32), total, grads), stats), metrics
+
+    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), low_params)
+    (total, new_stats), metrics = jax.lax.scan(body, (zeros, batch_stats), micro)
+    # Back to the compute dtype: the wire carries what a single pass would have produced.
+    grads = jax.tree.map(lambda t, p: (t / steps).astype(p.dtype), total, low_params)
+    return grads, new_stats, jax.tree.map(jnp.mean, metrics)
+
+  def per_device(params, batch_stats, scale, batch):
+    # Differentiate with respect to the compute-dtype copy, so gradients come out in that dtype
+    # (what the paper sends over the wire) instead of being upcast inside backward.
+    low_params = _cast_floats(params, compute)
+    grads, new_stats, metrics = accumulated_grads(low_params, batch_stats, scale, batch)
     if xla_reduces:
       # Hand per-device values out stacked along a device axis; the mean over it is written as
       # ordinary array code below, so XLA chooses and combines the collectives itself.

@@ -48,21 +48,24 @@ def build(config, mesh):
   return model, state, step
 
 
-def reference_step(model, params, batch_stats, batch, num_devices):
-  """One device: per-chunk grads and BN stats (what each mesh device sees), averaged in float64,
-  then SGD with momentum and weight decay on weights only, written out by hand."""
-  images = np.split(batch["image"], num_devices)
-  labels = np.split(batch["label"], num_devices)
+def reference_step(model, params, batch_stats, batch, num_devices, microbatches=1):
+  """One device: per-device grads and BN stats, averaged in float64, then SGD with momentum and
+  weight decay on weights only, written out by hand. With microbatches, each device's slice is
+  split again; gradients average over all pieces and each device's running BN statistics advance
+  once per microbatch, in order."""
   grads, stats = [], []
-  for x, y in zip(images, labels):
-    def loss_fn(p):
-      logits, new = model.apply({"params": p, "batch_stats": batch_stats}, x, train=True,
-                                mutable=["batch_stats"])
-      onehot = jax.nn.one_hot(y, 10)
-      return -jnp.mean(jnp.sum(onehot * jax.nn.log_softmax(logits), -1)), new["batch_stats"]
-    g, s = jax.grad(loss_fn, has_aux=True)(params)
-    grads.append(jax.tree.map(lambda a: np.asarray(a, np.float64), g))
-    stats.append(jax.tree.map(lambda a: np.asarray(a, np.float64), s))
+  for x_dev, y_dev in zip(np.split(batch["image"], num_devices),
+                          np.split(batch["label"], num_devices)):
+    dev_stats = batch_stats
+    for x, y in zip(np.split(x_dev, microbatches), np.split(y_dev, microbatches)):
+      def loss_fn(p):
+        logits, new = model.apply({"params": p, "batch_stats": dev_stats}, x, train=True,
+                                  mutable=["batch_stats"])
+        onehot = jax.nn.one_hot(y, 10)
+        return -jnp.mean(jnp.sum(onehot * jax.nn.log_softmax(logits), -1)), new["batch_stats"]
+      g, dev_stats = jax.grad(loss_fn, has_aux=True)(params)
+      grads.append(jax.tree.map(lambda a: np.asarray(a, np.float64), g))
+    stats.append(jax.tree.map(lambda a: np.asarray(a, np.float64), dev_stats))
   mean = lambda *xs: sum(xs) / len(xs)
   grad = jax.tree.map(mean, *grads)
   new_stats = jax.tree.map(mean, *stats)
@@ -81,9 +84,10 @@ def assert_tree_close(actual, expected, rtol, atol):
     np.testing.assert_allclose(np.asarray(a, np.float64), e, rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("strategy", ["xla", "hierarchical"])
-def test_mesh_step_equals_single_device_reference(strategy):
+@pytest.mark.parametrize("strategy, microbatches", [("xla", 1), ("hierarchical", 1), ("flat", 2)])
+def test_mesh_step_equals_single_device_reference(strategy, microbatches):
   config = tiny_config(strategy)
+  config.microbatch_size = GLOBAL_BATCH // 8 // microbatches
   mesh = mesh_lib.create_mesh(2, 4)
   model, state, step = build(config, mesh)
   params0 = jax.device_get(state.params)
@@ -93,7 +97,8 @@ def test_mesh_step_equals_single_device_reference(strategy):
 
   new_state, metrics = step(state, sharded)
 
-  want_params, want_stats = reference_step(model, params0, stats0, batch, mesh.devices.size)
+  want_params, want_stats = reference_step(model, params0, stats0, batch, mesh.devices.size,
+                                           microbatches)
   # fp32 compute vs float64 averaging: relative 1e-5, with an absolute floor for near-zero weights.
   assert_tree_close(new_state.params, want_params, rtol=1e-5, atol=1e-7)
   assert_tree_close(new_state.batch_stats, want_stats, rtol=1e-5, atol=1e-7)

@@ -53,6 +53,10 @@ class CheckpointMismatchError(ValueError):
     """The checkpoint's arrays do not match the state the trainer expects to restore."""
 
 
+class NoReadableCheckpointError(RuntimeError):
+    """Every checkpoint in the directory failed to load."""
+
+
 class _UnreadableCheckpointError(RuntimeError):
     """A checkpoint's metadata could not be read."""
 
@@ -73,6 +77,7 @@ class Checkpointer:
         self, directory: epath.PathLike, *, max_to_keep: int, save_every_steps: int
     ) -> None:
         self._directory = epath.Path(directory).absolute()
+        self._save_every_steps = save_every_steps
         self._manager = ocp.CheckpointManager(
             self._directory,
             options=ocp.CheckpointManagerOptions(
@@ -117,6 +122,9 @@ class Checkpointer:
         """
         if force and step in self._manager.all_steps():
             return False
+        # Orbax would also save the first step of a run whatever the interval; we don't.
+        if not force and step % self._save_every_steps:
+            return False
         return self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -141,8 +149,10 @@ class Checkpointer:
         Raises:
           CheckpointMismatchError: The newest readable checkpoint holds arrays of another
             structure, shape or dtype (another model or optimizer config).
+          NoReadableCheckpointError: There were checkpoints, and none could be read.
         """
         _check_has_shardings(abstract_state)
+        unreadable = []
         for step in sorted(self._manager.all_steps(), reverse=True):
             error = None
             try:
@@ -167,6 +177,14 @@ class Checkpointer:
                 self._directory,
                 reason,
                 quarantined,
+            )
+            unreadable.append(step)
+        if unreadable:
+            # Starting over silently would throw a run away, e.g. on a bug in our restore path.
+            raise NoReadableCheckpointError(
+                f"No checkpoint in {self._directory} could be read (steps {unreadable}, moved to "
+                f"{self._directory / _CORRUPT_DIR}; see the warnings above). Rerun to start "
+                "from step 0 in this workdir, or use a new --workdir."
             )
         return None
 
@@ -199,7 +217,9 @@ class Checkpointer:
             raise _UnreadableCheckpointError(f"no readable array metadata for step {step}")
         # Older orbax versions return the tree itself, newer ones wrap it.
         stored = _flat_shapes(getattr(metadata, "tree", metadata))
-        expected = _flat_shapes(ocp.tree.serialize_tree(abstract_state))
+        # Flattened by key path, named as orbax names the stored arrays. (Not via serialize_tree:
+        # it fails on sequences that hold a leafless node first, e.g. optax's EmptyState.)
+        expected = _flat_shapes(abstract_state)
         differences = _describe_differences(stored, expected)
         if differences:
             raise CheckpointMismatchError(

@@ -132,6 +132,46 @@ def test_corrupt_latest_falls_back_to_previous(mesh, tmp_path, caplog, damaged):
         assert ckpt.save(2, state, {"step": 2})
 
 
+def test_real_optimizer_state_with_an_empty_entry_round_trips(mesh, tmp_path):
+    """optax states hold leafless nodes (MaskedState(EmptyState())) first: regression test for
+    a shape check that failed on them and quarantined every good checkpoint."""
+    import optax
+
+    params = {"w": np.arange(12.0, dtype=np.float32).reshape(3, 4), "b": np.ones(4, np.float32)}
+    tx = optax.chain(
+        optax.masked(optax.add_decayed_weights(1e-4), {"w": True, "b": False}),
+        optax.sgd(0.1, momentum=0.9),
+    )
+    host = {"params": params, "opt_state": tx.init(params), "step": np.int32(3)}
+    replicated = NamedSharding(mesh, P())
+    state = jax.tree.map(lambda x: jax.device_put(x, replicated), host)
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=replicated), host
+    )
+    with checkpoint.Checkpointer(tmp_path, max_to_keep=2, save_every_steps=1) as ckpt:
+        ckpt.save(3, state, {"step": 3})
+        ckpt.wait()
+        step, restored, _ = ckpt.restore_latest(abstract)
+    assert step == 3
+    assert not (tmp_path / "corrupt").exists()
+    assert_bitwise_equal(restored, host)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_no_readable_checkpoint_fails_loudly_instead_of_starting_over(mesh, tmp_path):
+    shards = shardings(mesh, P())
+    with checkpoint.Checkpointer(tmp_path, max_to_keep=2, save_every_steps=1) as ckpt:
+        ckpt.save(1, device_state(host_state(seed=1), shards), {"step": 1})
+        ckpt.wait()
+    for path in (tmp_path / "1" / "state").rglob("*"):
+        if path.is_file():
+            os.truncate(path, path.stat().st_size // 2)
+    with checkpoint.Checkpointer(tmp_path, max_to_keep=2, save_every_steps=1) as ckpt:
+        with pytest.raises(checkpoint.NoReadableCheckpointError, match="--workdir"):
+            ckpt.restore_latest(abstract_state(host_state(seed=1), shards))
+    assert (tmp_path / "corrupt" / "1" / "state").is_dir()
+
+
 def test_mismatched_state_raises_and_keeps_checkpoint(mesh, tmp_path):
     host = host_state(seed=3)
     shards = shardings(mesh, P())

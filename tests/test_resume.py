@@ -1,0 +1,243 @@
+"""End to end: the trainer CLI is stopped (SIGTERM, SIGKILL) or finds a damaged or foreign
+checkpoint, and every run that resumes ends bitwise equal to one that was never interrupted.
+
+Each training run is `python -m jia_jax.main` in a subprocess (a tiny ResNet-18 on 8x8 digits,
+2x4 mesh of simulated CPU devices, 12 steps). The runs share a persistent XLA compilation cache,
+so only the first one compiles. Checkpoints are read back with orbax directly, independently of
+`jia_jax.checkpoint`. The foreign-checkpoint test calls the trainer in this process instead: it
+stops before compiling anything.
+"""
+
+import hashlib
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import digits
+from jia_jax import checkpoint
+from jia_jax import loop
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TOTAL_STEPS = 12
+# Few saves (each costs about a second of host time here); orbax also saves the first step.
+CHECKPOINT_EVERY = 6
+# Preemption is polled every 4 steps (jia_jax.loop), so a stop lands on 4 or 8: off the
+# checkpoint interval, a save of its own.
+PREEMPTION_POLL_STEPS = 4
+# Every checkpoint is kept so that any step can be compared with the uninterrupted run's;
+# warmup is 0.2 epochs (4 steps) of the 12.
+OVERRIDES = {
+    "model.width": 4,
+    "data.image_size": 8,
+    "checkpoint_every_steps": CHECKPOINT_EVERY,
+    "checkpoint_keep": 10,
+    "log_every_steps": 1,
+    "optimizer.warmup_epochs": 0.2,
+}
+# Generous: the first run compiles, and the CI box may be busy.
+RUN_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("xla_cache")
+    return {
+        **os.environ,
+        # Cheaper LLVM compiles (the model is tiny); the same flags for every run.
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
+        "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+        "JAX_PLATFORMS": "cpu",
+        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+    }
+
+
+def start(env, workdir):
+    command = [sys.executable, "-m", "jia_jax.main", "--config=configs/digits.py",
+               f"--workdir={workdir}", f"--config.total_steps={TOTAL_STEPS}"]
+    command += [f"--config.{name}={value}" for name, value in OVERRIDES.items()]
+    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def run_to_end(env, workdir):
+    """Runs the trainer until it exits by itself; returns its log."""
+    process = start(env, workdir)
+    try:
+        log, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        process.kill()
+    assert process.returncode == 0, log
+    return log
+
+
+def read_until(process, pattern):
+    """Consumes the process's log up to the first line matching `pattern`; returns the lines."""
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if re.search(pattern, line):
+            return lines
+    process.wait()
+    pytest.fail(f"the trainer ended (code {process.returncode}) before a line matched "
+                f"{pattern!r}:\n{''.join(lines)}")
+
+
+def progress_line(step):
+    return rf"step\s+{step}/{TOTAL_STEPS} \|"
+
+
+def checkpoint_steps(workdir):
+    """Steps of the committed checkpoints (orbax renames a finished save to its step number)."""
+    directory = Path(workdir) / "checkpoints"
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def read_state(workdir, step):
+    """The checkpoint's arrays as host numpy, keyed by their path in the state."""
+    with ocp.StandardCheckpointer() as reader:
+        state = reader.restore(Path(workdir) / "checkpoints" / str(step) / "state")
+    return {".".join(k): np.asarray(v) for k, v in ocp.tree.to_flat_dict(state).items()}
+
+
+def assert_bitwise_equal(state, reference):
+    assert state.keys() == reference.keys()
+    different = [k for k in reference
+                 if (state[k].dtype, state[k].shape, state[k].tobytes())
+                 != (reference[k].dtype, reference[k].shape, reference[k].tobytes())]
+    assert not different, f"{len(different)} of {len(reference)} arrays differ: {different[:5]}"
+
+
+def resumed_step(log):
+    match = re.search(r"resumed from the checkpoint of step (\d+)", log)
+    return int(match.group(1)) if match else None
+
+
+def file_digests(directory):
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(directory).rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def reference(env, tmp_path_factory):
+    """Workdir of the uninterrupted run of TOTAL_STEPS."""
+    workdir = tmp_path_factory.mktemp("reference")
+    log = run_to_end(env, workdir)
+    assert resumed_step(log) is None
+    assert checkpoint_steps(workdir)[-1] == TOTAL_STEPS
+    return workdir
+
+
+def test_sigterm_saves_exits_zero_and_resumes_bitwise(env, reference, tmp_path):
+    process = start(env, tmp_path)
+    try:
+        # The handler is installed before the first step, so it is in place once step 1 logs.
+        head = read_until(process, progress_line(1))
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        process.kill()
+    log = "".join(head) + rest
+    assert process.returncode == 0, log
+    match = re.search(r"Preemption signal: saved the checkpoint of step (\d+)", log)
+    assert match, log
+    stop = int(match.group(1))
+    # The signal arrives long before the last step, so the resumed run has steps left to do.
+    assert stop % PREEMPTION_POLL_STEPS == 0 and stop < TOTAL_STEPS, log
+    assert checkpoint_steps(tmp_path)[-1] == stop
+    assert read_state(tmp_path, stop)["step"] == stop
+    assert "final eval" not in log
+
+    log = run_to_end(env, tmp_path)
+    assert resumed_step(log) == stop
+    assert re.search(progress_line(stop + 1), log) and not re.search(progress_line(stop), log)
+    assert_bitwise_equal(read_state(tmp_path, TOTAL_STEPS), read_state(reference, TOTAL_STEPS))
+
+
+def test_sigkill_loses_no_committed_checkpoint_and_resumes_bitwise(env, reference, tmp_path):
+    # Seed 3 kills 0.18 s after step 5 logs, about when the step-6 save is in flight.
+    rng = random.Random(3)
+    kill_after_step, delay_s = rng.randint(2, TOTAL_STEPS - 2), rng.uniform(0.0, 0.3)
+    process = start(env, tmp_path)
+    try:
+        read_until(process, progress_line(kill_after_step))
+        # Sleeping with the pipe unread is safe: the rest of the log fits the pipe's buffer.
+        time.sleep(delay_s)
+        before_kill = checkpoint_steps(tmp_path)
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        process.kill()
+    assert process.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+
+    after_kill = checkpoint_steps(tmp_path)
+    assert set(before_kill) <= set(after_kill)
+    reference_steps = set(checkpoint_steps(reference))
+    for step in after_kill:
+        state = read_state(tmp_path, step)  # every committed checkpoint is complete
+        assert state["step"] == step
+        if step in reference_steps:
+            assert_bitwise_equal(state, read_state(reference, step))
+
+    log = run_to_end(env, tmp_path)
+    assert resumed_step(log) == (after_kill[-1] if after_kill else None), log
+    assert_bitwise_equal(read_state(tmp_path, TOTAL_STEPS), read_state(reference, TOTAL_STEPS))
+    # An interrupted save leaves a temporary directory; the next run cleans it up.
+    leftovers = [p.name for p in (tmp_path / "checkpoints").iterdir() if not p.name.isdigit()]
+    assert not leftovers, leftovers
+
+
+def test_truncated_latest_checkpoint_falls_back_to_previous(env, reference, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir)
+    latest = workdir / "checkpoints" / str(TOTAL_STEPS)
+    # OCDBT keeps the array chunks in the files of "d/" folders.
+    array_files = [p for p in (latest / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+    assert array_files
+    for path in array_files:
+        os.truncate(path, path.stat().st_size // 2)
+
+    log = run_to_end(env, workdir)
+    assert re.search(rf"Checkpoint at step {TOTAL_STEPS} in \S+ is unreadable", log), log
+    previous = TOTAL_STEPS - CHECKPOINT_EVERY
+    assert resumed_step(log) == previous
+    first_logged = re.search(r"step\s+(\d+)/\d+ \|", log)
+    assert int(first_logged.group(1)) == previous + 1
+    # Kept for inspection, out of the way of the resumed run's own save of that step.
+    assert (workdir / "checkpoints" / "corrupt" / str(TOTAL_STEPS) / "state").is_dir()
+    assert_bitwise_equal(read_state(workdir, TOTAL_STEPS), read_state(reference, TOTAL_STEPS))
+
+
+def test_checkpoint_of_another_model_fails_clearly_and_is_untouched(reference, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir)
+    before = file_digests(workdir / "checkpoints")
+    config = digits.get_config()
+    for name, value in {**OVERRIDES, "total_steps": TOTAL_STEPS, "model.width": 8}.items():
+        *parents, field = name.split(".")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        node[field] = value
+
+    # In this process: the run stops before it compiles anything.
+    with pytest.raises(checkpoint.CheckpointMismatchError) as info:
+        loop.train_and_evaluate(config, str(workdir))
+    message = str(info.value)
+    assert f"The checkpoint at step {TOTAL_STEPS}" in message and "does not match" in message
+    # Names arrays that differ and both shapes: the first stage has `width` channels.
+    assert re.search(r"\n  \S+: checkpoint float32\[(\d+, )*4\], state float32\[(\d+, )*8\]\n",
+                     message), message
+    assert "new --workdir" in message
+    assert file_digests(workdir / "checkpoints") == before

@@ -56,7 +56,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                jax.devices()[0].device_kind, jax.process_count())
 
   data = input_pipeline.create_input(config.data, config.global_batch_size,
-                                     config.eval_batch_size, mesh, config.seed)
+                                     config.eval_batch_size, mesh, config.seed,
+                                     image_dtype=config.precision.compute)
   steps = total_steps(config, data.info.num_train)
   compute = precision.compute_dtype(config.precision.compute)
   model_kwargs = {k: v for k, v in config.model.items() if k != "name"}

@@ -22,6 +22,7 @@ Example (8 devices as a 2x4 mesh, one gradient per device):
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 import math
 from typing import Any
 
@@ -69,17 +70,20 @@ class BucketPlan:
     return tuple(n * self.wire_dtype.itemsize for n in self.bucket_sizes())
 
 
-def plan_buckets(tree: Any, bucket_bytes: int, wire_dtype: Any) -> BucketPlan:
+def plan_buckets(tree: Any, bucket_bytes: int, wire_dtype: Any,
+                 leaf_order: Sequence[int] | None = None) -> BucketPlan:
   """Plans tensor fusion for a pytree of arrays (or `jax.ShapeDtypeStruct`s).
 
-  Leaves are visited in reverse `tree_leaves` order and appended greedily to the current bucket
-  while it stays within `bucket_bytes` (counted in `wire_dtype`). A leaf larger than the limit gets
-  a bucket of its own, so `bucket_bytes=0` means one bucket per leaf.
+  Leaves are visited in `leaf_order` (default: reverse `tree_leaves` order) and appended greedily
+  to the current bucket while it stays within `bucket_bytes` (counted in `wire_dtype`). A leaf
+  larger than the limit gets a bucket of its own, so `bucket_bytes=0` means one bucket per leaf.
 
   Args:
     tree: Pytree whose leaves have `.shape` and `.dtype`.
     bucket_bytes: Largest size of a bucket holding several leaves, in bytes; >= 0.
     wire_dtype: Dtype the buckets are sent in, e.g. "float32", "bfloat16", "float16".
+    leaf_order: Indices into `tree_leaves(tree)` in the order backward produces the gradients
+      (`jia_jax.models.call_order.backward_leaf_order`); a permutation of all leaves.
 
   Returns:
     The plan; it depends only on shapes, dtypes and the arguments.
@@ -91,10 +95,14 @@ def plan_buckets(tree: Any, bucket_bytes: int, wire_dtype: Any) -> BucketPlan:
   shapes = tuple(tuple(int(d) for d in leaf.shape) for leaf in leaves)
   dtypes = tuple(np.dtype(leaf.dtype) for leaf in leaves)
 
+  order = tuple(reversed(range(len(leaves)))) if leaf_order is None else tuple(leaf_order)
+  if sorted(order) != list(range(len(leaves))):
+    raise ValueError(f"leaf_order must be a permutation of the {len(leaves)} leaf indices.")
+
   buckets: list[tuple[Segment, ...]] = []
   current: list[Segment] = []
   used = 0  # Elements in `current`.
-  for i in reversed(range(len(leaves))):
+  for i in order:
     size = math.prod(shapes[i])
     if size == 0:
       continue
@@ -162,6 +170,7 @@ def reduce_gradients(
     hybrid_crossover_bytes: int,
     node_axis: str = "node",
     gpu_axis: str = "gpu",
+    leaf_order: Sequence[int] | None = None,
 ) -> Any:
   """Averages per-device gradients over every device of the mesh.
 
@@ -177,6 +186,7 @@ def reduce_gradients(
     hybrid_crossover_bytes: Bucket size (wire bytes) from which "hybrid" uses the flat all-reduce.
     node_axis: Mesh axis across hosts.
     gpu_axis: Mesh axis across the devices of one host.
+    leaf_order: Bucketing order of the leaves, see `plan_buckets`.
 
   Returns:
     The mean over all devices, same structure, shapes and dtypes as `grads`, identical on every
@@ -192,7 +202,7 @@ def reduce_gradients(
     if not jnp.issubdtype(leaf.dtype, jnp.inexact):
       raise TypeError(f"reduce_gradients averages floating-point leaves, got {leaf.dtype}.")
 
-  plan = plan_buckets(grads, bucket_bytes, wire_dtype)
+  plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order)
   devices = jax.lax.axis_size((node_axis, gpu_axis))
   # Divide in fp32 before the cast to the wire dtype, so the sum on the wire is bounded by the
   # largest per-device gradient: with fp16 and a loss scale, summing first can overflow to inf

@@ -23,6 +23,7 @@ from jia_jax import allreduce
 from jia_jax import loss as loss_lib
 from jia_jax import mesh as mesh_lib
 from jia_jax import precision
+from jia_jax.models import call_order
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
@@ -154,7 +155,8 @@ def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
     grads = allreduce.reduce_gradients(
         grads, strategy=comm.strategy, bucket_bytes=comm.bucket_bytes, wire_dtype=wire_dtype,
         hybrid_crossover_bytes=comm.hybrid_crossover_bytes,
-        node_axis=mesh_lib.NODE_AXIS, gpu_axis=mesh_lib.GPU_AXIS)
+        node_axis=mesh_lib.NODE_AXIS, gpu_axis=mesh_lib.GPU_AXIS,
+        leaf_order=call_order.backward_leaf_order(model, batch["image"].shape[1:]))
     # Keep the running BN averages identical on every device (cheap: a few KB).
     new_stats, metrics = jax.lax.pmean((new_stats, metrics), mesh_lib.BATCH_AXES)
     return grads, new_stats, metrics

@@ -337,3 +337,11 @@ def test_integer_gradients_are_rejected():
     allreduce.reduce_gradients(
         {"w": jnp.zeros(3, jnp.int32)}, strategy="flat", bucket_bytes=64, wire_dtype="float32",
         hybrid_crossover_bytes=64)
+
+
+def test_plan_follows_the_given_leaf_order_and_rejects_a_bad_one():
+  tree = {"a": jnp.zeros(3), "b": jnp.zeros(5), "c": jnp.zeros(2)}
+  plan = allreduce.plan_buckets(tree, bucket_bytes=0, wire_dtype="float32", leaf_order=[1, 2, 0])
+  assert [b[0].leaf for b in plan.buckets] == [1, 2, 0]
+  with pytest.raises(ValueError, match="permutation"):
+    allreduce.plan_buckets(tree, bucket_bytes=0, wire_dtype="float32", leaf_order=[0, 0, 1])

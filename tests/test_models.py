@@ -216,3 +216,25 @@ def test_bad_depth_is_rejected():
         ResNet(num_classes=10, depth=20)
     with pytest.raises(ValueError, match=r"model\.depth"):
         create_model("resnet50", num_classes=10, dtype="float32", depth=18)
+
+
+def test_backward_leaf_order_follows_the_forward_calls_reversed():
+    """Buckets must fill in the order backward produces gradients, not jax's sorted-key order."""
+    import jax
+
+    from jia_jax.models.call_order import backward_leaf_order
+
+    model = create_model("resnet101", num_classes=10, dtype="float32", width=2, small_inputs=True)
+    order = backward_leaf_order(model, (8, 8, 3))
+    params = jax.eval_shape(
+        lambda: model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)), train=False))["params"]
+    paths = [tuple(k.key for k in p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    assert sorted(order) == list(range(len(paths)))
+    modules = [paths[i][0] for i in order]
+    assert modules[0] == "classifier" and modules[-1] in ("stem_conv", "stem_bn")
+    # Independent expectation: stage 3 has 23 blocks, backward visits block23 ... block1.
+    stage3 = list(dict.fromkeys(m for m in modules if m.startswith("stage3_")))
+    assert stage3 == [f"stage3_block{i}" for i in range(23, 0, -1)]
+    # Within a bottleneck block backward meets bn3 / conv3 before conv1.
+    block = [paths[i][1] for i in order if paths[i][0] == "stage2_block1"]
+    assert block.index("conv3") < block.index("conv2") < block.index("conv1")

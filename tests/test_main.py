@@ -14,8 +14,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def run_main(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")  # XLA_FLAGS from conftest: 8 devices
   return subprocess.run([sys.executable, "-m", "jia_jax.main", *args], cwd=REPO, env=env,
                         capture_output=True, text=True, timeout=timeout)
 

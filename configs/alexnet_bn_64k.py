@@ -16,25 +16,25 @@ from configs import default
 
 
 def get_config() -> ml_collections.ConfigDict:
-  config = default.get_config()
-  config.model.name = "alexnet_bn"
-  config.global_batch_size = 65536
-  config.eval_batch_size = 4096
-  config.microbatch_size = 512
-  config.num_epochs = 95.0
-  config.optimizer.name = "lars"
-  config.optimizer.base_learning_rate = 0.08  # per 256 images: peak 20.5 at 64K
-  config.optimizer.momentum = 0.9
-  config.optimizer.weight_decay = 5e-4
-  config.optimizer.trust_coefficient = 0.001
-  config.optimizer.warmup_epochs = 10.0
-  config.optimizer.decay = "poly"
-  config.optimizer.power = 2.0
-  config.optimizer.end_learning_rate = 0.0
-  # On one 4-GPU host all strategies were within 2% for AlexNet-BN and xla was fastest
-  # (docs/benchmarks.md); hierarchical is for runs whose "node" axis crosses slow links.
-  config.comm.strategy = "xla"
-  config.log_every_steps = 10
-  config.eval_every_steps = 200
-  config.checkpoint_every_steps = 200
-  return config
+    config = default.get_config()
+    config.model.name = "alexnet_bn"
+    config.global_batch_size = 65536
+    config.eval_batch_size = 4096
+    config.microbatch_size = 512
+    config.num_epochs = 95.0
+    config.optimizer.name = "lars"
+    config.optimizer.base_learning_rate = 0.08  # per 256 images: peak 20.5 at 64K
+    config.optimizer.momentum = 0.9
+    config.optimizer.weight_decay = 5e-4
+    config.optimizer.trust_coefficient = 0.001
+    config.optimizer.warmup_epochs = 10.0
+    config.optimizer.decay = "poly"
+    config.optimizer.power = 2.0
+    config.optimizer.end_learning_rate = 0.0
+    # On one 4-GPU host all strategies were within 2% for AlexNet-BN and xla was fastest
+    # (docs/benchmarks.md); hierarchical is for runs whose "node" axis crosses slow links.
+    config.comm.strategy = "xla"
+    config.log_every_steps = 10
+    config.eval_every_steps = 200
+    config.checkpoint_every_steps = 200
+    return config

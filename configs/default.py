@@ -11,75 +11,79 @@ MIB = 1 << 20
 
 
 def get_config() -> ml_collections.ConfigDict:
-  config = ml_collections.ConfigDict()
-  config.seed = 0
+    config = ml_collections.ConfigDict()
+    config.seed = 0
 
-  # `name` picks the architecture; the other fields are passed to its constructor.
-  config.model = ml_collections.ConfigDict({"name": "resnet50"})
+    # `name` picks the architecture; the other fields are passed to its constructor.
+    config.model = ml_collections.ConfigDict({"name": "resnet50"})
 
-  config.data = ml_collections.ConfigDict()
-  config.data.name = "imagenet2012"
-  config.data.data_dir = ml_collections.config_dict.placeholder(str)
-  config.data.image_size = 224
-  config.data.num_classes = 1000  # used only by `synthetic`; real datasets report their own
-  config.data.train_split = "train"
-  config.data.eval_split = "validation"
-  # Input worker processes per training process (tfds datasets); about the CPU cores each
-  # process can spare: ~13 feed one H100 at ResNet-50 speed (docs/input_pipeline.md).
-  config.data.num_workers = 0
+    config.data = ml_collections.ConfigDict()
+    config.data.name = "imagenet2012"
+    config.data.data_dir = ml_collections.config_dict.placeholder(str)
+    config.data.image_size = 224
+    config.data.num_classes = 1000  # used only by `synthetic`; real datasets report their own
+    config.data.train_split = "train"
+    config.data.eval_split = "validation"
+    # Input worker processes per training process (tfds datasets); about the CPU cores each
+    # process can spare: ~13 feed one H100 at ResNet-50 speed (docs/input_pipeline.md).
+    config.data.num_workers = 0
 
-  config.global_batch_size = 256
-  config.eval_batch_size = 256
-  # Per-device images per forward/backward pass; a larger per-device batch accumulates gradients
-  # over microbatches of this size (each its own BatchNorm batch). 0: no accumulation.
-  config.microbatch_size = 0
-  config.num_epochs = 90.0
-  config.total_steps = -1  # -1: derived from num_epochs and the train-set size
+    config.global_batch_size = 256
+    config.eval_batch_size = 256
+    # Per-device images per forward/backward pass; a larger per-device batch accumulates gradients
+    # over microbatches of this size (each its own BatchNorm batch). 0: no accumulation.
+    config.microbatch_size = 0
+    config.num_epochs = 90.0
+    config.total_steps = -1  # -1: derived from num_epochs and the train-set size
 
-  # -1 infers: node = number of processes, gpu = devices per process.
-  config.mesh = ml_collections.ConfigDict({"node": -1, "gpu": -1})
-  # Set these three only for a hand-rolled launcher; SLURM and mpirun are detected.
-  config.distributed = ml_collections.ConfigDict({
-      "coordinator_address": ml_collections.config_dict.placeholder(str),
-      "num_processes": ml_collections.config_dict.placeholder(int),
-      "process_id": ml_collections.config_dict.placeholder(int),
-  })
+    # -1 infers: node = number of processes, gpu = devices per process.
+    config.mesh = ml_collections.ConfigDict({"node": -1, "gpu": -1})
+    # Set these three only for a hand-rolled launcher; SLURM and mpirun are detected.
+    config.distributed = ml_collections.ConfigDict(
+        {
+            "coordinator_address": ml_collections.config_dict.placeholder(str),
+            "num_processes": ml_collections.config_dict.placeholder(int),
+            "process_id": ml_collections.config_dict.placeholder(int),
+        }
+    )
 
-  config.precision = ml_collections.ConfigDict()
-  config.precision.compute = "bfloat16"
-  # Dynamic loss scaling, used only with float16 compute.
-  config.precision.loss_scale = ml_collections.ConfigDict(
-      {"initial": 2.0**15, "growth_interval": 2000, "factor": 2.0, "minimum": 1.0})
+    config.precision = ml_collections.ConfigDict()
+    config.precision.compute = "bfloat16"
+    # Dynamic loss scaling, used only with float16 compute.
+    config.precision.loss_scale = ml_collections.ConfigDict(
+        {"initial": 2.0**15, "growth_interval": 2000, "factor": 2.0, "minimum": 1.0}
+    )
 
-  config.optimizer = ml_collections.ConfigDict()
-  config.optimizer.name = "sgd"
-  config.optimizer.base_learning_rate = 0.1  # per 256 images (linear scaling rule)
-  config.optimizer.learning_rate = config.optimizer.get_ref("base_learning_rate") * (
-      config.get_ref("global_batch_size") / 256)
-  config.optimizer.momentum = 0.9
-  config.optimizer.nesterov = False
-  config.optimizer.weight_decay = 1e-4
-  config.optimizer.trust_coefficient = 0.001
-  config.optimizer.warmup_epochs = 5.0
-  config.optimizer.decay = "cosine"
-  config.optimizer.power = 2.0
-  config.optimizer.end_learning_rate = 0.0
+    config.optimizer = ml_collections.ConfigDict()
+    config.optimizer.name = "sgd"
+    config.optimizer.base_learning_rate = 0.1  # per 256 images (linear scaling rule)
+    config.optimizer.learning_rate = config.optimizer.get_ref("base_learning_rate") * (
+        config.get_ref("global_batch_size") / 256
+    )
+    config.optimizer.momentum = 0.9
+    config.optimizer.nesterov = False
+    config.optimizer.weight_decay = 1e-4
+    config.optimizer.trust_coefficient = 0.001
+    config.optimizer.warmup_epochs = 5.0
+    config.optimizer.decay = "cosine"
+    config.optimizer.power = 2.0
+    config.optimizer.end_learning_rate = 0.0
 
-  config.loss = ml_collections.ConfigDict({"label_smoothing": 0.1})
+    config.loss = ml_collections.ConfigDict({"label_smoothing": 0.1})
 
-  # Gradient all-reduce (jia_jax/allreduce.py); measured in docs/benchmarks.md.
-  config.comm = ml_collections.ConfigDict()
-  config.comm.strategy = "xla"
-  # Tensor fusion threshold: 16 MiB gave the fastest ResNet-50 step on 4 GPUs (4-64 MiB were
-  # within 1 ms of it).
-  config.comm.bucket_bytes = 16 * MIB
-  config.comm.dtype = "float32"
-  # `hybrid`: buckets below this go hierarchical. Not yet measured across nodes (one host only):
-  # the value follows Jia et al.'s finding that hierarchical wins for small messages.
-  config.comm.hybrid_crossover_bytes = 4 * MIB
+    # Gradient all-reduce (jia_jax/allreduce.py); measured in docs/benchmarks.md.
+    config.comm = ml_collections.ConfigDict()
+    config.comm.strategy = "xla"
+    # Tensor fusion threshold: 16 MiB gave the fastest ResNet-50 step on 4 GPUs (4-64 MiB were
+    # within 1 ms of it).
+    config.comm.bucket_bytes = 16 * MIB
+    config.comm.dtype = "float32"
+    # `hybrid`: buckets below this go hierarchical. Not yet measured across nodes (one host only):
+    # the value follows Jia et al.'s finding that hierarchical wins for small messages.
+    config.comm.hybrid_crossover_bytes = 4 * MIB
 
-  config.log_every_steps = 100
-  config.eval_every_steps = 5000
-  config.checkpoint_every_steps = 5000
-  config.checkpoint_keep = 3
-  return config
+    config.log_every_steps = 100
+    config.eval_every_steps = 5000
+    config.checkpoint_every_steps = 5000
+    config.checkpoint_keep = 3
+    return config

@@ -30,31 +30,31 @@ BN_MOMENTUM = 0.9  # per SMALL_BATCH images
 
 
 def get_config(recipe: str = "large_lars") -> ml_collections.ConfigDict:
-  """The digits config changed to `recipe`, one of `RECIPES`."""
-  if recipe not in RECIPES:
-    raise ValueError(f"recipe {recipe!r} is not one of {RECIPES}.")
-  config = digits.get_config()
-  config.num_epochs = EPOCHS
-  # One eval at the end and no intermediate checkpoints: the study compares final accuracy.
-  config.eval_every_steps = 10**9
-  config.checkpoint_every_steps = 10**9
-  config.log_every_steps = 10
+    """The digits config changed to `recipe`, one of `RECIPES`."""
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe {recipe!r} is not one of {RECIPES}.")
+    config = digits.get_config()
+    config.num_epochs = EPOCHS
+    # One eval at the end and no intermediate checkpoints: the study compares final accuracy.
+    config.eval_every_steps = 10**9
+    config.checkpoint_every_steps = 10**9
+    config.log_every_steps = 10
 
-  # `optimizer.learning_rate` = base_learning_rate * global_batch_size / 256 (configs/default.py),
-  # so setting the batch is what scales it: 0.1 at 64, 0.8 at 512 for SGD.
-  config.global_batch_size = SMALL_BATCH if recipe == "small_sgd" else LARGE_BATCH
-  config.model.bn_momentum = BN_MOMENTUM ** (config.global_batch_size / SMALL_BATCH)
-  if recipe == "large_sgd":
-    config.optimizer.warmup_epochs = 0.0
-  elif recipe == "large_sgd_warmup":
-    config.optimizer.warmup_epochs = 2.0
-  elif recipe == "large_lars":
-    config.optimizer.name = "lars"
-    config.optimizer.base_learning_rate = 2.0  # peak 4.0 at batch 512
-    config.optimizer.trust_coefficient = 0.01
-    config.optimizer.weight_decay = 5e-5
-    config.optimizer.warmup_epochs = 2.0
-    config.optimizer.decay = "poly"
-    config.optimizer.power = 2.0
-    config.optimizer.end_learning_rate = 0.0
-  return config
+    # `optimizer.learning_rate` = base_learning_rate * global_batch_size / 256 (configs/default.py),
+    # so setting the batch is what scales it: 0.1 at 64, 0.8 at 512 for SGD.
+    config.global_batch_size = SMALL_BATCH if recipe == "small_sgd" else LARGE_BATCH
+    config.model.bn_momentum = BN_MOMENTUM ** (config.global_batch_size / SMALL_BATCH)
+    if recipe == "large_sgd":
+        config.optimizer.warmup_epochs = 0.0
+    elif recipe == "large_sgd_warmup":
+        config.optimizer.warmup_epochs = 2.0
+    elif recipe == "large_lars":
+        config.optimizer.name = "lars"
+        config.optimizer.base_learning_rate = 2.0  # peak 4.0 at batch 512
+        config.optimizer.trust_coefficient = 0.01
+        config.optimizer.weight_decay = 5e-5
+        config.optimizer.warmup_epochs = 2.0
+        config.optimizer.decay = "poly"
+        config.optimizer.power = 2.0
+        config.optimizer.end_learning_rate = 0.0
+    return config

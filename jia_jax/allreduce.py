@@ -35,130 +35,131 @@ STRATEGIES = ("flat", "hierarchical", "hybrid")
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
-  """Where one gradient leaf sits inside a bucket."""
+    """Where one gradient leaf sits inside a bucket."""
 
-  leaf: int  # Index into `jax.tree_util.tree_leaves` of the gradient tree.
-  offset: int  # First element of the leaf in the flat bucket.
-  size: int  # Number of elements.
+    leaf: int  # Index into `jax.tree_util.tree_leaves` of the gradient tree.
+    offset: int  # First element of the leaf in the flat bucket.
+    size: int  # Number of elements.
 
 
 @dataclasses.dataclass(frozen=True)
 class BucketPlan:
-  """Static packing of a pytree's leaves into flat 1-D buckets.
+    """Static packing of a pytree's leaves into flat 1-D buckets.
 
-  Attributes:
-    treedef: Structure of the tree the plan was made for.
-    shapes: Shape of every leaf, in `tree_leaves` order.
-    dtypes: Dtype of every leaf, in `tree_leaves` order.
-    wire_dtype: Dtype of every bucket.
-    buckets: For each bucket, its segments in packing order. Leaves are taken last-first (the
-      order backward produces them); zero-size leaves are in no bucket.
-  """
+    Attributes:
+      treedef: Structure of the tree the plan was made for.
+      shapes: Shape of every leaf, in `tree_leaves` order.
+      dtypes: Dtype of every leaf, in `tree_leaves` order.
+      wire_dtype: Dtype of every bucket.
+      buckets: For each bucket, its segments in packing order. Leaves are taken last-first (the
+        order backward produces them); zero-size leaves are in no bucket.
+    """
 
-  treedef: Any
-  shapes: tuple[tuple[int, ...], ...]
-  dtypes: tuple[np.dtype, ...]
-  wire_dtype: np.dtype
-  buckets: tuple[tuple[Segment, ...], ...]
+    treedef: Any
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[np.dtype, ...]
+    wire_dtype: np.dtype
+    buckets: tuple[tuple[Segment, ...], ...]
 
-  def bucket_sizes(self) -> tuple[int, ...]:
-    """Number of elements in each bucket."""
-    return tuple(sum(s.size for s in b) for b in self.buckets)
+    def bucket_sizes(self) -> tuple[int, ...]:
+        """Number of elements in each bucket."""
+        return tuple(sum(s.size for s in b) for b in self.buckets)
 
-  def bucket_nbytes(self) -> tuple[int, ...]:
-    """Bytes of each bucket in the wire dtype."""
-    return tuple(n * self.wire_dtype.itemsize for n in self.bucket_sizes())
+    def bucket_nbytes(self) -> tuple[int, ...]:
+        """Bytes of each bucket in the wire dtype."""
+        return tuple(n * self.wire_dtype.itemsize for n in self.bucket_sizes())
 
 
-def plan_buckets(tree: Any, bucket_bytes: int, wire_dtype: Any,
-                 leaf_order: Sequence[int] | None = None) -> BucketPlan:
-  """Plans tensor fusion for a pytree of arrays (or `jax.ShapeDtypeStruct`s).
+def plan_buckets(
+    tree: Any, bucket_bytes: int, wire_dtype: Any, leaf_order: Sequence[int] | None = None
+) -> BucketPlan:
+    """Plans tensor fusion for a pytree of arrays (or `jax.ShapeDtypeStruct`s).
 
-  Leaves are visited in `leaf_order` (default: reverse `tree_leaves` order) and appended greedily
-  to the current bucket while it stays within `bucket_bytes` (counted in `wire_dtype`). A leaf
-  larger than the limit gets a bucket of its own, so `bucket_bytes=0` means one bucket per leaf.
+    Leaves are visited in `leaf_order` (default: reverse `tree_leaves` order) and appended greedily
+    to the current bucket while it stays within `bucket_bytes` (counted in `wire_dtype`). A leaf
+    larger than the limit gets a bucket of its own, so `bucket_bytes=0` means one bucket per leaf.
 
-  Args:
-    tree: Pytree whose leaves have `.shape` and `.dtype`.
-    bucket_bytes: Largest size of a bucket holding several leaves, in bytes; >= 0.
-    wire_dtype: Dtype the buckets are sent in, e.g. "float32", "bfloat16", "float16".
-    leaf_order: Indices into `tree_leaves(tree)` in the order backward produces the gradients
-      (`jia_jax.models.call_order.backward_leaf_order`); a permutation of all leaves.
+    Args:
+      tree: Pytree whose leaves have `.shape` and `.dtype`.
+      bucket_bytes: Largest size of a bucket holding several leaves, in bytes; >= 0.
+      wire_dtype: Dtype the buckets are sent in, e.g. "float32", "bfloat16", "float16".
+      leaf_order: Indices into `tree_leaves(tree)` in the order backward produces the gradients
+        (`jia_jax.models.call_order.backward_leaf_order`); a permutation of all leaves.
 
-  Returns:
-    The plan; it depends only on shapes, dtypes and the arguments.
-  """
-  if bucket_bytes < 0:
-    raise ValueError(f"comm.bucket_bytes must be >= 0, got {bucket_bytes}.")
-  wire = jnp.dtype(wire_dtype)
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  shapes = tuple(tuple(int(d) for d in leaf.shape) for leaf in leaves)
-  dtypes = tuple(np.dtype(leaf.dtype) for leaf in leaves)
+    Returns:
+      The plan; it depends only on shapes, dtypes and the arguments.
+    """
+    if bucket_bytes < 0:
+        raise ValueError(f"comm.bucket_bytes must be >= 0, got {bucket_bytes}.")
+    wire = jnp.dtype(wire_dtype)
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    shapes = tuple(tuple(int(d) for d in leaf.shape) for leaf in leaves)
+    dtypes = tuple(np.dtype(leaf.dtype) for leaf in leaves)
 
-  order = tuple(reversed(range(len(leaves)))) if leaf_order is None else tuple(leaf_order)
-  if sorted(order) != list(range(len(leaves))):
-    raise ValueError(f"leaf_order must be a permutation of the {len(leaves)} leaf indices.")
+    order = tuple(reversed(range(len(leaves)))) if leaf_order is None else tuple(leaf_order)
+    if sorted(order) != list(range(len(leaves))):
+        raise ValueError(f"leaf_order must be a permutation of the {len(leaves)} leaf indices.")
 
-  buckets: list[tuple[Segment, ...]] = []
-  current: list[Segment] = []
-  used = 0  # Elements in `current`.
-  for i in order:
-    size = math.prod(shapes[i])
-    if size == 0:
-      continue
-    if current and (used + size) * wire.itemsize > bucket_bytes:
-      buckets.append(tuple(current))
-      current, used = [], 0
-    current.append(Segment(leaf=i, offset=used, size=size))
-    used += size
-  if current:
-    buckets.append(tuple(current))
-  return BucketPlan(treedef, shapes, dtypes, wire, tuple(buckets))
+    buckets: list[tuple[Segment, ...]] = []
+    current: list[Segment] = []
+    used = 0  # Elements in `current`.
+    for i in order:
+        size = math.prod(shapes[i])
+        if size == 0:
+            continue
+        if current and (used + size) * wire.itemsize > bucket_bytes:
+            buckets.append(tuple(current))
+            current, used = [], 0
+        current.append(Segment(leaf=i, offset=used, size=size))
+        used += size
+    if current:
+        buckets.append(tuple(current))
+    return BucketPlan(treedef, shapes, dtypes, wire, tuple(buckets))
 
 
 def pack(tree: Any, plan: BucketPlan) -> list[jax.Array]:
-  """Flattens `tree` into the plan's buckets, cast to the wire dtype."""
-  leaves, treedef = jax.tree_util.tree_flatten(tree)
-  if treedef != plan.treedef:
-    raise ValueError(f"Tree structure {treedef} does not match the plan's {plan.treedef}.")
-  return [
-      jnp.concatenate([jnp.ravel(leaves[s.leaf]).astype(plan.wire_dtype) for s in bucket])
-      for bucket in plan.buckets
-  ]
+    """Flattens `tree` into the plan's buckets, cast to the wire dtype."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    if treedef != plan.treedef:
+        raise ValueError(f"Tree structure {treedef} does not match the plan's {plan.treedef}.")
+    return [
+        jnp.concatenate([jnp.ravel(leaves[s.leaf]).astype(plan.wire_dtype) for s in bucket])
+        for bucket in plan.buckets
+    ]
 
 
 def unpack(buckets: list[jax.Array], plan: BucketPlan) -> Any:
-  """Inverse of `pack`: rebuilds the tree with the original shapes and dtypes."""
-  if len(buckets) != len(plan.buckets):
-    raise ValueError(f"Expected {len(plan.buckets)} buckets, got {len(buckets)}.")
-  # Zero-size leaves are in no bucket; every other entry is filled below.
-  leaves = [
-      jnp.zeros(shape, dtype) if math.prod(shape) == 0 else None
-      for shape, dtype in zip(plan.shapes, plan.dtypes)
-  ]
-  for flat, segments in zip(buckets, plan.buckets):
-    for s in segments:
-      piece = jax.lax.slice_in_dim(flat, s.offset, s.offset + s.size)
-      leaves[s.leaf] = piece.reshape(plan.shapes[s.leaf]).astype(plan.dtypes[s.leaf])
-  return plan.treedef.unflatten(leaves)
+    """Inverse of `pack`: rebuilds the tree with the original shapes and dtypes."""
+    if len(buckets) != len(plan.buckets):
+        raise ValueError(f"Expected {len(plan.buckets)} buckets, got {len(buckets)}.")
+    # Zero-size leaves are in no bucket; every other entry is filled below.
+    leaves = [
+        jnp.zeros(shape, dtype) if math.prod(shape) == 0 else None
+        for shape, dtype in zip(plan.shapes, plan.dtypes)
+    ]
+    for flat, segments in zip(buckets, plan.buckets):
+        for s in segments:
+            piece = jax.lax.slice_in_dim(flat, s.offset, s.offset + s.size)
+            leaves[s.leaf] = piece.reshape(plan.shapes[s.leaf]).astype(plan.dtypes[s.leaf])
+    return plan.treedef.unflatten(leaves)
 
 
 def _flat_sum(x: jax.Array, node_axis: str, gpu_axis: str) -> jax.Array:
-  return jax.lax.psum(x, (node_axis, gpu_axis))
+    return jax.lax.psum(x, (node_axis, gpu_axis))
 
 
 def _hierarchical_sum(x: jax.Array, node_axis: str, gpu_axis: str) -> jax.Array:
-  # Reduce-scatter inside the node, all-reduce of 1/gpus of the bytes across nodes, all-gather
-  # inside the node: Horovod's form of the paper's reduce -> all-reduce -> broadcast.
-  gpus = jax.lax.axis_size(gpu_axis)
-  pad = -x.shape[0] % gpus  # Reduce-scatter needs equal shards.
-  padded = jnp.pad(x, (0, pad)) if pad else x
-  shard = jax.lax.psum_scatter(padded, gpu_axis, scatter_dimension=0, tiled=True)
-  shard = jax.lax.psum(shard, node_axis)
-  # Every device of a node ends with the same values; saying so lets callers return the result
-  # with a replicated out_spec.
-  full = jax.lax.all_gather(shard, gpu_axis, axis=0, tiled=True, to="invarying")
-  return full[: x.shape[0]] if pad else full
+    # Reduce-scatter inside the node, all-reduce of 1/gpus of the bytes across nodes, all-gather
+    # inside the node: Horovod's form of the paper's reduce -> all-reduce -> broadcast.
+    gpus = jax.lax.axis_size(gpu_axis)
+    pad = -x.shape[0] % gpus  # Reduce-scatter needs equal shards.
+    padded = jnp.pad(x, (0, pad)) if pad else x
+    shard = jax.lax.psum_scatter(padded, gpu_axis, scatter_dimension=0, tiled=True)
+    shard = jax.lax.psum(shard, node_axis)
+    # Every device of a node ends with the same values; saying so lets callers return the result
+    # with a replicated out_spec.
+    full = jax.lax.all_gather(shard, gpu_axis, axis=0, tiled=True, to="invarying")
+    return full[: x.shape[0]] if pad else full
 
 
 def reduce_gradients(
@@ -172,54 +173,56 @@ def reduce_gradients(
     gpu_axis: str = "gpu",
     leaf_order: Sequence[int] | None = None,
 ) -> Any:
-  """Averages per-device gradients over every device of the mesh.
+    """Averages per-device gradients over every device of the mesh.
 
-  Call inside a `jax.shard_map` in which `node_axis` and `gpu_axis` are manual.
+    Call inside a `jax.shard_map` in which `node_axis` and `gpu_axis` are manual.
 
-  Args:
-    grads: Pytree of floating-point per-device gradients.
-    strategy: "flat" (one all-reduce over both axes per bucket), "hierarchical" (reduce-scatter
-      over gpu, all-reduce over node, all-gather over gpu) or "hybrid" (hierarchical for buckets
-      smaller than `hybrid_crossover_bytes`, flat for the others).
-    bucket_bytes: Tensor-fusion threshold, see `plan_buckets`.
-    wire_dtype: Dtype of the buckets on the wire.
-    hybrid_crossover_bytes: Bucket size (wire bytes) from which "hybrid" uses the flat all-reduce.
-    node_axis: Mesh axis across hosts.
-    gpu_axis: Mesh axis across the devices of one host.
-    leaf_order: Bucketing order of the leaves, see `plan_buckets`.
+    Args:
+      grads: Pytree of floating-point per-device gradients.
+      strategy: "flat" (one all-reduce over both axes per bucket), "hierarchical" (reduce-scatter
+        over gpu, all-reduce over node, all-gather over gpu) or "hybrid" (hierarchical for buckets
+        smaller than `hybrid_crossover_bytes`, flat for the others).
+      bucket_bytes: Tensor-fusion threshold, see `plan_buckets`.
+      wire_dtype: Dtype of the buckets on the wire.
+      hybrid_crossover_bytes: Bucket size (wire bytes) from which "hybrid" uses the flat all-reduce.
+      node_axis: Mesh axis across hosts.
+      gpu_axis: Mesh axis across the devices of one host.
+      leaf_order: Bucketing order of the leaves, see `plan_buckets`.
 
-  Returns:
-    The mean over all devices, same structure, shapes and dtypes as `grads`, identical on every
-    device.
-  """
-  if strategy == "xla":
-    raise ValueError(
-        "comm.strategy='xla' leaves the all-reduce to XLA; the step must not call reduce_gradients."
-    )
-  if strategy not in STRATEGIES:
-    raise ValueError(f"Unknown comm.strategy {strategy!r}; expected 'xla' or one of {STRATEGIES}.")
-  for leaf in jax.tree_util.tree_leaves(grads):
-    if not jnp.issubdtype(leaf.dtype, jnp.inexact):
-      raise TypeError(f"reduce_gradients averages floating-point leaves, got {leaf.dtype}.")
+    Returns:
+      The mean over all devices, same structure, shapes and dtypes as `grads`, identical on every
+      device.
+    """
+    if strategy == "xla":
+        raise ValueError(
+            "comm.strategy='xla' leaves the all-reduce to XLA; the step must not call reduce_gradients."
+        )
+    if strategy not in STRATEGIES:
+        raise ValueError(
+            f"Unknown comm.strategy {strategy!r}; expected 'xla' or one of {STRATEGIES}."
+        )
+    for leaf in jax.tree_util.tree_leaves(grads):
+        if not jnp.issubdtype(leaf.dtype, jnp.inexact):
+            raise TypeError(f"reduce_gradients averages floating-point leaves, got {leaf.dtype}.")
 
-  plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order)
-  devices = jax.lax.axis_size((node_axis, gpu_axis))
-  # Divide in fp32 before the cast to the wire dtype, so the sum on the wire is bounded by the
-  # largest per-device gradient: with fp16 and a loss scale, summing first can overflow to inf
-  # (a false overflow that skips the step) once many devices add up. Pre-dividing can only
-  # underflow tiny entries, which loss scaling keeps rare and which cost far less than an inf.
-  scaled = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32) / devices, grads)
-  buckets = pack(scaled, plan)
+    plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order)
+    devices = jax.lax.axis_size((node_axis, gpu_axis))
+    # Divide in fp32 before the cast to the wire dtype, so the sum on the wire is bounded by the
+    # largest per-device gradient: with fp16 and a loss scale, summing first can overflow to inf
+    # (a false overflow that skips the step) once many devices add up. Pre-dividing can only
+    # underflow tiny entries, which loss scaling keeps rare and which cost far less than an inf.
+    scaled = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32) / devices, grads)
+    buckets = pack(scaled, plan)
 
-  reduced = []
-  for flat, nbytes in zip(buckets, plan.bucket_nbytes()):
-    # Jia et al.: hierarchical all-reduce beats the flat ring for small messages (fewer latency-
-    # bound steps); for large ones the ring's bandwidth optimality wins.
-    hierarchical = strategy == "hierarchical" or (
-        strategy == "hybrid" and nbytes < hybrid_crossover_bytes
-    )
-    reduce = _hierarchical_sum if hierarchical else _flat_sum
-    reduced.append(reduce(flat, node_axis, gpu_axis))
+    reduced = []
+    for flat, nbytes in zip(buckets, plan.bucket_nbytes()):
+        # Jia et al.: hierarchical all-reduce beats the flat ring for small messages (fewer latency-
+        # bound steps); for large ones the ring's bandwidth optimality wins.
+        hierarchical = strategy == "hierarchical" or (
+            strategy == "hybrid" and nbytes < hybrid_crossover_bytes
+        )
+        reduce = _hierarchical_sum if hierarchical else _flat_sum
+        reduced.append(reduce(flat, node_axis, gpu_axis))
 
-  # The plan was made from `grads`, so `unpack` restores each leaf's own dtype, not `scaled`'s fp32.
-  return unpack(reduced, plan)
+    # The plan was made from `grads`, so `unpack` restores each leaf's own dtype, not `scaled`'s fp32.
+    return unpack(reduced, plan)

@@ -35,154 +35,194 @@ _DIGITS_MEAN, _DIGITS_STD = 4.88, 6.02
 
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
-  num_classes: int
-  num_train: int
-  num_eval: int
-  channels: int
+    num_classes: int
+    num_train: int
+    num_eval: int
+    channels: int
 
 
 @dataclasses.dataclass(frozen=True)
 class Input:
-  """What the trainer needs from the data side."""
+    """What the trainer needs from the data side."""
 
-  info: DatasetInfo
-  train: Callable[[int], Iterator[Batch]]  # start_step -> global train batches
-  eval: Callable[[], Iterator[Batch]] | None  # one pass with a `mask`; None for synthetic
-
-
-def create_input(data: ml_collections.ConfigDict, global_batch: int, eval_batch: int, mesh: Mesh,
-                 seed: int, image_dtype: str = "float32") -> Input:
-  """Builds the train/eval streams for `data.name` on `mesh`.
-
-  `image_dtype` is the model's compute dtype: host images in it halve the host-to-device bytes
-  for bf16/fp16 at no loss (the first conv would round them the same way).
-  """
-  sharding = mesh_lib.batch_sharding(mesh)
-  num_devices = mesh.devices.size
-  for field, size in (("global_batch_size", global_batch), ("eval_batch_size", eval_batch)):
-    if size % num_devices:
-      raise ValueError(f"{field}={size} must be divisible by the device count ({num_devices}).")
-  process, processes = jax.process_index(), jax.process_count()
-
-  if data.name == "synthetic":
-    info = DatasetInfo(num_classes=data.num_classes, num_train=1_281_167, num_eval=0, channels=3)
-    shape = (global_batch, data.image_size, data.image_size, 3)
-
-    def synthetic_train(start_step: int) -> Iterator[Batch]:
-      del start_step  # every step sees the same batch
-      batch = _synthetic_batch(shape, info.num_classes, seed, sharding)
-      return itertools.repeat(batch)
-
-    return Input(info, synthetic_train, None)
-
-  if data.name == "digits":
-    images, labels = _load_digits(data.image_size)
-    train_x, train_y = images[DIGITS_TEST_SIZE:], labels[DIGITS_TEST_SIZE:]
-    test_x, test_y = images[:DIGITS_TEST_SIZE], labels[:DIGITS_TEST_SIZE]
-    info = DatasetInfo(num_classes=10, num_train=len(train_y), num_eval=len(test_y), channels=1)
-    if global_batch > info.num_train:
-      raise ValueError(f"global_batch_size={global_batch} exceeds the digits train set "
-                       f"({info.num_train} examples).")
-
-    def digits_train(start_step: int) -> Iterator[Batch]:
-      local = _epoch_shuffled_batches(train_x, train_y, global_batch, seed, start_step,
-                                      process, processes)
-      return prefetch(global_batches(local, sharding))
-
-    def digits_eval() -> Iterator[Batch]:
-      local = _padded_batches(test_x, test_y, eval_batch, process, processes)
-      return global_batches(local, sharding)
-
-    return Input(info, digits_train, digits_eval)
-
-  from jia_jax import tfds_input  # imported lazily: pulls in grain and tfds
-
-  num_classes, num_train, num_eval = tfds_input.dataset_info(
-      data.name, data.data_dir, data.train_split, data.eval_split)
-  info = DatasetInfo(num_classes=num_classes, num_train=num_train, num_eval=num_eval, channels=3)
-
-  def tfds_train(start_step: int) -> Iterator[Batch]:
-    local = tfds_input.train_batches(
-        data.name, data_dir=data.data_dir, split=data.train_split, image_size=data.image_size,
-        local_batch=global_batch // processes, seed=seed, start_step=start_step,
-        process_index=process, process_count=processes, image_dtype=image_dtype,
-        num_workers=data.num_workers)
-    return prefetch(global_batches(local, sharding))
-
-  def tfds_eval() -> Iterator[Batch]:
-    local = tfds_input.eval_batches(
-        data.name, data_dir=data.data_dir, split=data.eval_split, image_size=data.image_size,
-        local_batch=eval_batch // processes, process_index=process, process_count=processes,
-        image_dtype=image_dtype, num_workers=data.num_workers)
-    return global_batches(local, sharding)
-
-  return Input(info, tfds_train, tfds_eval)
+    info: DatasetInfo
+    train: Callable[[int], Iterator[Batch]]  # start_step -> global train batches
+    eval: Callable[[], Iterator[Batch]] | None  # one pass with a `mask`; None for synthetic
 
 
-def global_batches(local: Iterator[dict[str, np.ndarray]],
-                   sharding: jax.sharding.NamedSharding) -> Iterator[Batch]:
-  """Turns each process's share of a batch into global arrays sharded over the batch axes."""
-  for batch in local:
-    yield {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+def create_input(
+    data: ml_collections.ConfigDict,
+    global_batch: int,
+    eval_batch: int,
+    mesh: Mesh,
+    seed: int,
+    image_dtype: str = "float32",
+) -> Input:
+    """Builds the train/eval streams for `data.name` on `mesh`.
+
+    `image_dtype` is the model's compute dtype: host images in it halve the host-to-device bytes
+    for bf16/fp16 at no loss (the first conv would round them the same way).
+    """
+    sharding = mesh_lib.batch_sharding(mesh)
+    num_devices = mesh.devices.size
+    for field, size in (("global_batch_size", global_batch), ("eval_batch_size", eval_batch)):
+        if size % num_devices:
+            raise ValueError(
+                f"{field}={size} must be divisible by the device count ({num_devices})."
+            )
+    process, processes = jax.process_index(), jax.process_count()
+
+    if data.name == "synthetic":
+        info = DatasetInfo(
+            num_classes=data.num_classes, num_train=1_281_167, num_eval=0, channels=3
+        )
+        shape = (global_batch, data.image_size, data.image_size, 3)
+
+        def synthetic_train(start_step: int) -> Iterator[Batch]:
+            del start_step  # every step sees the same batch
+            batch = _synthetic_batch(shape, info.num_classes, seed, sharding)
+            return itertools.repeat(batch)
+
+        return Input(info, synthetic_train, None)
+
+    if data.name == "digits":
+        images, labels = _load_digits(data.image_size)
+        train_x, train_y = images[DIGITS_TEST_SIZE:], labels[DIGITS_TEST_SIZE:]
+        test_x, test_y = images[:DIGITS_TEST_SIZE], labels[:DIGITS_TEST_SIZE]
+        info = DatasetInfo(num_classes=10, num_train=len(train_y), num_eval=len(test_y), channels=1)
+        if global_batch > info.num_train:
+            raise ValueError(
+                f"global_batch_size={global_batch} exceeds the digits train set "
+                f"({info.num_train} examples)."
+            )
+
+        def digits_train(start_step: int) -> Iterator[Batch]:
+            local = _epoch_shuffled_batches(
+                train_x, train_y, global_batch, seed, start_step, process, processes
+            )
+            return prefetch(global_batches(local, sharding))
+
+        def digits_eval() -> Iterator[Batch]:
+            local = _padded_batches(test_x, test_y, eval_batch, process, processes)
+            return global_batches(local, sharding)
+
+        return Input(info, digits_train, digits_eval)
+
+    from jia_jax import tfds_input  # imported lazily: pulls in grain and tfds
+
+    num_classes, num_train, num_eval = tfds_input.dataset_info(
+        data.name, data.data_dir, data.train_split, data.eval_split
+    )
+    info = DatasetInfo(num_classes=num_classes, num_train=num_train, num_eval=num_eval, channels=3)
+
+    def tfds_train(start_step: int) -> Iterator[Batch]:
+        local = tfds_input.train_batches(
+            data.name,
+            data_dir=data.data_dir,
+            split=data.train_split,
+            image_size=data.image_size,
+            local_batch=global_batch // processes,
+            seed=seed,
+            start_step=start_step,
+            process_index=process,
+            process_count=processes,
+            image_dtype=image_dtype,
+            num_workers=data.num_workers,
+        )
+        return prefetch(global_batches(local, sharding))
+
+    def tfds_eval() -> Iterator[Batch]:
+        local = tfds_input.eval_batches(
+            data.name,
+            data_dir=data.data_dir,
+            split=data.eval_split,
+            image_size=data.image_size,
+            local_batch=eval_batch // processes,
+            process_index=process,
+            process_count=processes,
+            image_dtype=image_dtype,
+            num_workers=data.num_workers,
+        )
+        return global_batches(local, sharding)
+
+    return Input(info, tfds_train, tfds_eval)
+
+
+def global_batches(
+    local: Iterator[dict[str, np.ndarray]], sharding: jax.sharding.NamedSharding
+) -> Iterator[Batch]:
+    """Turns each process's share of a batch into global arrays sharded over the batch axes."""
+    for batch in local:
+        yield {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
 
 
 def prefetch(batches: Iterator[Batch], depth: int = 2) -> Iterator[Batch]:
-  """Keeps `depth` batches' host-to-device copies in flight ahead of the consumer."""
-  queue = collections.deque(itertools.islice(batches, depth))
-  while queue:
-    yield queue.popleft()
-    queue.extend(itertools.islice(batches, 1))
+    """Keeps `depth` batches' host-to-device copies in flight ahead of the consumer."""
+    queue = collections.deque(itertools.islice(batches, depth))
+    while queue:
+        yield queue.popleft()
+        queue.extend(itertools.islice(batches, 1))
 
 
-def _synthetic_batch(shape: tuple[int, ...], num_classes: int, seed: int,
-                     sharding: jax.sharding.NamedSharding) -> Batch:
-  @jax.jit
-  def make(key):
-    k_img, k_lab = jax.random.split(key)
-    # bf16 halves the memory of a large per-device batch; the model casts to its compute dtype.
-    images = jax.random.normal(k_img, shape, jnp.bfloat16)
-    labels = jax.random.randint(k_lab, shape[:1], 0, num_classes, jnp.int32)
-    return {"image": jax.lax.with_sharding_constraint(images, sharding),
-            "label": jax.lax.with_sharding_constraint(labels, sharding)}
+def _synthetic_batch(
+    shape: tuple[int, ...], num_classes: int, seed: int, sharding: jax.sharding.NamedSharding
+) -> Batch:
+    @jax.jit
+    def make(key):
+        k_img, k_lab = jax.random.split(key)
+        # bf16 halves the memory of a large per-device batch; the model casts to its compute dtype.
+        images = jax.random.normal(k_img, shape, jnp.bfloat16)
+        labels = jax.random.randint(k_lab, shape[:1], 0, num_classes, jnp.int32)
+        return {
+            "image": jax.lax.with_sharding_constraint(images, sharding),
+            "label": jax.lax.with_sharding_constraint(labels, sharding),
+        }
 
-  return make(jax.random.key(seed))
+    return make(jax.random.key(seed))
 
 
 def _load_digits(image_size: int) -> tuple[np.ndarray, np.ndarray]:
-  """All 1,797 digits as normalised [N, S, S, 1] float32 images in a fixed shuffled order."""
-  from sklearn.datasets import load_digits  # bundled with scikit-learn: no download
+    """All 1,797 digits as normalised [N, S, S, 1] float32 images in a fixed shuffled order."""
+    from sklearn.datasets import load_digits  # bundled with scikit-learn: no download
 
-  digits = load_digits()
-  order = np.random.default_rng(0).permutation(len(digits.target))
-  images = digits.images[order].astype(np.float32)
-  if image_size % 8:
-    raise ValueError(f"data.image_size={image_size} must be a multiple of 8 for digits.")
-  factor = image_size // 8
-  images = np.repeat(np.repeat(images, factor, axis=1), factor, axis=2)  # nearest upsampling
-  images = (images - _DIGITS_MEAN) / _DIGITS_STD
-  return images[..., None], digits.target[order].astype(np.int32)
-
-
-def _epoch_shuffled_batches(x: np.ndarray, y: np.ndarray, global_batch: int, seed: int,
-                            start_step: int, process: int, processes: int
-                            ) -> Iterator[dict[str, np.ndarray]]:
-  """Endless per-epoch reshuffled batches (remainder dropped); this process's rows only."""
-  steps_per_epoch = len(y) // global_batch
-  local = global_batch // processes
-  for step in itertools.count(start_step):
-    epoch, index = divmod(step, steps_per_epoch)
-    order = np.random.default_rng([seed, epoch]).permutation(len(y))
-    rows = order[index * global_batch:(index + 1) * global_batch]
-    rows = rows[process * local:(process + 1) * local]
-    yield {"image": x[rows], "label": y[rows]}
+    digits = load_digits()
+    order = np.random.default_rng(0).permutation(len(digits.target))
+    images = digits.images[order].astype(np.float32)
+    if image_size % 8:
+        raise ValueError(f"data.image_size={image_size} must be a multiple of 8 for digits.")
+    factor = image_size // 8
+    images = np.repeat(np.repeat(images, factor, axis=1), factor, axis=2)  # nearest upsampling
+    images = (images - _DIGITS_MEAN) / _DIGITS_STD
+    return images[..., None], digits.target[order].astype(np.int32)
 
 
-def _padded_batches(x: np.ndarray, y: np.ndarray, global_batch: int, process: int,
-                    processes: int) -> Iterator[dict[str, np.ndarray]]:
-  """One pass in order; the last batch is padded and `mask` marks the real examples."""
-  local = global_batch // processes
-  for start in range(0, len(y), global_batch):
-    rows = np.arange(start, start + global_batch)[process * local:(process + 1) * local]
-    mask = rows < len(y)
-    rows = np.where(mask, rows, 0)
-    yield {"image": x[rows], "label": y[rows], "mask": mask.astype(np.float32)}
+def _epoch_shuffled_batches(
+    x: np.ndarray,
+    y: np.ndarray,
+    global_batch: int,
+    seed: int,
+    start_step: int,
+    process: int,
+    processes: int,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Endless per-epoch reshuffled batches (remainder dropped); this process's rows only."""
+    steps_per_epoch = len(y) // global_batch
+    local = global_batch // processes
+    for step in itertools.count(start_step):
+        epoch, index = divmod(step, steps_per_epoch)
+        order = np.random.default_rng([seed, epoch]).permutation(len(y))
+        rows = order[index * global_batch : (index + 1) * global_batch]
+        rows = rows[process * local : (process + 1) * local]
+        yield {"image": x[rows], "label": y[rows]}
+
+
+def _padded_batches(
+    x: np.ndarray, y: np.ndarray, global_batch: int, process: int, processes: int
+) -> Iterator[dict[str, np.ndarray]]:
+    """One pass in order; the last batch is padded and `mask` marks the real examples."""
+    local = global_batch // processes
+    for start in range(0, len(y), global_batch):
+        rows = np.arange(start, start + global_batch)[process * local : (process + 1) * local]
+        mask = rows < len(y)
+        rows = np.where(mask, rows, 0)
+        yield {"image": x[rows], "label": y[rows], "mask": mask.astype(np.float32)}

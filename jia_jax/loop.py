@@ -24,111 +24,143 @@ _PREEMPTION_POLL_STEPS = 4
 
 
 def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
-  """`total_steps`, or `num_epochs` worth of steps when it is -1."""
-  if config.total_steps > 0:
-    return config.total_steps
-  if config.num_epochs <= 0:
-    raise ValueError("Set total_steps > 0 or num_epochs > 0.")
-  return max(1, math.ceil(config.num_epochs * num_train / config.global_batch_size))
+    """`total_steps`, or `num_epochs` worth of steps when it is -1."""
+    if config.total_steps > 0:
+        return config.total_steps
+    if config.num_epochs <= 0:
+        raise ValueError("Set total_steps > 0 or num_epochs > 0.")
+    return max(1, math.ceil(config.num_epochs * num_train / config.global_batch_size))
 
 
 def evaluate(eval_step, state: train.TrainState, data: input_pipeline.Input) -> dict[str, float]:
-  """Top-1 / top-5 / loss over the whole eval split, each example counted once."""
-  sums = None
-  for batch in data.eval():
-    out = eval_step(state, batch)
-    sums = out if sums is None else jax.tree.map(lambda a, b: a + b, sums, out)
-  sums = jax.device_get(sums)
-  count = float(sums["count"])
-  return {"eval/loss": float(sums["loss"]) / count, "eval/top1": float(sums["top1"]) / count,
-          "eval/top5": float(sums["top5"]) / count, "eval/examples": count}
+    """Top-1 / top-5 / loss over the whole eval split, each example counted once."""
+    sums = None
+    for batch in data.eval():
+        out = eval_step(state, batch)
+        sums = out if sums is None else jax.tree.map(lambda a, b: a + b, sums, out)
+    sums = jax.device_get(sums)
+    count = float(sums["count"])
+    return {
+        "eval/loss": float(sums["loss"]) / count,
+        "eval/top1": float(sums["top1"]) / count,
+        "eval/top5": float(sums["top5"]) / count,
+        "eval/examples": count,
+    }
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains `config` in `workdir`, resuming from its latest checkpoint if there is one.
+    """Trains `config` in `workdir`, resuming from its latest checkpoint if there is one.
 
-  Returns:
-    The last logged train metrics and the final evaluation (if the dataset has an eval split).
-  """
-  mesh_lib.initialize_distributed(config.distributed)
-  mesh = mesh_lib.create_mesh(config.mesh.node, config.mesh.gpu)
-  logging.info("mesh %s over %d %s devices, %d processes", dict(mesh.shape), mesh.devices.size,
-               jax.devices()[0].device_kind, jax.process_count())
+    Returns:
+      The last logged train metrics and the final evaluation (if the dataset has an eval split).
+    """
+    mesh_lib.initialize_distributed(config.distributed)
+    mesh = mesh_lib.create_mesh(config.mesh.node, config.mesh.gpu)
+    logging.info(
+        "mesh %s over %d %s devices, %d processes",
+        dict(mesh.shape),
+        mesh.devices.size,
+        jax.devices()[0].device_kind,
+        jax.process_count(),
+    )
 
-  data = input_pipeline.create_input(config.data, config.global_batch_size,
-                                     config.eval_batch_size, mesh, config.seed,
-                                     image_dtype=config.precision.compute)
-  steps = total_steps(config, data.info.num_train)
-  compute = precision.compute_dtype(config.precision.compute)
-  model_kwargs = {k: v for k, v in config.model.items() if k != "name"}
-  model = models.create_model(config.model.name, num_classes=data.info.num_classes,
-                              dtype=compute, **model_kwargs)
-  schedule = schedules.schedule_from_config(config.optimizer, data.info.num_train,
-                                            config.global_batch_size, steps)
-  tx = optimizers.create_optimizer(config.optimizer, schedule)
-  image_shape = (config.data.image_size, config.data.image_size, data.info.channels)
-  init_state, abstract_state = train.state_initializer(model, tx, mesh, image_shape,
-                                                       config.precision, config.seed)
-  train_step = train.make_train_step(model, tx, schedule, config, mesh)
-  eval_step = train.make_eval_step(model, config, mesh) if data.eval else None
+    data = input_pipeline.create_input(
+        config.data,
+        config.global_batch_size,
+        config.eval_batch_size,
+        mesh,
+        config.seed,
+        image_dtype=config.precision.compute,
+    )
+    steps = total_steps(config, data.info.num_train)
+    compute = precision.compute_dtype(config.precision.compute)
+    model_kwargs = {k: v for k, v in config.model.items() if k != "name"}
+    model = models.create_model(
+        config.model.name, num_classes=data.info.num_classes, dtype=compute, **model_kwargs
+    )
+    schedule = schedules.schedule_from_config(
+        config.optimizer, data.info.num_train, config.global_batch_size, steps
+    )
+    tx = optimizers.create_optimizer(config.optimizer, schedule)
+    image_shape = (config.data.image_size, config.data.image_size, data.info.channels)
+    init_state, abstract_state = train.state_initializer(
+        model, tx, mesh, image_shape, config.precision, config.seed
+    )
+    train_step = train.make_train_step(model, tx, schedule, config, mesh)
+    eval_step = train.make_eval_step(model, config, mesh) if data.eval else None
 
-  ckpt = checkpoint.Checkpointer(os.path.join(os.path.abspath(workdir), "checkpoints"),
-                                 max_to_keep=config.checkpoint_keep,
-                                 save_every_steps=config.checkpoint_every_steps)
-  writer = metrics_lib.MetricsWriter(workdir)
-  preemption = checkpoint.PreemptionHandler()
-  with ckpt, writer, preemption:
-    restored = ckpt.restore_latest(abstract_state)
-    if restored is None:
-      start_step, state = 0, init_state()
-    else:
-      start_step, state, _ = restored
-      logging.info("resumed from the checkpoint of step %d in %s", start_step, ckpt.directory)
+    ckpt = checkpoint.Checkpointer(
+        os.path.join(os.path.abspath(workdir), "checkpoints"),
+        max_to_keep=config.checkpoint_keep,
+        save_every_steps=config.checkpoint_every_steps,
+    )
+    writer = metrics_lib.MetricsWriter(workdir)
+    preemption = checkpoint.PreemptionHandler()
+    with ckpt, writer, preemption:
+        restored = ckpt.restore_latest(abstract_state)
+        if restored is None:
+            start_step, state = 0, init_state()
+        else:
+            start_step, state, _ = restored
+            logging.info("resumed from the checkpoint of step %d in %s", start_step, ckpt.directory)
 
-    def save(step: int, force: bool = False) -> None:
-      # The data position is the step: every train stream is a pure function of (seed, step).
-      ckpt.save(step, state, {"step": step, "seed": config.seed, "config": config.to_json()},
-                force=force)
+        def save(step: int, force: bool = False) -> None:
+            # The data position is the step: every train stream is a pure function of (seed, step).
+            ckpt.save(
+                step,
+                state,
+                {"step": step, "seed": config.seed, "config": config.to_json()},
+                force=force,
+            )
 
-    progress = metrics_lib.ProgressMeter(total_steps=steps, start_step=start_step,
-                                         global_batch_size=config.global_batch_size)
-    # fp16 skips non-finite steps by itself (loss scaling); other dtypes stop on a non-finite loss.
-    pending = metrics_lib.LaggedFetch(
-        finite_keys=() if precision.needs_loss_scaling(compute) else ("loss",))
-    results: dict[str, float] = {}
+        progress = metrics_lib.ProgressMeter(
+            total_steps=steps, start_step=start_step, global_batch_size=config.global_batch_size
+        )
+        # fp16 skips non-finite steps by itself (loss scaling); other dtypes stop on a non-finite loss.
+        pending = metrics_lib.LaggedFetch(
+            finite_keys=() if precision.needs_loss_scaling(compute) else ("loss",)
+        )
+        results: dict[str, float] = {}
 
-    def log(fetched: tuple[int, dict[str, float]] | None) -> None:
-      # `fetched` holds the metrics of the step *before* the one just dispatched.
-      if fetched is None:
-        return
-      step, values = fetched[0] + 1, fetched[1]
-      if step % config.log_every_steps and step != steps:
-        return
-      throughput = progress.measure(step)
-      results.update({f"train/{k}": v for k, v in values.items()})
-      results["train/images_per_sec"] = throughput.images_per_sec
-      writer.write_scalars(step, results)
-      logging.info(metrics_lib.format_progress(step, steps, values, throughput))
+        def log(fetched: tuple[int, dict[str, float]] | None) -> None:
+            # `fetched` holds the metrics of the step *before* the one just dispatched.
+            if fetched is None:
+                return
+            step, values = fetched[0] + 1, fetched[1]
+            if step % config.log_every_steps and step != steps:
+                return
+            throughput = progress.measure(step)
+            results.update({f"train/{k}": v for k, v in values.items()})
+            results["train/images_per_sec"] = throughput.images_per_sec
+            writer.write_scalars(step, results)
+            logging.info(metrics_lib.format_progress(step, steps, values, throughput))
 
-    batches = data.train(start_step)
-    for step in range(start_step, steps):
-      state, device_metrics = train_step(state, next(batches))
-      done = step + 1
-      # Fetching the previous step's scalars every step keeps at most two steps in flight.
-      log(pending.push(step, device_metrics))
-      if done % _PREEMPTION_POLL_STEPS == 0 and preemption.agreed_stop():
-        save(done, force=True)
-        logging.warning("Preemption signal: saved the checkpoint of step %d; exiting.", done)
-        return results
-      save(done, force=done == steps)
-      if eval_step is not None and done % config.eval_every_steps == 0 and done != steps:
-        results.update(evaluate(eval_step, state, data))
-        writer.write_scalars(done, results)
-        logging.info("step %d: eval top-1 %.4f", done, results["eval/top1"])
-    log(pending.flush())
-    if eval_step is not None:
-      results.update(evaluate(eval_step, state, data))
-      writer.write_scalars(steps, results)
-      logging.info("final eval at step %d: top-1 %.4f, top-5 %.4f over %d examples", steps,
-                   results["eval/top1"], results["eval/top5"], results["eval/examples"])
-  return results
+        batches = data.train(start_step)
+        for step in range(start_step, steps):
+            state, device_metrics = train_step(state, next(batches))
+            done = step + 1
+            # Fetching the previous step's scalars every step keeps at most two steps in flight.
+            log(pending.push(step, device_metrics))
+            if done % _PREEMPTION_POLL_STEPS == 0 and preemption.agreed_stop():
+                save(done, force=True)
+                logging.warning(
+                    "Preemption signal: saved the checkpoint of step %d; exiting.", done
+                )
+                return results
+            save(done, force=done == steps)
+            if eval_step is not None and done % config.eval_every_steps == 0 and done != steps:
+                results.update(evaluate(eval_step, state, data))
+                writer.write_scalars(done, results)
+                logging.info("step %d: eval top-1 %.4f", done, results["eval/top1"])
+        log(pending.flush())
+        if eval_step is not None:
+            results.update(evaluate(eval_step, state, data))
+            writer.write_scalars(steps, results)
+            logging.info(
+                "final eval at step %d: top-1 %.4f, top-5 %.4f over %d examples",
+                steps,
+                results["eval/top1"],
+                results["eval/top5"],
+                results["eval/examples"],
+            )
+    return results

@@ -7,27 +7,27 @@ import jax.numpy as jnp
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0) -> jax.Array:
-  """Per-example softmax cross-entropy against smoothed one-hot labels.
+    """Per-example softmax cross-entropy against smoothed one-hot labels.
 
-  Args:
-    logits: [batch, classes], any float dtype (upcast to fp32 here).
-    labels: [batch] integer class ids.
-    label_smoothing: mass spread uniformly over all classes (0.1 in the large-batch recipe).
+    Args:
+      logits: [batch, classes], any float dtype (upcast to fp32 here).
+      labels: [batch] integer class ids.
+      label_smoothing: mass spread uniformly over all classes (0.1 in the large-batch recipe).
 
-  Returns:
-    [batch] fp32 losses.
-  """
-  logits = logits.astype(jnp.float32)
-  num_classes = logits.shape[-1]
-  targets = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
-  targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
-  return -jnp.sum(targets * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+    Returns:
+      [batch] fp32 losses.
+    """
+    logits = logits.astype(jnp.float32)
+    num_classes = logits.shape[-1]
+    targets = jax.nn.one_hot(labels, num_classes, dtype=jnp.float32)
+    targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
+    return -jnp.sum(targets * jax.nn.log_softmax(logits, axis=-1), axis=-1)
 
 
 def topk_correct(logits: jax.Array, labels: jax.Array, k: int) -> jax.Array:
-  """Per-example 1.0 where the label is among the k largest logits, else 0.0 (fp32)."""
-  logits = logits.astype(jnp.float32)
-  label_logit = jnp.take_along_axis(logits, labels[:, None].astype(jnp.int32), axis=-1)
-  # Rank = number of classes scoring strictly higher than the label; ties count in its favour.
-  rank = jnp.sum(logits > label_logit, axis=-1)
-  return (rank < k).astype(jnp.float32)
+    """Per-example 1.0 where the label is among the k largest logits, else 0.0 (fp32)."""
+    logits = logits.astype(jnp.float32)
+    label_logit = jnp.take_along_axis(logits, labels[:, None].astype(jnp.int32), axis=-1)
+    # Rank = number of classes scoring strictly higher than the label; ties count in its favour.
+    rank = jnp.sum(logits > label_logit, axis=-1)
+    return (rank < k).astype(jnp.float32)

@@ -24,78 +24,80 @@ _CLUSTER_SIZE_VARS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
 def initialize_distributed(dist: ml_collections.ConfigDict) -> None:
-  """Starts `jax.distributed` when this run is one of several processes.
+    """Starts `jax.distributed` when this run is one of several processes.
 
-  Explicit settings (a local launcher) win: `dist.coordinator_address`, `dist.num_processes` and
-  `dist.process_id`. Otherwise a SLURM / Open MPI / PMI job with more than one task is
-  auto-detected by JAX. A single process needs no initialization.
+    Explicit settings (a local launcher) win: `dist.coordinator_address`, `dist.num_processes` and
+    `dist.process_id`. Otherwise a SLURM / Open MPI / PMI job with more than one task is
+    auto-detected by JAX. A single process needs no initialization.
 
-  Args:
-    dist: the `distributed` config block.
-  """
-  if jax.distributed.is_initialized():
-    return
-  if dist.coordinator_address:
-    if dist.num_processes is None or dist.process_id is None:
-      raise ValueError(
-          "distributed.coordinator_address is set, so distributed.num_processes and "
-          "distributed.process_id must be set too (e.g. --config.distributed.num_processes=2 "
-          "--config.distributed.process_id=0)."
-      )
-    jax.distributed.initialize(
-        coordinator_address=dist.coordinator_address,
-        num_processes=dist.num_processes,
-        process_id=dist.process_id,
+    Args:
+      dist: the `distributed` config block.
+    """
+    if jax.distributed.is_initialized():
+        return
+    if dist.coordinator_address:
+        if dist.num_processes is None or dist.process_id is None:
+            raise ValueError(
+                "distributed.coordinator_address is set, so distributed.num_processes and "
+                "distributed.process_id must be set too (e.g. --config.distributed.num_processes=2 "
+                "--config.distributed.process_id=0)."
+            )
+        jax.distributed.initialize(
+            coordinator_address=dist.coordinator_address,
+            num_processes=dist.num_processes,
+            process_id=dist.process_id,
+        )
+    elif any(int(os.environ.get(v, "1")) > 1 for v in _CLUSTER_SIZE_VARS):
+        jax.distributed.initialize()
+    else:
+        return
+    logging.info(
+        "jax.distributed: process %d of %d, %d local devices",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
     )
-  elif any(int(os.environ.get(v, "1")) > 1 for v in _CLUSTER_SIZE_VARS):
-    jax.distributed.initialize()
-  else:
-    return
-  logging.info(
-      "jax.distributed: process %d of %d, %d local devices",
-      jax.process_index(), jax.process_count(), jax.local_device_count(),
-  )
 
 
 def mesh_shape(node: int, gpu: int, num_devices: int, num_processes: int) -> tuple[int, int]:
-  """Resolves the configured mesh shape; -1 means infer.
+    """Resolves the configured mesh shape; -1 means infer.
 
-  With both inferred, `node` is the process count (one row per host). Any shape whose product is
-  the device count may be asked for, e.g. 2x4 on one 8-GPU host to emulate two nodes.
-  """
-  if node == -1 and gpu == -1:
-    node = num_processes
-  if node == -1:
-    node = num_devices // gpu if gpu > 0 and num_devices % gpu == 0 else 0
-  if gpu == -1:
-    gpu = num_devices // node if node > 0 and num_devices % node == 0 else 0
-  if node <= 0 or gpu <= 0 or node * gpu != num_devices:
-    raise ValueError(
-        f"mesh.node x mesh.gpu must equal the number of devices ({num_devices}); got "
-        f"mesh.node={node}, mesh.gpu={gpu}. Set --config.mesh.node and --config.mesh.gpu to "
-        "factors of the device count, or -1 to infer one of them."
-    )
-  return node, gpu
+    With both inferred, `node` is the process count (one row per host). Any shape whose product is
+    the device count may be asked for, e.g. 2x4 on one 8-GPU host to emulate two nodes.
+    """
+    if node == -1 and gpu == -1:
+        node = num_processes
+    if node == -1:
+        node = num_devices // gpu if gpu > 0 and num_devices % gpu == 0 else 0
+    if gpu == -1:
+        gpu = num_devices // node if node > 0 and num_devices % node == 0 else 0
+    if node <= 0 or gpu <= 0 or node * gpu != num_devices:
+        raise ValueError(
+            f"mesh.node x mesh.gpu must equal the number of devices ({num_devices}); got "
+            f"mesh.node={node}, mesh.gpu={gpu}. Set --config.mesh.node and --config.mesh.gpu to "
+            "factors of the device count, or -1 to infer one of them."
+        )
+    return node, gpu
 
 
 def create_mesh(node: int = -1, gpu: int = -1, devices: list[jax.Device] | None = None) -> Mesh:
-  """Builds the ("node", "gpu") mesh over `devices` (default: all devices of all processes).
+    """Builds the ("node", "gpu") mesh over `devices` (default: all devices of all processes).
 
-  Devices are ordered by (process, id) so that each process's devices are contiguous along `gpu`:
-  the fast axis then stays inside one host whenever the shape allows.
-  """
-  devices = list(jax.devices() if devices is None else devices)
-  devices.sort(key=lambda d: (d.process_index, d.id))
-  processes = len({d.process_index for d in devices})
-  node, gpu = mesh_shape(node, gpu, len(devices), processes)
-  return Mesh(np.array(devices, dtype=object).reshape(node, gpu), BATCH_AXES)
+    Devices are ordered by (process, id) so that each process's devices are contiguous along `gpu`:
+    the fast axis then stays inside one host whenever the shape allows.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    devices.sort(key=lambda d: (d.process_index, d.id))
+    processes = len({d.process_index for d in devices})
+    node, gpu = mesh_shape(node, gpu, len(devices), processes)
+    return Mesh(np.array(devices, dtype=object).reshape(node, gpu), BATCH_AXES)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Leading (batch) dimension split over every device of the mesh."""
-  return NamedSharding(mesh, P(BATCH_AXES))
+    """Leading (batch) dimension split over every device of the mesh."""
+    return NamedSharding(mesh, P(BATCH_AXES))
 
 
 def replicated_sharding(mesh: Mesh) -> NamedSharding:
-  """A full copy on every device (parameters, optimizer state)."""
-  return NamedSharding(mesh, P())
+    """A full copy on every device (parameters, optimizer state)."""
+    return NamedSharding(mesh, P())

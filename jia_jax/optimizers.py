@@ -10,21 +10,26 @@ from jia_jax.lars import exclude_bias_and_norm, lars
 OPTIMIZERS = ("sgd", "lars")
 
 
-def create_optimizer(opt: ml_collections.ConfigDict,
-                     learning_rate: optax.Schedule) -> optax.GradientTransformation:
-  """SGD with momentum or LARS; neither decays nor LARS-scales bias and BatchNorm parameters.
+def create_optimizer(
+    opt: ml_collections.ConfigDict, learning_rate: optax.Schedule
+) -> optax.GradientTransformation:
+    """SGD with momentum or LARS; neither decays nor LARS-scales bias and BatchNorm parameters.
 
-  Args:
-    opt: the `optimizer` config block.
-    learning_rate: the global schedule (warmup + decay), indexed by step.
-  """
-  if opt.name == "sgd":
-    return optax.chain(
-        optax.add_decayed_weights(opt.weight_decay, mask=exclude_bias_and_norm),
-        optax.sgd(learning_rate, momentum=opt.momentum or None, nesterov=opt.nesterov),
-    )
-  if opt.name == "lars":
-    return lars(
-        learning_rate, weight_decay=opt.weight_decay, trust_coefficient=opt.trust_coefficient,
-        momentum=opt.momentum, nesterov=opt.nesterov)
-  raise ValueError(f"optimizer.name={opt.name!r} is not one of {OPTIMIZERS}.")
+    Args:
+      opt: the `optimizer` config block.
+      learning_rate: the global schedule (warmup + decay), indexed by step.
+    """
+    if opt.name == "sgd":
+        return optax.chain(
+            optax.add_decayed_weights(opt.weight_decay, mask=exclude_bias_and_norm),
+            optax.sgd(learning_rate, momentum=opt.momentum or None, nesterov=opt.nesterov),
+        )
+    if opt.name == "lars":
+        return lars(
+            learning_rate,
+            weight_decay=opt.weight_decay,
+            trust_coefficient=opt.trust_coefficient,
+            momentum=opt.momentum,
+            nesterov=opt.nesterov,
+        )
+    raise ValueError(f"optimizer.name={opt.name!r} is not one of {OPTIMIZERS}.")

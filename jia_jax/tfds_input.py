@@ -41,195 +41,197 @@ _CROP_ATTEMPTS = 10
 
 
 class DatasetNotPreparedError(FileNotFoundError):
-  """The dataset is not prepared in `data_dir` in a format this module reads."""
+    """The dataset is not prepared in `data_dir` in a format this module reads."""
 
 
 class DatasetSizes(NamedTuple):
-  num_classes: int
-  num_train: int
-  num_eval: int
+    num_classes: int
+    num_train: int
+    num_eval: int
 
 
 def _prepare_hint(name: str, data_dir: str) -> str:
-  manual = (
-      " --manual_dir=DIR_WITH_ILSVRC2012_img_train.tar_AND_ILSVRC2012_img_val.tar"
-      if name.startswith("imagenet2012")
-      else ""
-  )
-  return (
-      f"Prepare it once (this needs `pip install tensorflow-cpu`, training does not):\n"
-      f"  tfds build {name} --data_dir={data_dir}{manual} --file_format=array_record\n"
-      f"A copy already prepared as TFRecord converts in place with:\n"
-      f"  tfds convert_format --dataset_dir={data_dir}/{name.split('/')[0].split(':')[0]} "
-      f"--out_file_format=array_record\n"
-      f"See docs/input_pipeline.md."
-  )
+    manual = (
+        " --manual_dir=DIR_WITH_ILSVRC2012_img_train.tar_AND_ILSVRC2012_img_val.tar"
+        if name.startswith("imagenet2012")
+        else ""
+    )
+    return (
+        f"Prepare it once (this needs `pip install tensorflow-cpu`, training does not):\n"
+        f"  tfds build {name} --data_dir={data_dir}{manual} --file_format=array_record\n"
+        f"A copy already prepared as TFRecord converts in place with:\n"
+        f"  tfds convert_format --dataset_dir={data_dir}/{name.split('/')[0].split(':')[0]} "
+        f"--out_file_format=array_record\n"
+        f"See docs/input_pipeline.md."
+    )
 
 
 def _builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
-  """The builder of a prepared ArrayRecord dataset, or `DatasetNotPreparedError`."""
-  try:
-    builder = tfds.builder(name, data_dir=data_dir, try_gcs=False)
-  except tfds.core.DatasetNotFoundError as e:
-    raise DatasetNotPreparedError(
-        f"Dataset {name!r} is neither a tfds dataset nor prepared in {data_dir!r}.\n"
-        + _prepare_hint(name, data_dir)
-    ) from e
-  if not builder.is_prepared():
-    raise DatasetNotPreparedError(
-        f"Dataset {name!r} is not prepared in {data_dir!r} (no {builder.data_path}).\n"
-        + _prepare_hint(name, data_dir)
-    )
-  file_format = builder.info.file_format
-  if file_format != tfds.core.FileFormat.ARRAY_RECORD:
-    raise DatasetNotPreparedError(
-        f"Dataset {name!r} in {data_dir!r} is stored as {file_format.value}; this input "
-        "pipeline reads by index and needs ArrayRecord.\n" + _prepare_hint(name, data_dir)
-    )
-  features = dict(builder.info.features.items())
-  needed = {"image": tfds.features.Image, "label": tfds.features.ClassLabel}
-  if any(not isinstance(features.get(key), kind) for key, kind in needed.items()):
-    raise ValueError(
-        f"Dataset {name!r} has features {list(features)}; an `image` (Image) and a `label` "
-        "(ClassLabel) feature are needed."
-    )
-  return builder
+    """The builder of a prepared ArrayRecord dataset, or `DatasetNotPreparedError`."""
+    try:
+        builder = tfds.builder(name, data_dir=data_dir, try_gcs=False)
+    except tfds.core.DatasetNotFoundError as e:
+        raise DatasetNotPreparedError(
+            f"Dataset {name!r} is neither a tfds dataset nor prepared in {data_dir!r}.\n"
+            + _prepare_hint(name, data_dir)
+        ) from e
+    if not builder.is_prepared():
+        raise DatasetNotPreparedError(
+            f"Dataset {name!r} is not prepared in {data_dir!r} (no {builder.data_path}).\n"
+            + _prepare_hint(name, data_dir)
+        )
+    file_format = builder.info.file_format
+    if file_format != tfds.core.FileFormat.ARRAY_RECORD:
+        raise DatasetNotPreparedError(
+            f"Dataset {name!r} in {data_dir!r} is stored as {file_format.value}; this input "
+            "pipeline reads by index and needs ArrayRecord.\n" + _prepare_hint(name, data_dir)
+        )
+    features = dict(builder.info.features.items())
+    needed = {"image": tfds.features.Image, "label": tfds.features.ClassLabel}
+    if any(not isinstance(features.get(key), kind) for key, kind in needed.items()):
+        raise ValueError(
+            f"Dataset {name!r} has features {list(features)}; an `image` (Image) and a `label` "
+            "(ClassLabel) feature are needed."
+        )
+    return builder
 
 
 def dataset_info(
     name: str, data_dir: str, train_split: str = "train", eval_split: str = "validation"
 ) -> DatasetSizes:
-  """Number of classes and split sizes of a prepared dataset.
+    """Number of classes and split sizes of a prepared dataset.
 
-  Args:
-    name: tfds name, e.g. "imagenet2012" (optionally "name/config:version").
-    data_dir: tfds data directory the dataset was prepared in.
-    train_split: train split, any tfds split string (e.g. "train[:99%]").
-    eval_split: eval split.
+    Args:
+      name: tfds name, e.g. "imagenet2012" (optionally "name/config:version").
+      data_dir: tfds data directory the dataset was prepared in.
+      train_split: train split, any tfds split string (e.g. "train[:99%]").
+      eval_split: eval split.
 
-  Returns:
-    (num_classes, num_train, num_eval).
+    Returns:
+      (num_classes, num_train, num_eval).
 
-  Raises:
-    DatasetNotPreparedError: the dataset is missing or not in ArrayRecord format.
-  """
-  info = _builder(name, data_dir).info
-  return DatasetSizes(
-      num_classes=info.features["label"].num_classes,
-      num_train=info.splits[train_split].num_examples,
-      num_eval=info.splits[eval_split].num_examples,
-  )
+    Raises:
+      DatasetNotPreparedError: the dataset is missing or not in ArrayRecord format.
+    """
+    info = _builder(name, data_dir).info
+    return DatasetSizes(
+        num_classes=info.features["label"].num_classes,
+        num_train=info.splits[train_split].num_examples,
+        num_eval=info.splits[eval_split].num_examples,
+    )
 
 
 def _process_source(
-    builder: tfds.core.DatasetBuilder, split: str, process_index: int, process_count: int,
-    *, drop_remainder: bool,
+    builder: tfds.core.DatasetBuilder,
+    split: str,
+    process_index: int,
+    process_count: int,
+    *,
+    drop_remainder: bool,
 ) -> Sequence[dict[str, Any]]:
-  """This process's contiguous, disjoint part of `split`, with images left as encoded bytes."""
-  if not 0 <= process_index < process_count:
-    raise ValueError(f"process_index {process_index} not in [0, {process_count}).")
-  sub_split = tfds.split_for_jax_process(
-      split, process_index=process_index, process_count=process_count,
-      drop_remainder=drop_remainder,
-  )
-  return builder.as_data_source(
-      split=sub_split, decoders={"image": tfds.decode.SkipDecoding()}
-  )
+    """This process's contiguous, disjoint part of `split`, with images left as encoded bytes."""
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process_index {process_index} not in [0, {process_count}).")
+    sub_split = tfds.split_for_jax_process(
+        split,
+        process_index=process_index,
+        process_count=process_count,
+        drop_remainder=drop_remainder,
+    )
+    return builder.as_data_source(split=sub_split, decoders={"image": tfds.decode.SkipDecoding()})
 
 
 def _decode_rgb(encoded: bytes) -> PIL.Image.Image:
-  image = PIL.Image.open(io.BytesIO(encoded))
-  # Grey-scale and CMYK JPEGs exist in ImageNet; the model wants three channels.
-  return image if image.mode == "RGB" else image.convert("RGB")
+    image = PIL.Image.open(io.BytesIO(encoded))
+    # Grey-scale and CMYK JPEGs exist in ImageNet; the model wants three channels.
+    return image if image.mode == "RGB" else image.convert("RGB")
 
 
-def random_crop_box(
-    rng: np.random.Generator, width: int, height: int
-) -> tuple[int, int, int, int]:
-  """(left, top, right, bottom) of a random-resized crop, in pixels.
+def random_crop_box(rng: np.random.Generator, width: int, height: int) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of a random-resized crop, in pixels.
 
-  Samples area uniformly in 8-100% of the image and the aspect ratio log-uniformly in 3/4-4/3,
-  up to 10 times until the box fits; otherwise the largest centred box whose aspect ratio is
-  clamped to that range.
-  """
-  area = width * height
-  log_ratio = (math.log(_CROP_RATIO_RANGE[0]), math.log(_CROP_RATIO_RANGE[1]))
-  for _ in range(_CROP_ATTEMPTS):
-    target_area = area * rng.uniform(*_CROP_AREA_RANGE)
-    ratio = math.exp(rng.uniform(*log_ratio))
-    w = round(math.sqrt(target_area * ratio))
-    h = round(math.sqrt(target_area / ratio))
-    if 0 < w <= width and 0 < h <= height:
-      left = int(rng.integers(0, width - w + 1))
-      top = int(rng.integers(0, height - h + 1))
-      return left, top, left + w, top + h
-  ratio = min(max(width / height, _CROP_RATIO_RANGE[0]), _CROP_RATIO_RANGE[1])
-  if width / height <= ratio:
-    w, h = width, round(width / ratio)
-  else:
-    w, h = round(height * ratio), height
-  left, top = (width - w) // 2, (height - h) // 2
-  return left, top, left + w, top + h
+    Samples area uniformly in 8-100% of the image and the aspect ratio log-uniformly in 3/4-4/3,
+    up to 10 times until the box fits; otherwise the largest centred box whose aspect ratio is
+    clamped to that range.
+    """
+    area = width * height
+    log_ratio = (math.log(_CROP_RATIO_RANGE[0]), math.log(_CROP_RATIO_RANGE[1]))
+    for _ in range(_CROP_ATTEMPTS):
+        target_area = area * rng.uniform(*_CROP_AREA_RANGE)
+        ratio = math.exp(rng.uniform(*log_ratio))
+        w = round(math.sqrt(target_area * ratio))
+        h = round(math.sqrt(target_area / ratio))
+        if 0 < w <= width and 0 < h <= height:
+            left = int(rng.integers(0, width - w + 1))
+            top = int(rng.integers(0, height - h + 1))
+            return left, top, left + w, top + h
+    ratio = min(max(width / height, _CROP_RATIO_RANGE[0]), _CROP_RATIO_RANGE[1])
+    if width / height <= ratio:
+        w, h = width, round(width / ratio)
+    else:
+        w, h = round(height * ratio), height
+    left, top = (width - w) // 2, (height - h) // 2
+    return left, top, left + w, top + h
 
 
 def eval_crop_box(width: int, height: int) -> tuple[float, float, float, float]:
-  """(left, top, right, bottom) of the centred square of 0.875 of the shorter side."""
-  side = EVAL_CROP_FRACTION * min(width, height)
-  left, top = (width - side) / 2, (height - side) / 2
-  return left, top, left + side, top + side
+    """(left, top, right, bottom) of the centred square of 0.875 of the shorter side."""
+    side = EVAL_CROP_FRACTION * min(width, height)
+    left, top = (width - side) / 2, (height - side) / 2
+    return left, top, left + side, top + side
 
 
 def _train_example(
     example: dict[str, Any], rng: np.random.Generator, *, image_size: int
 ) -> dict[str, np.ndarray]:
-  image = _decode_rgb(example["image"])
-  box = random_crop_box(rng, *image.size)
-  # Resizing only the box is crop-then-resize in one pass, without copying the crop.
-  pixels = np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
-  if rng.random() < 0.5:
-    pixels = pixels[:, ::-1]
-  return {"image": pixels, "label": np.int32(example["label"])}
+    image = _decode_rgb(example["image"])
+    box = random_crop_box(rng, *image.size)
+    # Resizing only the box is crop-then-resize in one pass, without copying the crop.
+    pixels = np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
+    if rng.random() < 0.5:
+        pixels = pixels[:, ::-1]
+    return {"image": pixels, "label": np.int32(example["label"])}
 
 
 def _eval_example(
     index: int, *, source: Sequence[dict[str, Any]], image_size: int
 ) -> dict[str, np.ndarray]:
-  """Example `index` of `source`, or a zero image with mask 0 past its end (padding)."""
-  if index >= len(source):
-    return {
-        "image": np.zeros((image_size, image_size, 3), np.uint8),
-        "label": np.int32(0),
-        "mask": np.float32(0),
-    }
-  example = source[index]
-  image = _decode_rgb(example["image"])
-  box = eval_crop_box(*image.size)
-  pixels = np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
-  return {"image": pixels, "label": np.int32(example["label"]), "mask": np.float32(1)}
+    """Example `index` of `source`, or a zero image with mask 0 past its end (padding)."""
+    if index >= len(source):
+        return {
+            "image": np.zeros((image_size, image_size, 3), np.uint8),
+            "label": np.int32(0),
+            "mask": np.float32(0),
+        }
+    example = source[index]
+    image = _decode_rgb(example["image"])
+    box = eval_crop_box(*image.size)
+    pixels = np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
+    return {"image": pixels, "label": np.int32(example["label"]), "mask": np.float32(1)}
 
 
 def _normalize(batch: dict[str, np.ndarray], *, dtype: np.dtype) -> dict[str, np.ndarray]:
-  """(image - mean) / std of a stacked uint8 batch, computed in float32, cast to `dtype`."""
-  pixels = batch["image"]
-  # Broadcasting over rows of width*3 values instead of a trailing axis of 3 keeps numpy's inner
-  # loop long: about 5x faster, which matters as this pass is a sizeable part of the JPEG decode.
-  row = pixels.shape[-2] * pixels.shape[-1]
-  image = pixels.reshape(-1, row).astype(np.float32)
-  image *= np.tile(1 / IMAGENET_STD, row // 3)
-  image += np.tile(-IMAGENET_MEAN / IMAGENET_STD, row // 3)
-  return {**batch, "image": image.reshape(pixels.shape).astype(dtype, copy=False)}
+    """(image - mean) / std of a stacked uint8 batch, computed in float32, cast to `dtype`."""
+    pixels = batch["image"]
+    # Broadcasting over rows of width*3 values instead of a trailing axis of 3 keeps numpy's inner
+    # loop long: about 5x faster, which matters as this pass is a sizeable part of the JPEG decode.
+    row = pixels.shape[-2] * pixels.shape[-1]
+    image = pixels.reshape(-1, row).astype(np.float32)
+    image *= np.tile(1 / IMAGENET_STD, row // 3)
+    image += np.tile(-IMAGENET_MEAN / IMAGENET_STD, row // 3)
+    return {**batch, "image": image.reshape(pixels.shape).astype(dtype, copy=False)}
 
 
 def _iterate(
     batches: grain.MapDataset, num_threads: int, num_workers: int
 ) -> Iterator[dict[str, np.ndarray]]:
-  # Elements are whole batches: a few in flight per thread keep the loader ahead of the step
-  # without holding hundreds of batches in memory (grain's default buffer is 500 elements).
-  read_options = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=2 * num_threads)
-  dataset = batches.to_iter_dataset(read_options)
-  if num_workers > 0:
-    dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
-  return iter(dataset)
+    # Elements are whole batches: a few in flight per thread keep the loader ahead of the step
+    # without holding hundreds of batches in memory (grain's default buffer is 500 elements).
+    read_options = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=2 * num_threads)
+    dataset = batches.to_iter_dataset(read_options)
+    if num_workers > 0:
+        dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
+    return iter(dataset)
 
 
 def train_batches(
@@ -247,58 +249,58 @@ def train_batches(
     num_threads: int = 4,
     num_workers: int = 0,
 ) -> Iterator[dict[str, np.ndarray]]:
-  """Endless train batches of this process, starting at `start_step`.
+    """Endless train batches of this process, starting at `start_step`.
 
-  The process reads its own contiguous 1/process_count of `split` (the remainder is dropped so
-  every process has the same epoch length) and reshuffles it every epoch. Batch k is a pure
-  function of (seed, process_index, process_count, k, local_batch): the stream from
-  `start_step=k` equals the tail of the stream from 0, and resuming costs no extra reads. Thread
-  and worker counts change only the speed, never the batches.
+    The process reads its own contiguous 1/process_count of `split` (the remainder is dropped so
+    every process has the same epoch length) and reshuffles it every epoch. Batch k is a pure
+    function of (seed, process_index, process_count, k, local_batch): the stream from
+    `start_step=k` equals the tail of the stream from 0, and resuming costs no extra reads. Thread
+    and worker counts change only the speed, never the batches.
 
-  Args:
-    name: tfds dataset name.
-    data_dir: tfds data directory it was prepared in (ArrayRecord format).
-    split: tfds split string, e.g. "train".
-    image_size: output height and width.
-    local_batch: examples per batch on this process (global batch / process_count).
-    seed: data seed; shuffling and augmentation derive from it and from process_index.
-    start_step: index of the first batch to yield.
-    process_index: this process, in [0, process_count).
-    process_count: number of processes reading the dataset.
-    image_dtype: dtype of the images, e.g. "bfloat16": the model's compute dtype.
-    num_threads: threads decoding batches in each reading process; each holds up to two
-      finished batches.
-    num_workers: worker processes reading batches; 0 reads in this process. Threads alone top
-      out near 1,000 images/s (the GIL); to feed a GPU give about one worker per core. Workers
-      read absl flags, so the program must have parsed them (`absl.app.run` does).
+    Args:
+      name: tfds dataset name.
+      data_dir: tfds data directory it was prepared in (ArrayRecord format).
+      split: tfds split string, e.g. "train".
+      image_size: output height and width.
+      local_batch: examples per batch on this process (global batch / process_count).
+      seed: data seed; shuffling and augmentation derive from it and from process_index.
+      start_step: index of the first batch to yield.
+      process_index: this process, in [0, process_count).
+      process_count: number of processes reading the dataset.
+      image_dtype: dtype of the images, e.g. "bfloat16": the model's compute dtype.
+      num_threads: threads decoding batches in each reading process; each holds up to two
+        finished batches.
+      num_workers: worker processes reading batches; 0 reads in this process. Threads alone top
+        out near 1,000 images/s (the GIL); to feed a GPU give about one worker per core. Workers
+        read absl flags, so the program must have parsed them (`absl.app.run` does).
 
-  Yields:
-    {"image": image_dtype [local_batch, image_size, image_size, 3] normalised,
-     "label": int32 [local_batch]}.
+    Yields:
+      {"image": image_dtype [local_batch, image_size, image_size, 3] normalised,
+       "label": int32 [local_batch]}.
 
-  Raises:
-    DatasetNotPreparedError: the dataset is missing or not in ArrayRecord format.
-  """
-  builder = _builder(name, data_dir)
-  source = _process_source(builder, split, process_index, process_count, drop_remainder=True)
-  if len(source) < local_batch:
-    raise ValueError(
-        f"Process {process_index} has {len(source)} examples of {split!r}, fewer than one "
-        f"batch of {local_batch}."
+    Raises:
+      DatasetNotPreparedError: the dataset is missing or not in ArrayRecord format.
+    """
+    builder = _builder(name, data_dir)
+    source = _process_source(builder, split, process_index, process_count, drop_remainder=True)
+    if len(source) < local_batch:
+        raise ValueError(
+            f"Process {process_index} has {len(source)} examples of {split!r}, fewer than one "
+            f"batch of {local_batch}."
+        )
+    # Distinct per-process seeds keep hosts from drawing the same crops for their example i.
+    process_seed = int(np.random.SeedSequence([seed, process_index]).generate_state(1)[0])
+    examples = (
+        grain.MapDataset.source(source)
+        .seed(process_seed)
+        .shuffle()
+        .repeat()
+        .random_map(functools.partial(_train_example, image_size=image_size))
     )
-  # Distinct per-process seeds keep hosts from drawing the same crops for their example i.
-  process_seed = int(np.random.SeedSequence([seed, process_index]).generate_state(1)[0])
-  examples = (
-      grain.MapDataset.source(source)
-      .seed(process_seed)
-      .shuffle()
-      .repeat()
-      .random_map(functools.partial(_train_example, image_size=image_size))
-  )
-  # Slicing after batching skips whole batches by index arithmetic, without reading them.
-  batches = examples.batch(local_batch, drop_remainder=True)[start_step:]
-  batches = batches.map(functools.partial(_normalize, dtype=np.dtype(image_dtype)))
-  return _iterate(batches, num_threads, num_workers)
+    # Slicing after batching skips whole batches by index arithmetic, without reading them.
+    batches = examples.batch(local_batch, drop_remainder=True)[start_step:]
+    batches = batches.map(functools.partial(_normalize, dtype=np.dtype(image_dtype)))
+    return _iterate(batches, num_threads, num_workers)
 
 
 def eval_batches(
@@ -314,44 +316,44 @@ def eval_batches(
     num_threads: int = 4,
     num_workers: int = 0,
 ) -> Iterator[dict[str, np.ndarray]]:
-  """One pass over this process's part of `split`, padded to whole batches.
+    """One pass over this process's part of `split`, padded to whole batches.
 
-  Every process yields the same number of batches (enough for the largest part), so all of them
-  take part in every eval step; padding examples have mask 0, so each example of `split` counts
-  exactly once over all processes.
+    Every process yields the same number of batches (enough for the largest part), so all of them
+    take part in every eval step; padding examples have mask 0, so each example of `split` counts
+    exactly once over all processes.
 
-  Args:
-    name: tfds dataset name.
-    data_dir: tfds data directory it was prepared in (ArrayRecord format).
-    split: tfds split string, e.g. "validation".
-    image_size: output height and width.
-    local_batch: examples per batch on this process.
-    process_index: this process, in [0, process_count).
-    process_count: number of processes reading the dataset.
-    image_dtype: dtype of the images, e.g. "bfloat16": the model's compute dtype.
-    num_threads: threads decoding batches in each reading process.
-    num_workers: worker processes reading batches; 0 reads in this process.
+    Args:
+      name: tfds dataset name.
+      data_dir: tfds data directory it was prepared in (ArrayRecord format).
+      split: tfds split string, e.g. "validation".
+      image_size: output height and width.
+      local_batch: examples per batch on this process.
+      process_index: this process, in [0, process_count).
+      process_count: number of processes reading the dataset.
+      image_dtype: dtype of the images, e.g. "bfloat16": the model's compute dtype.
+      num_threads: threads decoding batches in each reading process.
+      num_workers: worker processes reading batches; 0 reads in this process.
 
-  Yields:
-    {"image": image_dtype [local_batch, image_size, image_size, 3] normalised,
-     "label": int32 [local_batch], "mask": float32 [local_batch], 1 real / 0 padding}.
+    Yields:
+      {"image": image_dtype [local_batch, image_size, image_size, 3] normalised,
+       "label": int32 [local_batch], "mask": float32 [local_batch], 1 real / 0 padding}.
 
-  Raises:
-    DatasetNotPreparedError: the dataset is missing or not in ArrayRecord format.
-  """
-  builder = _builder(name, data_dir)
-  source = _process_source(builder, split, process_index, process_count, drop_remainder=False)
-  largest_part = max(
-      builder.info.splits[
-          tfds.split_for_jax_process(split, process_index=p, process_count=process_count)
-      ].num_examples
-      for p in range(process_count)
-  )
-  num_batches = math.ceil(largest_part / local_batch)
-  batches = (
-      grain.MapDataset.range(num_batches * local_batch)
-      .map(functools.partial(_eval_example, source=source, image_size=image_size))
-      .batch(local_batch)
-      .map(functools.partial(_normalize, dtype=np.dtype(image_dtype)))
-  )
-  return _iterate(batches, num_threads, num_workers)
+    Raises:
+      DatasetNotPreparedError: the dataset is missing or not in ArrayRecord format.
+    """
+    builder = _builder(name, data_dir)
+    source = _process_source(builder, split, process_index, process_count, drop_remainder=False)
+    largest_part = max(
+        builder.info.splits[
+            tfds.split_for_jax_process(split, process_index=p, process_count=process_count)
+        ].num_examples
+        for p in range(process_count)
+    )
+    num_batches = math.ceil(largest_part / local_batch)
+    batches = (
+        grain.MapDataset.range(num_batches * local_batch)
+        .map(functools.partial(_eval_example, source=source, image_size=image_size))
+        .batch(local_batch)
+        .map(functools.partial(_normalize, dtype=np.dtype(image_dtype)))
+    )
+    return _iterate(batches, num_threads, num_workers)

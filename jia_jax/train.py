@@ -30,192 +30,238 @@ Metrics = dict[str, jax.Array]
 
 
 class TrainState(flax.struct.PyTreeNode):
-  """Everything a step reads and writes; all replicated, all fp32 except counters."""
+    """Everything a step reads and writes; all replicated, all fp32 except counters."""
 
-  step: jax.Array
-  params: Any
-  batch_stats: Any
-  opt_state: optax.OptState
-  loss_scale: precision.LossScaleState
+    step: jax.Array
+    params: Any
+    batch_stats: Any
+    opt_state: optax.OptState
+    loss_scale: precision.LossScaleState
 
 
-def state_initializer(model: nn.Module, tx: optax.GradientTransformation, mesh: Mesh,
-                      image_shape: tuple[int, int, int], precision_cfg: ml_collections.ConfigDict,
-                      seed: int) -> tuple[Callable[[], TrainState], TrainState]:
-  """The state's abstract form (shapes, dtypes, replicated shardings) and a function making it.
+def state_initializer(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    mesh: Mesh,
+    image_shape: tuple[int, int, int],
+    precision_cfg: ml_collections.ConfigDict,
+    seed: int,
+) -> tuple[Callable[[], TrainState], TrainState]:
+    """The state's abstract form (shapes, dtypes, replicated shardings) and a function making it.
 
-  The structure is found abstractly first (`jax.eval_shape`), so a run that resumes restores
-  straight onto these shardings without ever initialising, and a fresh run compiles the init with
-  its output shardings: the parameters are born on the devices where they live.
+    The structure is found abstractly first (`jax.eval_shape`), so a run that resumes restores
+    straight onto these shardings without ever initialising, and a fresh run compiles the init with
+    its output shardings: the parameters are born on the devices where they live.
 
-  Returns:
-    `(init, abstract)`: `init()` returns the initial `TrainState`; `abstract` is a `TrainState` of
-    `jax.ShapeDtypeStruct`s carrying the target shardings.
-  """
-  dynamic = precision.needs_loss_scaling(precision.compute_dtype(precision_cfg.compute))
+    Returns:
+      `(init, abstract)`: `init()` returns the initial `TrainState`; `abstract` is a `TrainState` of
+      `jax.ShapeDtypeStruct`s carrying the target shardings.
+    """
+    dynamic = precision.needs_loss_scaling(precision.compute_dtype(precision_cfg.compute))
 
-  def init(key: jax.Array) -> TrainState:
-    # Init at fp32 so params, stats and the optimizer state are the fp32 masters.
-    variables = model.init(key, jnp.zeros((1, *image_shape), jnp.float32), train=False)
-    params = variables["params"]
-    return TrainState(
-        step=jnp.zeros((), jnp.int32),
-        params=params,
-        batch_stats=variables["batch_stats"],
-        opt_state=tx.init(params),
-        loss_scale=precision.init_loss_scale(precision_cfg.loss_scale.initial, dynamic=dynamic),
+    def init(key: jax.Array) -> TrainState:
+        # Init at fp32 so params, stats and the optimizer state are the fp32 masters.
+        variables = model.init(key, jnp.zeros((1, *image_shape), jnp.float32), train=False)
+        params = variables["params"]
+        return TrainState(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            batch_stats=variables["batch_stats"],
+            opt_state=tx.init(params),
+            loss_scale=precision.init_loss_scale(precision_cfg.loss_scale.initial, dynamic=dynamic),
+        )
+
+    key = jax.random.key(seed)
+    replicated = mesh_lib.replicated_sharding(mesh)
+    shapes = jax.eval_shape(init, key)
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), shapes
     )
-
-  key = jax.random.key(seed)
-  replicated = mesh_lib.replicated_sharding(mesh)
-  shapes = jax.eval_shape(init, key)
-  abstract = jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), shapes)
-  init_on_mesh = jax.jit(init, out_shardings=jax.tree.map(lambda _: replicated, shapes))
-  return (lambda: init_on_mesh(key)), abstract
+    init_on_mesh = jax.jit(init, out_shardings=jax.tree.map(lambda _: replicated, shapes))
+    return (lambda: init_on_mesh(key)), abstract
 
 
 def _cast_floats(tree: Any, dtype: jnp.dtype) -> Any:
-  return jax.tree.map(
-      lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+    return jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
+    )
 
 
-def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                    learning_rate: optax.Schedule, config: ml_collections.ConfigDict,
-                    mesh: Mesh) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
-  """Returns the jitted `step(state, batch) -> (state, metrics)`; `state` is donated.
+def make_train_step(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    learning_rate: optax.Schedule,
+    config: ml_collections.ConfigDict,
+    mesh: Mesh,
+) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+    """Returns the jitted `step(state, batch) -> (state, metrics)`; `state` is donated.
 
-  Args:
-    model: the flax module, built with the compute dtype.
-    tx: the optimizer (runs in fp32 on the reduced, unscaled gradients).
-    learning_rate: the schedule, only for logging it.
-    config: the run config (`precision`, `loss`, `comm` blocks and `microbatch_size` are read).
-    mesh: the ("node", "gpu") mesh.
-  """
-  compute = precision.compute_dtype(config.precision.compute)
-  dynamic_scale = precision.needs_loss_scaling(compute)
-  ls_cfg = config.precision.loss_scale
-  comm = config.comm
-  smoothing = config.loss.label_smoothing
-  num_devices = mesh.devices.size
-  if comm.strategy not in ("xla", *allreduce.STRATEGIES):
-    raise ValueError(f"comm.strategy={comm.strategy!r} is not one of "
-                     f"{('xla', *allreduce.STRATEGIES)}.")
-  wire_dtype = jnp.dtype(comm.dtype)
-  xla_reduces = comm.strategy == "xla"
-  microbatch = config.microbatch_size
-
-  def local_grads(low_params, batch_stats, scale, batch):
-    def scaled_loss(p):
-      logits, new_vars = model.apply(
-          {"params": p, "batch_stats": batch_stats}, batch["image"].astype(compute),
-          train=True, mutable=["batch_stats"])
-      loss = jnp.mean(loss_lib.cross_entropy(logits, batch["label"], smoothing))
-      return loss * scale, (loss, logits, new_vars["batch_stats"])
-
-    grads, (loss, logits, new_stats) = jax.grad(scaled_loss, has_aux=True)(low_params)
-    metrics = {"loss": loss, "top1": jnp.mean(loss_lib.topk_correct(logits, batch["label"], 1))}
-    return grads, new_stats, metrics
-
-  def accumulated_grads(low_params, batch_stats, scale, batch):
-    """Gradient accumulation over microbatches: a 64K global batch on a handful of GPUs.
-
-    Each microbatch is one BatchNorm batch; the running statistics advance once per microbatch,
-    as they would over the same images split across more devices.
+    Args:
+      model: the flax module, built with the compute dtype.
+      tx: the optimizer (runs in fp32 on the reduced, unscaled gradients).
+      learning_rate: the schedule, only for logging it.
+      config: the run config (`precision`, `loss`, `comm` blocks and `microbatch_size` are read).
+      mesh: the ("node", "gpu") mesh.
     """
-    per_device_batch = batch["label"].shape[0]
-    if not microbatch or microbatch >= per_device_batch:
-      return local_grads(low_params, batch_stats, scale, batch)
-    if per_device_batch % microbatch:
-      raise ValueError(f"microbatch_size={microbatch} must divide the per-device batch "
-                       f"({per_device_batch} = global_batch_size / {num_devices} devices).")
-    steps = per_device_batch // microbatch
-    micro = jax.tree.map(lambda x: x.reshape(steps, microbatch, *x.shape[1:]), batch)
+    compute = precision.compute_dtype(config.precision.compute)
+    dynamic_scale = precision.needs_loss_scaling(compute)
+    ls_cfg = config.precision.loss_scale
+    comm = config.comm
+    smoothing = config.loss.label_smoothing
+    num_devices = mesh.devices.size
+    if comm.strategy not in ("xla", *allreduce.STRATEGIES):
+        raise ValueError(
+            f"comm.strategy={comm.strategy!r} is not one of {('xla', *allreduce.STRATEGIES)}."
+        )
+    wire_dtype = jnp.dtype(comm.dtype)
+    xla_reduces = comm.strategy == "xla"
+    microbatch = config.microbatch_size
 
-    def body(carry, mb):
-      total, stats = carry
-      grads, stats, metrics = local_grads(low_params, stats, scale, mb)
-      return (jax.tree.map(lambda t, g: t + g.astype(jnp.float32), total, grads), stats), metrics
+    def local_grads(low_params, batch_stats, scale, batch):
+        def scaled_loss(p):
+            logits, new_vars = model.apply(
+                {"params": p, "batch_stats": batch_stats},
+                batch["image"].astype(compute),
+                train=True,
+                mutable=["batch_stats"],
+            )
+            loss = jnp.mean(loss_lib.cross_entropy(logits, batch["label"], smoothing))
+            return loss * scale, (loss, logits, new_vars["batch_stats"])
 
-    zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), low_params)
-    (total, new_stats), metrics = jax.lax.scan(body, (zeros, batch_stats), micro)
-    # Back to the compute dtype: the wire carries what a single pass would have produced.
-    grads = jax.tree.map(lambda t, p: (t / steps).astype(p.dtype), total, low_params)
-    return grads, new_stats, jax.tree.map(jnp.mean, metrics)
+        grads, (loss, logits, new_stats) = jax.grad(scaled_loss, has_aux=True)(low_params)
+        metrics = {"loss": loss, "top1": jnp.mean(loss_lib.topk_correct(logits, batch["label"], 1))}
+        return grads, new_stats, metrics
 
-  def per_device(params, batch_stats, scale, batch):
-    # Differentiate with respect to the compute-dtype copy, so gradients come out in that dtype
-    # (what the paper sends over the wire) instead of being upcast inside backward.
-    low_params = _cast_floats(params, compute)
-    grads, new_stats, metrics = accumulated_grads(low_params, batch_stats, scale, batch)
-    if xla_reduces:
-      # Hand per-device values out stacked along a device axis; the mean over it is written as
-      # ordinary array code below, so XLA chooses and combines the collectives itself.
-      return jax.tree.map(lambda x: x[None], (grads, new_stats, metrics))
-    grads = allreduce.reduce_gradients(
-        grads, strategy=comm.strategy, bucket_bytes=comm.bucket_bytes, wire_dtype=wire_dtype,
-        hybrid_crossover_bytes=comm.hybrid_crossover_bytes,
-        node_axis=mesh_lib.NODE_AXIS, gpu_axis=mesh_lib.GPU_AXIS,
-        leaf_order=call_order.backward_leaf_order(model, batch["image"].shape[1:]))
-    # Keep the running BN averages identical on every device (cheap: a few KB).
-    new_stats, metrics = jax.lax.pmean((new_stats, metrics), mesh_lib.BATCH_AXES)
-    return grads, new_stats, metrics
+    def accumulated_grads(low_params, batch_stats, scale, batch):
+        """Gradient accumulation over microbatches: a 64K global batch on a handful of GPUs.
 
-  reduced = P(mesh_lib.BATCH_AXES) if xla_reduces else P()
-  sharded_step = jax.shard_map(
-      per_device, mesh=mesh,
-      in_specs=(P(), P(), P(), P(mesh_lib.BATCH_AXES)),
-      out_specs=(reduced, reduced, reduced),
-      check_vma=False)
+        Each microbatch is one BatchNorm batch; the running statistics advance once per microbatch,
+        as they would over the same images split across more devices.
+        """
+        per_device_batch = batch["label"].shape[0]
+        if not microbatch or microbatch >= per_device_batch:
+            return local_grads(low_params, batch_stats, scale, batch)
+        if per_device_batch % microbatch:
+            raise ValueError(
+                f"microbatch_size={microbatch} must divide the per-device batch "
+                f"({per_device_batch} = global_batch_size / {num_devices} devices)."
+            )
+        steps = per_device_batch // microbatch
+        micro = jax.tree.map(lambda x: x.reshape(steps, microbatch, *x.shape[1:]), batch)
 
-  def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-    grads, new_stats, metrics = sharded_step(state.params, state.batch_stats,
-                                             state.loss_scale.scale, batch)
-    if xla_reduces:
-      grads = jax.tree.map(
-          lambda g: (jnp.sum(g.astype(wire_dtype), axis=0) / num_devices).astype(g.dtype), grads)
-      new_stats, metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), (new_stats, metrics))
-    grads = precision.unscale(grads, state.loss_scale)  # fp32 from here on
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    new = state.replace(step=state.step + 1, params=params, batch_stats=new_stats,
-                        opt_state=opt_state)
-    if dynamic_scale:
-      finite = precision.all_finite(grads)
-      # Every device holds the same reduced gradients, so all take the same decision.
-      new = precision.select_tree(finite, new, state.replace(step=state.step + 1))
-      new = new.replace(loss_scale=precision.update_loss_scale(
-          state.loss_scale, finite, growth_interval=ls_cfg.growth_interval,
-          factor=ls_cfg.factor, minimum=ls_cfg.minimum))
-      metrics["skipped"] = 1.0 - finite.astype(jnp.float32)
-      metrics["loss_scale"] = new.loss_scale.scale
-    metrics["learning_rate"] = jnp.asarray(learning_rate(state.step), jnp.float32)
-    return new, metrics
+        def body(carry, mb):
+            total, stats = carry
+            grads, stats, metrics = local_grads(low_params, stats, scale, mb)
+            return (
+                jax.tree.map(lambda t, g: t + g.astype(jnp.float32), total, grads),
+                stats,
+            ), metrics
 
-  return jax.jit(step, donate_argnums=0)
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), low_params)
+        (total, new_stats), metrics = jax.lax.scan(body, (zeros, batch_stats), micro)
+        # Back to the compute dtype: the wire carries what a single pass would have produced.
+        grads = jax.tree.map(lambda t, p: (t / steps).astype(p.dtype), total, low_params)
+        return grads, new_stats, jax.tree.map(jnp.mean, metrics)
+
+    def per_device(params, batch_stats, scale, batch):
+        # Differentiate with respect to the compute-dtype copy, so gradients come out in that dtype
+        # (what the paper sends over the wire) instead of being upcast inside backward.
+        low_params = _cast_floats(params, compute)
+        grads, new_stats, metrics = accumulated_grads(low_params, batch_stats, scale, batch)
+        if xla_reduces:
+            # Hand per-device values out stacked along a device axis; the mean over it is written as
+            # ordinary array code below, so XLA chooses and combines the collectives itself.
+            return jax.tree.map(lambda x: x[None], (grads, new_stats, metrics))
+        grads = allreduce.reduce_gradients(
+            grads,
+            strategy=comm.strategy,
+            bucket_bytes=comm.bucket_bytes,
+            wire_dtype=wire_dtype,
+            hybrid_crossover_bytes=comm.hybrid_crossover_bytes,
+            node_axis=mesh_lib.NODE_AXIS,
+            gpu_axis=mesh_lib.GPU_AXIS,
+            leaf_order=call_order.backward_leaf_order(model, batch["image"].shape[1:]),
+        )
+        # Keep the running BN averages identical on every device (cheap: a few KB).
+        new_stats, metrics = jax.lax.pmean((new_stats, metrics), mesh_lib.BATCH_AXES)
+        return grads, new_stats, metrics
+
+    reduced = P(mesh_lib.BATCH_AXES) if xla_reduces else P()
+    sharded_step = jax.shard_map(
+        per_device,
+        mesh=mesh,
+        in_specs=(P(), P(), P(), P(mesh_lib.BATCH_AXES)),
+        out_specs=(reduced, reduced, reduced),
+        check_vma=False,
+    )
+
+    def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        grads, new_stats, metrics = sharded_step(
+            state.params, state.batch_stats, state.loss_scale.scale, batch
+        )
+        if xla_reduces:
+            grads = jax.tree.map(
+                lambda g: (jnp.sum(g.astype(wire_dtype), axis=0) / num_devices).astype(g.dtype),
+                grads,
+            )
+            new_stats, metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), (new_stats, metrics))
+        grads = precision.unscale(grads, state.loss_scale)  # fp32 from here on
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        new = state.replace(
+            step=state.step + 1, params=params, batch_stats=new_stats, opt_state=opt_state
+        )
+        if dynamic_scale:
+            finite = precision.all_finite(grads)
+            # Every device holds the same reduced gradients, so all take the same decision.
+            new = precision.select_tree(finite, new, state.replace(step=state.step + 1))
+            new = new.replace(
+                loss_scale=precision.update_loss_scale(
+                    state.loss_scale,
+                    finite,
+                    growth_interval=ls_cfg.growth_interval,
+                    factor=ls_cfg.factor,
+                    minimum=ls_cfg.minimum,
+                )
+            )
+            metrics["skipped"] = 1.0 - finite.astype(jnp.float32)
+            metrics["loss_scale"] = new.loss_scale.scale
+        metrics["learning_rate"] = jnp.asarray(learning_rate(state.step), jnp.float32)
+        return new, metrics
+
+    return jax.jit(step, donate_argnums=0)
 
 
-def make_eval_step(model: nn.Module, config: ml_collections.ConfigDict,
-                   mesh: Mesh) -> Callable[[TrainState, Batch], Metrics]:
-  """Returns the jitted `eval_step(state, batch) -> sums` of loss, top-1, top-5 and count.
+def make_eval_step(
+    model: nn.Module, config: ml_collections.ConfigDict, mesh: Mesh
+) -> Callable[[TrainState, Batch], Metrics]:
+    """Returns the jitted `eval_step(state, batch) -> sums` of loss, top-1, top-5 and count.
 
-  Padded examples (`mask` 0) contribute nothing, so summing over batches counts each example
-  of the split exactly once.
-  """
-  compute = precision.compute_dtype(config.precision.compute)
+    Padded examples (`mask` 0) contribute nothing, so summing over batches counts each example
+    of the split exactly once.
+    """
+    compute = precision.compute_dtype(config.precision.compute)
 
-  def per_device(params, batch_stats, batch):
-    logits = model.apply({"params": _cast_floats(params, compute), "batch_stats": batch_stats},
-                         batch["image"].astype(compute), train=False)
-    mask = batch["mask"]
-    sums = {
-        "loss": jnp.sum(loss_lib.cross_entropy(logits, batch["label"]) * mask),
-        "top1": jnp.sum(loss_lib.topk_correct(logits, batch["label"], 1) * mask),
-        "top5": jnp.sum(loss_lib.topk_correct(logits, batch["label"], 5) * mask),
-        "count": jnp.sum(mask),
-    }
-    return jax.lax.psum(sums, mesh_lib.BATCH_AXES)
+    def per_device(params, batch_stats, batch):
+        logits = model.apply(
+            {"params": _cast_floats(params, compute), "batch_stats": batch_stats},
+            batch["image"].astype(compute),
+            train=False,
+        )
+        mask = batch["mask"]
+        sums = {
+            "loss": jnp.sum(loss_lib.cross_entropy(logits, batch["label"]) * mask),
+            "top1": jnp.sum(loss_lib.topk_correct(logits, batch["label"], 1) * mask),
+            "top5": jnp.sum(loss_lib.topk_correct(logits, batch["label"], 5) * mask),
+            "count": jnp.sum(mask),
+        }
+        return jax.lax.psum(sums, mesh_lib.BATCH_AXES)
 
-  sharded = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), P(mesh_lib.BATCH_AXES)),
-                          out_specs=P(), check_vma=False)
-  return jax.jit(lambda state, batch: sharded(state.params, state.batch_stats, batch))
+    sharded = jax.shard_map(
+        per_device,
+        mesh=mesh,
+        in_specs=(P(), P(), P(mesh_lib.BATCH_AXES)),
+        out_specs=P(),
+        check_vma=False,
+    )
+    return jax.jit(lambda state, batch: sharded(state.params, state.batch_stats, batch))

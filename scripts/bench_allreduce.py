@@ -63,319 +63,419 @@ _MAX_CALLS_PER_SAMPLE = 64
 
 
 def _is_shape(x: Any) -> bool:
-  return isinstance(x, tuple)
+    return isinstance(x, tuple)
 
 
 @dataclasses.dataclass(frozen=True)
 class Payload:
-  """A gradient pytree to reduce: its leaf shapes and how its strategies bucket it."""
+    """A gradient pytree to reduce: its leaf shapes and how its strategies bucket it."""
 
-  name: str
-  shapes: Any  # pytree of shape tuples
-  bucket_bytes: tuple[int, ...]  # one row per value for the bucketing strategies
+    name: str
+    shapes: Any  # pytree of shape tuples
+    bucket_bytes: tuple[int, ...]  # one row per value for the bucketing strategies
 
-  def num_elements(self) -> int:
-    return sum(math.prod(s) for s in self.leaf_shapes())
+    def num_elements(self) -> int:
+        return sum(math.prod(s) for s in self.leaf_shapes())
 
-  def leaf_shapes(self) -> list[tuple[int, ...]]:
-    return jax.tree.leaves(self.shapes, is_leaf=_is_shape)
+    def leaf_shapes(self) -> list[tuple[int, ...]]:
+        return jax.tree.leaves(self.shapes, is_leaf=_is_shape)
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-  """One measurement: a strategy reducing a payload in a wire dtype on a mesh shape."""
+    """One measurement: a strategy reducing a payload in a wire dtype on a mesh shape."""
 
-  dtype: str
-  mesh: tuple[int, int]
-  payload: Payload
-  strategy: str
-  bucket_bytes: int | None  # None for `xla` and `plain`, which do not bucket
+    dtype: str
+    mesh: tuple[int, int]
+    payload: Payload
+    strategy: str
+    bucket_bytes: int | None  # None for `xla` and `plain`, which do not bucket
 
-  def key(self) -> tuple:
-    """Identifies the inputs (payload, dtype, mesh) the case shares with its neighbours."""
-    return (self.payload.name, self.dtype, self.mesh)
+    def key(self) -> tuple:
+        """Identifies the inputs (payload, dtype, mesh) the case shares with its neighbours."""
+        return (self.payload.name, self.dtype, self.mesh)
 
 
 def bus_bandwidth(nbytes: int, seconds: float, devices: int) -> float:
-  """All-reduce bus bandwidth in bytes/s, nccl-tests' `2 (n - 1) / n * bytes / time`."""
-  return 2 * (devices - 1) / devices * nbytes / seconds
+    """All-reduce bus bandwidth in bytes/s, nccl-tests' `2 (n - 1) / n * bytes / time`."""
+    return 2 * (devices - 1) / devices * nbytes / seconds
 
 
 def model_param_shapes(name: str, width: int | None) -> Any:
-  """Pytree of the parameter shapes of a `jia_jax.models` classifier (1000 classes)."""
-  model = models.create_model(name, num_classes=1000, dtype=jnp.bfloat16,
-                              **({"width": width} if width else {}))
-  # Abstract only: no memory, any width. Parameter shapes do not depend on the image size.
-  variables = jax.eval_shape(
-      lambda key: model.init(key, jnp.zeros((1, 224, 224, 3), jnp.float32), train=False),
-      jax.random.key(0))
-  return jax.tree.map(lambda x: tuple(x.shape), variables["params"])
+    """Pytree of the parameter shapes of a `jia_jax.models` classifier (1000 classes)."""
+    model = models.create_model(
+        name, num_classes=1000, dtype=jnp.bfloat16, **({"width": width} if width else {})
+    )
+    # Abstract only: no memory, any width. Parameter shapes do not depend on the image size.
+    variables = jax.eval_shape(
+        lambda key: model.init(key, jnp.zeros((1, 224, 224, 3), jnp.float32), train=False),
+        jax.random.key(0),
+    )
+    return jax.tree.map(lambda x: tuple(x.shape), variables["params"])
 
 
-def build_cases(tree: Payload | None, flat_bytes: Sequence[int], dtypes: Sequence[str],
-                meshes: Sequence[tuple[int, int]], strategies: Sequence[str]) -> list[Case]:
-  """All cases, grouped by (payload, dtype, mesh) with the `plain` peer first in each group.
+def build_cases(
+    tree: Payload | None,
+    flat_bytes: Sequence[int],
+    dtypes: Sequence[str],
+    meshes: Sequence[tuple[int, int]],
+    strategies: Sequence[str],
+) -> list[Case]:
+    """All cases, grouped by (payload, dtype, mesh) with the `plain` peer first in each group.
 
-  The model tree comes first: it is what the trainer reduces, so a run cut short by its budget
-  still has it. A flat buffer of `b` bytes holds `b / itemsize` elements of the wire dtype and is
-  one bucket.
-  """
-  groups = [(tree, dtype) for dtype in dtypes] if tree else []
-  for b in flat_bytes:
-    for dtype in dtypes:
-      itemsize = jnp.dtype(dtype).itemsize
-      elements = b // itemsize
-      groups.append((Payload(f"flat {b / MIB:.3g}M", (elements,), (elements * itemsize,)), dtype))
-  cases = []
-  for payload, dtype in groups:
-    for mesh in meshes:
-      cases.append(Case(dtype, mesh, payload, PLAIN, None))
-      for strategy in strategies:
-        buckets = (None,) if strategy == "xla" else payload.bucket_bytes
-        cases.extend(Case(dtype, mesh, payload, strategy, b) for b in buckets)
-  return cases
+    The model tree comes first: it is what the trainer reduces, so a run cut short by its budget
+    still has it. A flat buffer of `b` bytes holds `b / itemsize` elements of the wire dtype and is
+    one bucket.
+    """
+    groups = [(tree, dtype) for dtype in dtypes] if tree else []
+    for b in flat_bytes:
+        for dtype in dtypes:
+            itemsize = jnp.dtype(dtype).itemsize
+            elements = b // itemsize
+            groups.append(
+                (Payload(f"flat {b / MIB:.3g}M", (elements,), (elements * itemsize,)), dtype)
+            )
+    cases = []
+    for payload, dtype in groups:
+        for mesh in meshes:
+            cases.append(Case(dtype, mesh, payload, PLAIN, None))
+            for strategy in strategies:
+                buckets = (None,) if strategy == "xla" else payload.bucket_bytes
+                cases.extend(Case(dtype, mesh, payload, strategy, b) for b in buckets)
+    return cases
 
 
 def reducer(case: Case, mesh: jax.sharding.Mesh, crossover_bytes: int) -> Callable[[Any], Any]:
-  """The jitted program of `case`; its argument is stacked per device (leading axis = device)."""
-  batch = P(mesh_lib.BATCH_AXES)
-  devices = mesh.devices.size
-  wire = jnp.dtype(case.dtype)
-  if case.strategy == "xla":
-    # The trainer's 'xla' path: the mean over the stacked device axis as ordinary array code.
-    def mean(tree):
-      return jax.tree.map(
-          lambda g: (jnp.sum(g.astype(wire), axis=0) / devices).astype(g.dtype), tree)
-    return jax.jit(mean, out_shardings=NamedSharding(mesh, P()))
-  if case.strategy == PLAIN:
-    def per_device(flat):
-      return jax.lax.psum(flat[0], mesh_lib.BATCH_AXES)
-  else:
-    def per_device(tree):
-      return allreduce.reduce_gradients(
-          jax.tree.map(lambda g: g[0], tree), strategy=case.strategy,
-          bucket_bytes=case.bucket_bytes, wire_dtype=wire,
-          hybrid_crossover_bytes=crossover_bytes, node_axis=mesh_lib.NODE_AXIS,
-          gpu_axis=mesh_lib.GPU_AXIS)
-  return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=batch, out_specs=P()))
+    """The jitted program of `case`; its argument is stacked per device (leading axis = device)."""
+    batch = P(mesh_lib.BATCH_AXES)
+    devices = mesh.devices.size
+    wire = jnp.dtype(case.dtype)
+    if case.strategy == "xla":
+        # The trainer's 'xla' path: the mean over the stacked device axis as ordinary array code.
+        def mean(tree):
+            return jax.tree.map(
+                lambda g: (jnp.sum(g.astype(wire), axis=0) / devices).astype(g.dtype), tree
+            )
+
+        return jax.jit(mean, out_shardings=NamedSharding(mesh, P()))
+    if case.strategy == PLAIN:
+
+        def per_device(flat):
+            return jax.lax.psum(flat[0], mesh_lib.BATCH_AXES)
+    else:
+
+        def per_device(tree):
+            return allreduce.reduce_gradients(
+                jax.tree.map(lambda g: g[0], tree),
+                strategy=case.strategy,
+                bucket_bytes=case.bucket_bytes,
+                wire_dtype=wire,
+                hybrid_crossover_bytes=crossover_bytes,
+                node_axis=mesh_lib.NODE_AXIS,
+                gpu_axis=mesh_lib.GPU_AXIS,
+            )
+
+    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=batch, out_specs=P()))
 
 
 def stacked_inputs(shapes: Any, dtype: str, mesh: jax.sharding.Mesh, seed: int) -> Any:
-  """Random per-device gradients: each leaf `(devices, *shape)`, split over the devices."""
-  leaves, treedef = jax.tree.flatten(shapes, is_leaf=_is_shape)
-  devices = mesh.devices.size
-  sizes = [math.prod(s) for s in leaves]
+    """Random per-device gradients: each leaf `(devices, *shape)`, split over the devices."""
+    leaves, treedef = jax.tree.flatten(shapes, is_leaf=_is_shape)
+    devices = mesh.devices.size
+    sizes = [math.prod(s) for s in leaves]
 
-  def make(key):
-    # One random draw cut into the leaves: a draw per leaf compiles slowly for trees of 100s.
-    flat = jax.random.normal(key, (devices, sum(sizes)), dtype)
-    offsets = np.cumsum([0, *sizes])
-    return treedef.unflatten([flat[:, a:b].reshape(devices, *s)
-                              for a, b, s in zip(offsets[:-1], offsets[1:], leaves)])
+    def make(key):
+        # One random draw cut into the leaves: a draw per leaf compiles slowly for trees of 100s.
+        flat = jax.random.normal(key, (devices, sum(sizes)), dtype)
+        offsets = np.cumsum([0, *sizes])
+        return treedef.unflatten(
+            [
+                flat[:, a:b].reshape(devices, *s)
+                for a, b, s in zip(offsets[:-1], offsets[1:], leaves)
+            ]
+        )
 
-  # Made on the devices: no host copy of buffers of hundreds of MiB.
-  sharding = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))
-  return jax.block_until_ready(jax.jit(make, out_shardings=sharding)(jax.random.key(seed)))
+    # Made on the devices: no host copy of buffers of hundreds of MiB.
+    sharding = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))
+    return jax.block_until_ready(jax.jit(make, out_shardings=sharding)(jax.random.key(seed)))
 
 
-def time_calls(fn: Callable[[Any], Any], arg: Any, repeats: int,
-               min_sample_s: float) -> dict[str, Any]:
-  """Compiles `fn` for `arg`, warms up, and returns the median seconds per call and details."""
-  start = time.perf_counter()
-  compiled = fn.lower(arg).compile()
-  compile_s = time.perf_counter() - start
-  jax.block_until_ready(compiled(arg))
-  start = time.perf_counter()
-  jax.block_until_ready(compiled(arg))
-  single = time.perf_counter() - start
-  calls = max(1, min(_MAX_CALLS_PER_SAMPLE, math.ceil(min_sample_s / single)))
-  samples = []
-  for _ in range(repeats):
+def time_calls(
+    fn: Callable[[Any], Any], arg: Any, repeats: int, min_sample_s: float
+) -> dict[str, Any]:
+    """Compiles `fn` for `arg`, warms up, and returns the median seconds per call and details."""
     start = time.perf_counter()
-    for _ in range(calls):
-      out = compiled(arg)
-    jax.block_until_ready(out)
-    samples.append((time.perf_counter() - start) / calls)
-  return {"time_s": statistics.median(samples), "samples_s": samples,
-          "calls_per_sample": calls, "compile_s": compile_s}
+    compiled = fn.lower(arg).compile()
+    compile_s = time.perf_counter() - start
+    jax.block_until_ready(compiled(arg))
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(arg))
+    single = time.perf_counter() - start
+    calls = max(1, min(_MAX_CALLS_PER_SAMPLE, math.ceil(min_sample_s / single)))
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            out = compiled(arg)
+        jax.block_until_ready(out)
+        samples.append((time.perf_counter() - start) / calls)
+    return {
+        "time_s": statistics.median(samples),
+        "samples_s": samples,
+        "calls_per_sample": calls,
+        "compile_s": compile_s,
+    }
 
 
 def environment() -> dict[str, Any]:
-  """Software, hardware and source revision of this run."""
-  def git(*args: str) -> str:
-    try:
-      return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-      return "unknown"
+    """Software, hardware and source revision of this run."""
 
-  device = jax.devices()[0]
-  return {
-      "git_rev": git("rev-parse", "HEAD"),
-      "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-      "jax_version": jax.__version__,
-      "backend": jax.default_backend(),
-      "device_kind": device.device_kind,
-      "device_count": jax.device_count(),
-      "process_count": jax.process_count(),
-      "xla_flags": os.environ.get("XLA_FLAGS", ""),
-      "host": platform.node(),
-  }
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(
+                ["git", *args],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=os.path.dirname(os.path.abspath(__file__)),
+            ).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return "unknown"
+
+    device = jax.devices()[0]
+    return {
+        "git_rev": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "jax_version": jax.__version__,
+        "backend": jax.default_backend(),
+        "device_kind": device.device_kind,
+        "device_count": jax.device_count(),
+        "process_count": jax.process_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "host": platform.node(),
+    }
 
 
 def write_json(path: str, doc: dict[str, Any]) -> None:
-  """Writes `doc` to `path` atomically, so a killed run never leaves half a file."""
-  tmp = f"{path}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(doc, f, indent=1)
-  os.replace(tmp, path)
+    """Writes `doc` to `path` atomically, so a killed run never leaves half a file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
 
 
-def run_cases(cases: Sequence[Case], crossover_bytes: int, repeats: int, min_sample_s: float,
-              budget_s: float, on_result: Callable[[dict[str, Any]], None]) -> None:
-  """Measures `cases` in order and hands each result row to `on_result`."""
-  start = time.perf_counter()
-  meshes: dict[tuple[int, int], jax.sharding.Mesh] = {}
-  inputs_key, inputs, arg = None, None, None
-  plain_times: dict[tuple, float] = {}
-  for case in cases:
-    payload_bytes = case.payload.num_elements() * jnp.dtype(case.dtype).itemsize
-    row = {"dtype": case.dtype, "mesh": f"{case.mesh[0]}x{case.mesh[1]}",
-           "payload": case.payload.name, "payload_bytes": payload_bytes,
-           "leaves": len(case.payload.leaf_shapes()), "strategy": case.strategy,
-           "bucket_bytes": case.bucket_bytes}
-    if time.perf_counter() - start > budget_s:
-      on_result({**row, "skipped": "budget_s exceeded"})
-      continue
-    try:
-      if case.mesh not in meshes:
-        meshes[case.mesh] = mesh_lib.create_mesh(*case.mesh)
-      mesh = meshes[case.mesh]
-      arg = None  # drop the previous case's reference before making new buffers
-      if case.strategy == PLAIN:
-        arg = stacked_inputs((case.payload.num_elements(),), case.dtype, mesh, seed=1)
-      else:
-        if inputs_key != case.key():
-          inputs_key, inputs = case.key(), None
-          inputs = stacked_inputs(case.payload.shapes, case.dtype, mesh, seed=0)
-        arg = inputs
-      if case.bucket_bytes is not None:
-        abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, case.dtype),
-                                case.payload.shapes, is_leaf=_is_shape)
-        plan = allreduce.plan_buckets(abstract, case.bucket_bytes, case.dtype)
-        row["buckets"] = len(plan.buckets)
-      timing = time_calls(reducer(case, mesh, crossover_bytes), arg, repeats, min_sample_s)
-      devices = mesh.devices.size
-      row.update(timing)
-      row["busbw_gbps"] = bus_bandwidth(payload_bytes, timing["time_s"], devices) / 1e9
-      if case.strategy == PLAIN:
-        plain_times[case.key()] = timing["time_s"]
-      plain = plain_times.get(case.key())
-      row["ratio"] = plain / timing["time_s"] if plain else None
-    except Exception as e:  # pylint: disable=broad-except
-      # One failing case (e.g. out of memory) must not lose the others.
-      row["error"] = f"{type(e).__name__}: {e}"[:2000]
-    on_result(row)
+def run_cases(
+    cases: Sequence[Case],
+    crossover_bytes: int,
+    repeats: int,
+    min_sample_s: float,
+    budget_s: float,
+    on_result: Callable[[dict[str, Any]], None],
+) -> None:
+    """Measures `cases` in order and hands each result row to `on_result`."""
+    start = time.perf_counter()
+    meshes: dict[tuple[int, int], jax.sharding.Mesh] = {}
+    inputs_key, inputs, arg = None, None, None
+    plain_times: dict[tuple, float] = {}
+    for case in cases:
+        payload_bytes = case.payload.num_elements() * jnp.dtype(case.dtype).itemsize
+        row = {
+            "dtype": case.dtype,
+            "mesh": f"{case.mesh[0]}x{case.mesh[1]}",
+            "payload": case.payload.name,
+            "payload_bytes": payload_bytes,
+            "leaves": len(case.payload.leaf_shapes()),
+            "strategy": case.strategy,
+            "bucket_bytes": case.bucket_bytes,
+        }
+        if time.perf_counter() - start > budget_s:
+            on_result({**row, "skipped": "budget_s exceeded"})
+            continue
+        try:
+            if case.mesh not in meshes:
+                meshes[case.mesh] = mesh_lib.create_mesh(*case.mesh)
+            mesh = meshes[case.mesh]
+            arg = None  # drop the previous case's reference before making new buffers
+            if case.strategy == PLAIN:
+                arg = stacked_inputs((case.payload.num_elements(),), case.dtype, mesh, seed=1)
+            else:
+                if inputs_key != case.key():
+                    inputs_key, inputs = case.key(), None
+                    inputs = stacked_inputs(case.payload.shapes, case.dtype, mesh, seed=0)
+                arg = inputs
+            if case.bucket_bytes is not None:
+                abstract = jax.tree.map(
+                    lambda s: jax.ShapeDtypeStruct(s, case.dtype),
+                    case.payload.shapes,
+                    is_leaf=_is_shape,
+                )
+                plan = allreduce.plan_buckets(abstract, case.bucket_bytes, case.dtype)
+                row["buckets"] = len(plan.buckets)
+            timing = time_calls(reducer(case, mesh, crossover_bytes), arg, repeats, min_sample_s)
+            devices = mesh.devices.size
+            row.update(timing)
+            row["busbw_gbps"] = bus_bandwidth(payload_bytes, timing["time_s"], devices) / 1e9
+            if case.strategy == PLAIN:
+                plain_times[case.key()] = timing["time_s"]
+            plain = plain_times.get(case.key())
+            row["ratio"] = plain / timing["time_s"] if plain else None
+        except Exception as e:  # pylint: disable=broad-except
+            # One failing case (e.g. out of memory) must not lose the others.
+            row["error"] = f"{type(e).__name__}: {e}"[:2000]
+        on_result(row)
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-  """A compact text table of the measured and failed rows, then the count of skipped ones."""
-  lines = [f"{'dtype':<9}{'mesh':>5} {'payload':<14}{'bucket':>9} {'strategy':<13}"
-           f"{'buckets':>7}{'time_us':>10}{'busbw_GB/s':>11}{'ratio':>7}"]
-  for r in rows:
-    if "skipped" in r:
-      continue
-    bucket = "" if r["bucket_bytes"] is None else f"{r['bucket_bytes'] / MIB:.3g}M"
-    if "time_s" in r:
-      ratio = "" if r.get("ratio") is None else f"{r['ratio']:.2f}"
-      nums = f"{r['time_s'] * 1e6:>10.1f}{r['busbw_gbps']:>11.2f}{ratio:>7}"
-    else:
-      nums = f"  {r['error'][:80]}"
-    lines.append(f"{r['dtype']:<9}{r['mesh']:>5} {r['payload']:<14}{bucket:>9} "
-                 f"{r['strategy']:<13}{r.get('buckets', ''):>7}{nums}")
-  skipped = sum("skipped" in r for r in rows)
-  if skipped:
-    lines.append(f"... and {skipped} cases skipped: past --budget_s")
-  return "\n".join(lines)
+    """A compact text table of the measured and failed rows, then the count of skipped ones."""
+    lines = [
+        f"{'dtype':<9}{'mesh':>5} {'payload':<14}{'bucket':>9} {'strategy':<13}"
+        f"{'buckets':>7}{'time_us':>10}{'busbw_GB/s':>11}{'ratio':>7}"
+    ]
+    for r in rows:
+        if "skipped" in r:
+            continue
+        bucket = "" if r["bucket_bytes"] is None else f"{r['bucket_bytes'] / MIB:.3g}M"
+        if "time_s" in r:
+            ratio = "" if r.get("ratio") is None else f"{r['ratio']:.2f}"
+            nums = f"{r['time_s'] * 1e6:>10.1f}{r['busbw_gbps']:>11.2f}{ratio:>7}"
+        else:
+            nums = f"  {r['error'][:80]}"
+        lines.append(
+            f"{r['dtype']:<9}{r['mesh']:>5} {r['payload']:<14}{bucket:>9} "
+            f"{r['strategy']:<13}{r.get('buckets', ''):>7}{nums}"
+        )
+    skipped = sum("skipped" in r for r in rows)
+    if skipped:
+        lines.append(f"... and {skipped} cases skipped: past --budget_s")
+    return "\n".join(lines)
 
 
 def default_meshes(devices: int) -> list[tuple[int, int]]:
-  """1 x n, and 2 x n/2 where n is even."""
-  return [(1, devices)] + ([(2, devices // 2)] if devices % 2 == 0 and devices >= 4 else [])
+    """1 x n, and 2 x n/2 where n is even."""
+    return [(1, devices)] + ([(2, devices // 2)] if devices % 2 == 0 and devices >= 4 else [])
 
 
 def parse_mesh(text: str) -> tuple[int, int]:
-  node, gpu = (int(v) for v in text.lower().split("x"))
-  return node, gpu
+    node, gpu = (int(v) for v in text.lower().split("x"))
+    return node, gpu
 
 
 def _floats(text: str) -> list[float]:
-  return [float(v) for v in text.split(",") if v]
+    return [float(v) for v in text.split(",") if v]
 
 
 def _strings(text: str) -> list[str]:
-  return [v for v in text.split(",") if v]
+    return [v for v in text.split(",") if v]
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-  """Runs the benchmark; returns (and writes to `--out`) the JSON document."""
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--strategies", type=_strings, default=list(STRATEGIES),
-                      help=f"comma-separated subset of {','.join(STRATEGIES)}")
-  parser.add_argument("--sizes_mib", type=_floats, default=[1, 4, 16, 64, 256],
-                      help="flat-buffer payload sizes (MiB in the wire dtype)")
-  parser.add_argument("--bucket_mib", type=_floats, default=[1, 4, 16, 64, 256],
-                      help="comm.bucket_bytes values (MiB) for the model-tree payload")
-  parser.add_argument("--dtypes", type=_strings, default=["float32", "bfloat16"])
-  parser.add_argument("--meshes", type=_strings, default=None,
-                      help="e.g. 1x4,2x2 (default: 1xn and 2x(n/2) for n devices)")
-  parser.add_argument("--tree_model", default="resnet50",
-                      help="model whose parameter tree is a payload; empty for none")
-  parser.add_argument("--model_width", type=int, default=None,
-                      help="override the model's width (tiny trees for CPU runs)")
-  parser.add_argument("--hybrid_crossover_mib", type=float, default=4.0)
-  parser.add_argument("--repeats", type=int, default=10, help="timed samples per case")
-  parser.add_argument("--min_sample_ms", type=float, default=5.0,
-                      help="back-to-back calls per sample to last at least this long")
-  parser.add_argument("--budget_s", type=float, default=float("inf"),
-                      help="skip the remaining cases once this many seconds have passed")
-  parser.add_argument("--out", default="bench_allreduce.json")
-  args = parser.parse_args(argv)
-  unknown = set(args.strategies) - set(STRATEGIES)
-  if unknown:
-    parser.error(f"unknown strategies {sorted(unknown)}; choose from {STRATEGIES}")
+    """Runs the benchmark; returns (and writes to `--out`) the JSON document."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--strategies",
+        type=_strings,
+        default=list(STRATEGIES),
+        help=f"comma-separated subset of {','.join(STRATEGIES)}",
+    )
+    parser.add_argument(
+        "--sizes_mib",
+        type=_floats,
+        default=[1, 4, 16, 64, 256],
+        help="flat-buffer payload sizes (MiB in the wire dtype)",
+    )
+    parser.add_argument(
+        "--bucket_mib",
+        type=_floats,
+        default=[1, 4, 16, 64, 256],
+        help="comm.bucket_bytes values (MiB) for the model-tree payload",
+    )
+    parser.add_argument("--dtypes", type=_strings, default=["float32", "bfloat16"])
+    parser.add_argument(
+        "--meshes",
+        type=_strings,
+        default=None,
+        help="e.g. 1x4,2x2 (default: 1xn and 2x(n/2) for n devices)",
+    )
+    parser.add_argument(
+        "--tree_model",
+        default="resnet50",
+        help="model whose parameter tree is a payload; empty for none",
+    )
+    parser.add_argument(
+        "--model_width",
+        type=int,
+        default=None,
+        help="override the model's width (tiny trees for CPU runs)",
+    )
+    parser.add_argument("--hybrid_crossover_mib", type=float, default=4.0)
+    parser.add_argument("--repeats", type=int, default=10, help="timed samples per case")
+    parser.add_argument(
+        "--min_sample_ms",
+        type=float,
+        default=5.0,
+        help="back-to-back calls per sample to last at least this long",
+    )
+    parser.add_argument(
+        "--budget_s",
+        type=float,
+        default=float("inf"),
+        help="skip the remaining cases once this many seconds have passed",
+    )
+    parser.add_argument("--out", default="bench_allreduce.json")
+    args = parser.parse_args(argv)
+    unknown = set(args.strategies) - set(STRATEGIES)
+    if unknown:
+        parser.error(f"unknown strategies {sorted(unknown)}; choose from {STRATEGIES}")
 
-  devices = jax.device_count()
-  if devices < 2:
-    parser.error(f"an all-reduce needs at least 2 devices, found {devices}")
-  meshes = [parse_mesh(m) for m in args.meshes] if args.meshes else default_meshes(devices)
-  if any(node * gpu != devices for node, gpu in meshes):
-    parser.error(f"every mesh must span all {devices} devices, got {args.meshes}")
-  tree = None
-  if args.tree_model:
-    tree = Payload(args.tree_model, model_param_shapes(args.tree_model, args.model_width),
-                   tuple(int(b * MIB) for b in args.bucket_mib))
-  cases = build_cases(tree, [int(mib * MIB) for mib in args.sizes_mib], args.dtypes, meshes,
-                      args.strategies)
+    devices = jax.device_count()
+    if devices < 2:
+        parser.error(f"an all-reduce needs at least 2 devices, found {devices}")
+    meshes = [parse_mesh(m) for m in args.meshes] if args.meshes else default_meshes(devices)
+    if any(node * gpu != devices for node, gpu in meshes):
+        parser.error(f"every mesh must span all {devices} devices, got {args.meshes}")
+    tree = None
+    if args.tree_model:
+        tree = Payload(
+            args.tree_model,
+            model_param_shapes(args.tree_model, args.model_width),
+            tuple(int(b * MIB) for b in args.bucket_mib),
+        )
+    cases = build_cases(
+        tree, [int(mib * MIB) for mib in args.sizes_mib], args.dtypes, meshes, args.strategies
+    )
 
-  doc: dict[str, Any] = {"environment": environment(), "args": vars(args), "results": []}
+    doc: dict[str, Any] = {"environment": environment(), "args": vars(args), "results": []}
 
-  def on_result(row: dict[str, Any]) -> None:
-    doc["results"].append(row)
-    write_json(args.out, doc)
-    status = (f"{row['time_s'] * 1e6:.1f} us, {row['busbw_gbps']:.2f} GB/s" if "time_s" in row
-              else row.get("error") or row.get("skipped"))
-    print(f"[{len(doc['results'])}/{len(cases)}] {row['dtype']} {row['mesh']} {row['payload']} "
-          f"{row['strategy']} bucket={row['bucket_bytes']}: {status}", flush=True)
+    def on_result(row: dict[str, Any]) -> None:
+        doc["results"].append(row)
+        write_json(args.out, doc)
+        status = (
+            f"{row['time_s'] * 1e6:.1f} us, {row['busbw_gbps']:.2f} GB/s"
+            if "time_s" in row
+            else row.get("error") or row.get("skipped")
+        )
+        print(
+            f"[{len(doc['results'])}/{len(cases)}] {row['dtype']} {row['mesh']} {row['payload']} "
+            f"{row['strategy']} bucket={row['bucket_bytes']}: {status}",
+            flush=True,
+        )
 
-  run_cases(cases, int(args.hybrid_crossover_mib * MIB), args.repeats,
-            args.min_sample_ms / 1e3, args.budget_s, on_result)
-  env = doc["environment"]
-  print(f"\n{env['device_count']} x {env['device_kind']}, jax {env['jax_version']}, "
-        f"git {env['git_rev'][:12]}; ratio = busbw / busbw(plain psum of the same bytes)")
-  print(format_table(doc["results"]))
-  return doc
+    run_cases(
+        cases,
+        int(args.hybrid_crossover_mib * MIB),
+        args.repeats,
+        args.min_sample_ms / 1e3,
+        args.budget_s,
+        on_result,
+    )
+    env = doc["environment"]
+    print(
+        f"\n{env['device_count']} x {env['device_kind']}, jax {env['jax_version']}, "
+        f"git {env['git_rev'][:12]}; ratio = busbw / busbw(plain psum of the same bytes)"
+    )
+    print(format_table(doc["results"]))
+    return doc
 
 
 if __name__ == "__main__":
-  main()
+    main()

@@ -33,31 +33,39 @@ jax.distributed.initialize(
 
 
 def free_port() -> int:
-  """A TCP port on 127.0.0.1 that was free a moment ago."""
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def _child_env(process_id: int, num_processes: int, local_devices: int, address: str,
-               extra: Mapping[str, str] | None) -> dict[str, str]:
-  env = dict(os.environ)
-  # The parent test process was started with 8 devices; each child must see only its own.
-  flags = [f for f in env.get("XLA_FLAGS", "").split()
-           if not f.startswith("--xla_force_host_platform_device_count")]
-  flags.append(f"--xla_force_host_platform_device_count={local_devices}")
-  env["XLA_FLAGS"] = " ".join(flags)
-  env["JAX_PLATFORMS"] = "cpu"
-  env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-  env["MP_COORDINATOR_ADDRESS"] = address
-  env["MP_NUM_PROCESSES"] = str(num_processes)
-  env["MP_PROCESS_ID"] = str(process_id)
-  env.update(extra or {})
-  return env
+def _child_env(
+    process_id: int,
+    num_processes: int,
+    local_devices: int,
+    address: str,
+    extra: Mapping[str, str] | None,
+) -> dict[str, str]:
+    env = dict(os.environ)
+    # The parent test process was started with 8 devices; each child must see only its own.
+    flags = [
+        f
+        for f in env.get("XLA_FLAGS", "").split()
+        if not f.startswith("--xla_force_host_platform_device_count")
+    ]
+    flags.append(f"--xla_force_host_platform_device_count={local_devices}")
+    env["XLA_FLAGS"] = " ".join(flags)
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env["MP_COORDINATOR_ADDRESS"] = address
+    env["MP_NUM_PROCESSES"] = str(num_processes)
+    env["MP_PROCESS_ID"] = str(process_id)
+    env.update(extra or {})
+    return env
 
 
 def _tail(path: Path, chars: int = 3000) -> str:
-  return path.read_text(errors="replace")[-chars:]
+    return path.read_text(errors="replace")[-chars:]
 
 
 def run_multiprocess(
@@ -69,62 +77,71 @@ def run_multiprocess(
     initialize: bool = True,
     env: Mapping[str, str] | None = None,
 ) -> list[str]:
-  """Runs `script` in `num_processes` Python processes and returns their stdouts.
+    """Runs `script` in `num_processes` Python processes and returns their stdouts.
 
-  Every process gets `MP_PROCESS_ID`, `MP_NUM_PROCESSES` and `MP_COORDINATOR_ADDRESS`
-  ("127.0.0.1:<free port>") in its environment, `local_devices` CPU devices, JAX_PLATFORMS=cpu,
-  the repository root on PYTHONPATH and the repository root as working directory.
+    Every process gets `MP_PROCESS_ID`, `MP_NUM_PROCESSES` and `MP_COORDINATOR_ADDRESS`
+    ("127.0.0.1:<free port>") in its environment, `local_devices` CPU devices, JAX_PLATFORMS=cpu,
+    the repository root on PYTHONPATH and the repository root as working directory.
 
-  Args:
-    script: Python source (dedented automatically).
-    num_processes: Number of processes.
-    local_devices: Simulated CPU devices per process.
-    timeout: Seconds for all processes together.
-    initialize: Prepend gloo collectives + `jax.distributed.initialize` from the variables above;
-      pass False when the snippet initializes by itself (e.g. through the trainer).
-    env: Extra environment variables for every process.
+    Args:
+      script: Python source (dedented automatically).
+      num_processes: Number of processes.
+      local_devices: Simulated CPU devices per process.
+      timeout: Seconds for all processes together.
+      initialize: Prepend gloo collectives + `jax.distributed.initialize` from the variables above;
+        pass False when the snippet initializes by itself (e.g. through the trainer).
+      env: Extra environment variables for every process.
 
-  Returns:
-    The stdout of each process, indexed by process id.
+    Returns:
+      The stdout of each process, indexed by process id.
 
-  Raises:
-    RuntimeError: A process exited with a non-zero status, or the timeout passed; the message holds
-      every process's exit status and stderr tail.
-  """
-  source = (_PREAMBLE if initialize else "") + textwrap.dedent(script)
-  address = f"127.0.0.1:{free_port()}"
-  with tempfile.TemporaryDirectory(prefix="mp_util_") as tmp:
-    tmp_dir = Path(tmp)
-    script_path = tmp_dir / "snippet.py"
-    script_path.write_text(source)
-    outs = [tmp_dir / f"stdout_{i}.txt" for i in range(num_processes)]
-    errs = [tmp_dir / f"stderr_{i}.txt" for i in range(num_processes)]
-    procs = []
-    for i in range(num_processes):
-      # Files, not pipes: a chatty process cannot block on a full pipe while we wait on another.
-      with outs[i].open("wb") as out, errs[i].open("wb") as err:
-        procs.append(subprocess.Popen(
-            [sys.executable, str(script_path)], cwd=REPO_ROOT, stdout=out, stderr=err,
-            env=_child_env(i, num_processes, local_devices, address, env)))
+    Raises:
+      RuntimeError: A process exited with a non-zero status, or the timeout passed; the message holds
+        every process's exit status and stderr tail.
+    """
+    source = (_PREAMBLE if initialize else "") + textwrap.dedent(script)
+    address = f"127.0.0.1:{free_port()}"
+    with tempfile.TemporaryDirectory(prefix="mp_util_") as tmp:
+        tmp_dir = Path(tmp)
+        script_path = tmp_dir / "snippet.py"
+        script_path.write_text(source)
+        outs = [tmp_dir / f"stdout_{i}.txt" for i in range(num_processes)]
+        errs = [tmp_dir / f"stderr_{i}.txt" for i in range(num_processes)]
+        procs = []
+        for i in range(num_processes):
+            # Files, not pipes: a chatty process cannot block on a full pipe while we wait on another.
+            with outs[i].open("wb") as out, errs[i].open("wb") as err:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, str(script_path)],
+                        cwd=REPO_ROOT,
+                        stdout=out,
+                        stderr=err,
+                        env=_child_env(i, num_processes, local_devices, address, env),
+                    )
+                )
 
-    deadline = time.monotonic() + timeout
-    failure = None
-    while failure is None and any(p.poll() is None for p in procs):
-      if any(p.returncode not in (None, 0) for p in procs):
-        failure = "a process failed"  # The others would wait for it in a collective forever.
-      elif time.monotonic() > deadline:
-        failure = f"timed out after {timeout:.0f} s"
-      else:
-        time.sleep(0.1)
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-      p.wait()
-    if failure is None and any(p.returncode != 0 for p in procs):
-      failure = "a process failed"
-    if failure is not None:
-      report = "\n".join(
-          f"--- process {i} (exit status {p.returncode}) stderr tail:\n{_tail(errs[i])}"
-          for i, p in enumerate(procs))
-      raise RuntimeError(f"run_multiprocess: {failure}.\n{report}")
-    return [o.read_text() for o in outs]
+        deadline = time.monotonic() + timeout
+        failure = None
+        while failure is None and any(p.poll() is None for p in procs):
+            if any(p.returncode not in (None, 0) for p in procs):
+                failure = (
+                    "a process failed"  # The others would wait for it in a collective forever.
+                )
+            elif time.monotonic() > deadline:
+                failure = f"timed out after {timeout:.0f} s"
+            else:
+                time.sleep(0.1)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        if failure is None and any(p.returncode != 0 for p in procs):
+            failure = "a process failed"
+        if failure is not None:
+            report = "\n".join(
+                f"--- process {i} (exit status {p.returncode}) stderr tail:\n{_tail(errs[i])}"
+                for i, p in enumerate(procs)
+            )
+            raise RuntimeError(f"run_multiprocess: {failure}.\n{report}")
+        return [o.read_text() for o in outs]

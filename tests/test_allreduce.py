@@ -44,95 +44,100 @@ ALL_DEVICES = ((0, 1, 2, 3, 4, 5, 6, 7),)
 
 
 def _is_spec(x) -> bool:
-  return isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], np.dtype)
+    return isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], np.dtype)
 
 
 def per_device_grads(num_devices: int = 8, seed: int = 0) -> dict:
-  """One gradient tree per device, stacked on a leading axis.
+    """One gradient tree per device, stacked on a leading axis.
 
-  Each element keeps its sign on every device and has magnitude in [1, 2], so the mean is at least 1
-  in magnitude and relative tolerances are meaningful.
-  """
-  rng = np.random.default_rng(seed)
+    Each element keeps its sign on every device and has magnitude in [1, 2], so the mean is at least 1
+    in magnitude and relative tolerances are meaningful.
+    """
+    rng = np.random.default_rng(seed)
 
-  def make(spec):
-    shape, dtype = spec
-    sign = rng.choice([-1.0, 1.0], size=shape)
-    magnitude = rng.uniform(1.0, 2.0, size=(num_devices, *shape))
-    return (sign * magnitude).astype(dtype)
+    def make(spec):
+        shape, dtype = spec
+        sign = rng.choice([-1.0, 1.0], size=shape)
+        magnitude = rng.uniform(1.0, 2.0, size=(num_devices, *shape))
+        return (sign * magnitude).astype(dtype)
 
-  return jax.tree.map(make, LEAVES, is_leaf=_is_spec)
+    return jax.tree.map(make, LEAVES, is_leaf=_is_spec)
 
 
 def all_combos_fn(mesh: Mesh):
-  """Jitted function: per-device grads -> {"strategy/wire": mean grads with a per-device axis}.
+    """Jitted function: per-device grads -> {"strategy/wire": mean grads with a per-device axis}.
 
-  All 9 combinations share one compile. The per-device axis in the output lets the caller check
-  that every device holds the mean.
-  """
+    All 9 combinations share one compile. The per-device axis in the output lets the caller check
+    that every device holds the mean.
+    """
 
-  def per_device(stacked):
-    grads = jax.tree.map(lambda x: x[0], stacked)
-    out = {}
-    for strategy in allreduce.STRATEGIES:
-      for wire in WIRE_DTYPES:
-        mean = allreduce.reduce_gradients(
-            grads, strategy=strategy, bucket_bytes=BUCKET_BYTES, wire_dtype=wire,
-            hybrid_crossover_bytes=CROSSOVER_BYTES)
-        out[f"{strategy}/{wire}"] = jax.tree.map(lambda x: x[None], mean)
-    return out
+    def per_device(stacked):
+        grads = jax.tree.map(lambda x: x[0], stacked)
+        out = {}
+        for strategy in allreduce.STRATEGIES:
+            for wire in WIRE_DTYPES:
+                mean = allreduce.reduce_gradients(
+                    grads,
+                    strategy=strategy,
+                    bucket_bytes=BUCKET_BYTES,
+                    wire_dtype=wire,
+                    hybrid_crossover_bytes=CROSSOVER_BYTES,
+                )
+                out[f"{strategy}/{wire}"] = jax.tree.map(lambda x: x[None], mean)
+        return out
 
-  return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=BATCH, out_specs=BATCH))
+    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=BATCH, out_specs=BATCH))
 
 
 def check_means(outputs: dict, grads: dict) -> None:
-  """Asserts every device's result equals the float64 mean of the per-device grads."""
-  ref_leaves = [np.asarray(g, np.float64).mean(axis=0) for g in jax.tree.leaves(grads)]
-  in_leaves = jax.tree.leaves(grads)
-  assert sorted(outputs) == sorted(f"{s}/{w}" for s in allreduce.STRATEGIES for w in WIRE_DTYPES)
-  for combo, tree in outputs.items():
-    wire = np.dtype(jnp.dtype(combo.split("/")[1]))
-    for out, ref, inp in zip(jax.tree.leaves(tree), ref_leaves, in_leaves):
-      assert out.dtype == inp.dtype and out.shape == inp.shape, combo
-      # All devices must agree bit for bit, or the replicas drift apart.
-      np.testing.assert_array_equal(out, np.broadcast_to(out[:1], out.shape), err_msg=combo)
-      # Pre-division and the cast to the wire dtype round once, the at most 7 additions of 8
-      # terms of one sign once each, the cast back to the leaf dtype once: relative error
-      # <= 8 u_wire + u_leaf (fp32 everywhere: 5.4e-7 < 1e-6; bf16 wire: 3.5e-2; fp16 wire:
-      # 4.4e-3). A missing or doubled device contribution is off by > 6%.
-      rtol = 8 * UNIT_ROUNDOFF[wire] + UNIT_ROUNDOFF[inp.dtype]
-      np.testing.assert_allclose(np.asarray(out[0], np.float64), ref, rtol=rtol, atol=0,
-                                 err_msg=combo)
+    """Asserts every device's result equals the float64 mean of the per-device grads."""
+    ref_leaves = [np.asarray(g, np.float64).mean(axis=0) for g in jax.tree.leaves(grads)]
+    in_leaves = jax.tree.leaves(grads)
+    assert sorted(outputs) == sorted(f"{s}/{w}" for s in allreduce.STRATEGIES for w in WIRE_DTYPES)
+    for combo, tree in outputs.items():
+        wire = np.dtype(jnp.dtype(combo.split("/")[1]))
+        for out, ref, inp in zip(jax.tree.leaves(tree), ref_leaves, in_leaves):
+            assert out.dtype == inp.dtype and out.shape == inp.shape, combo
+            # All devices must agree bit for bit, or the replicas drift apart.
+            np.testing.assert_array_equal(out, np.broadcast_to(out[:1], out.shape), err_msg=combo)
+            # Pre-division and the cast to the wire dtype round once, the at most 7 additions of 8
+            # terms of one sign once each, the cast back to the leaf dtype once: relative error
+            # <= 8 u_wire + u_leaf (fp32 everywhere: 5.4e-7 < 1e-6; bf16 wire: 3.5e-2; fp16 wire:
+            # 4.4e-3). A missing or doubled device contribution is off by > 6%.
+            rtol = 8 * UNIT_ROUNDOFF[wire] + UNIT_ROUNDOFF[inp.dtype]
+            np.testing.assert_allclose(
+                np.asarray(out[0], np.float64), ref, rtol=rtol, atol=0, err_msg=combo
+            )
 
 
 @pytest.fixture(scope="module")
 def mesh() -> Mesh:
-  return Mesh(np.array(jax.devices()).reshape(2, 4), ("node", "gpu"))
+    return Mesh(np.array(jax.devices()).reshape(2, 4), ("node", "gpu"))
 
 
 def _abstract_grads():
-  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(*s), LEAVES, is_leaf=_is_spec)
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(*s), LEAVES, is_leaf=_is_spec)
 
 
 @pytest.mark.parametrize("wire", WIRE_DTYPES)
 def test_test_setup_has_multiple_buckets_an_oversized_leaf_and_both_hybrid_paths(wire):
-  plan = allreduce.plan_buckets(_abstract_grads(), BUCKET_BYTES, wire)
-  nbytes = plan.bucket_nbytes()
-  assert len(plan.buckets) >= 3
-  assert any(len(b) > 1 for b in plan.buckets)
-  assert any(n > BUCKET_BYTES and len(b) == 1 for n, b in zip(nbytes, plan.buckets))
-  assert any(s % 4 for s in plan.bucket_sizes())  # Hierarchical padding is exercised.
-  assert min(nbytes) < CROSSOVER_BYTES <= max(nbytes)
+    plan = allreduce.plan_buckets(_abstract_grads(), BUCKET_BYTES, wire)
+    nbytes = plan.bucket_nbytes()
+    assert len(plan.buckets) >= 3
+    assert any(len(b) > 1 for b in plan.buckets)
+    assert any(n > BUCKET_BYTES and len(b) == 1 for n, b in zip(nbytes, plan.buckets))
+    assert any(s % 4 for s in plan.bucket_sizes())  # Hierarchical padding is exercised.
+    assert min(nbytes) < CROSSOVER_BYTES <= max(nbytes)
 
 
 def test_every_strategy_and_wire_dtype_returns_the_mean_on_every_device(mesh):
-  grads = per_device_grads()
-  outputs = jax.tree.map(np.asarray, all_combos_fn(mesh)(grads))
-  check_means(outputs, grads)
+    grads = per_device_grads()
+    outputs = jax.tree.map(np.asarray, all_combos_fn(mesh)(grads))
+    check_means(outputs, grads)
 
 
 def test_mean_through_two_processes_of_four_devices():
-  script = """
+    script = """
       import json
       import numpy as np
       from jax.sharding import Mesh, NamedSharding
@@ -155,22 +160,24 @@ def test_mean_through_two_processes_of_four_devices():
             local.setdefault(combo, {}).setdefault(shard.index[0].start, []).append(values)
       print(json.dumps(local))
   """
-  stdouts = run_multiprocess(script, num_processes=2, local_devices=4)
-  grads = per_device_grads()
-  merged: dict = {}
-  for stdout in stdouts:
-    for combo, by_position in json.loads(stdout.strip().splitlines()[-1]).items():
-      merged.setdefault(combo, {}).update(by_position)
-  in_leaves = jax.tree.leaves(grads)
-  outputs = {}
-  for combo, by_position in merged.items():
-    assert sorted(by_position, key=int) == [str(i) for i in range(8)], combo
-    leaves = [
-        np.stack([np.asarray(by_position[str(d)][k], np.float32) for d in range(8)]).astype(x.dtype)
-        for k, x in enumerate(in_leaves)
-    ]
-    outputs[combo] = jax.tree.unflatten(jax.tree.structure(grads), leaves)
-  check_means(outputs, grads)
+    stdouts = run_multiprocess(script, num_processes=2, local_devices=4)
+    grads = per_device_grads()
+    merged: dict = {}
+    for stdout in stdouts:
+        for combo, by_position in json.loads(stdout.strip().splitlines()[-1]).items():
+            merged.setdefault(combo, {}).update(by_position)
+    in_leaves = jax.tree.leaves(grads)
+    outputs = {}
+    for combo, by_position in merged.items():
+        assert sorted(by_position, key=int) == [str(i) for i in range(8)], combo
+        leaves = [
+            np.stack([np.asarray(by_position[str(d)][k], np.float32) for d in range(8)]).astype(
+                x.dtype
+            )
+            for k, x in enumerate(in_leaves)
+        ]
+        outputs[combo] = jax.tree.unflatten(jax.tree.structure(grads), leaves)
+    check_means(outputs, grads)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,78 +192,88 @@ _COLLECTIVE = re.compile(
 
 
 def _replica_groups(text: str) -> tuple[tuple[int, ...], ...]:
-  """Parses the replica groups of an HLO collective into sorted tuples of device ids.
+    """Parses the replica groups of an HLO collective into sorted tuples of device ids.
 
-  XLA prints them as lists (`{{0,1},{2,3}}`), as an iota (`[2,2]<=[4]`, `[2,2]<=[2,2]T(1,0)`) or,
-  from jax 0.11, as mesh axes (`mesh['node'=2,'gpu'=4] {'gpu'}`: devices that differ only in
-  their gpu coordinate).
-  """
-  if text.startswith("{"):
-    groups = [[int(d) for d in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", text)]
-  elif text.startswith("mesh"):
-    mesh_text, group_text = re.fullmatch(r"mesh\[(.*)\] \{(.*)\}", text).groups()
-    names, sizes = zip(*((n, int(s)) for n, s in re.findall(r"'(\w+)'=(\d+)", mesh_text)))
-    grouped = [names.index(n) for n in re.findall(r"'(\w+)'", group_text)]
-    others = [i for i in range(len(names)) if i not in grouped]
-    ids = np.arange(math.prod(sizes)).reshape(sizes).transpose(others + grouped)
-    groups = ids.reshape(-1, math.prod(sizes[i] for i in grouped)).tolist()
-  else:
-    match = re.fullmatch(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", text)
-    shape, dims, perm = ([int(d) for d in g.split(",")] if g else None for g in match.groups())
-    ids = np.arange(math.prod(dims)).reshape(dims)
-    groups = (ids.transpose(perm) if perm else ids).reshape(shape).tolist()
-  return tuple(sorted(tuple(sorted(g)) for g in groups))
+    XLA prints them as lists (`{{0,1},{2,3}}`), as an iota (`[2,2]<=[4]`, `[2,2]<=[2,2]T(1,0)`) or,
+    from jax 0.11, as mesh axes (`mesh['node'=2,'gpu'=4] {'gpu'}`: devices that differ only in
+    their gpu coordinate).
+    """
+    if text.startswith("{"):
+        groups = [[int(d) for d in g.split(",")] for g in re.findall(r"\{([\d,]+)\}", text)]
+    elif text.startswith("mesh"):
+        mesh_text, group_text = re.fullmatch(r"mesh\[(.*)\] \{(.*)\}", text).groups()
+        names, sizes = zip(*((n, int(s)) for n, s in re.findall(r"'(\w+)'=(\d+)", mesh_text)))
+        grouped = [names.index(n) for n in re.findall(r"'(\w+)'", group_text)]
+        others = [i for i in range(len(names)) if i not in grouped]
+        ids = np.arange(math.prod(sizes)).reshape(sizes).transpose(others + grouped)
+        groups = ids.reshape(-1, math.prod(sizes[i] for i in grouped)).tolist()
+    else:
+        match = re.fullmatch(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", text)
+        shape, dims, perm = ([int(d) for d in g.split(",")] if g else None for g in match.groups())
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        groups = (ids.transpose(perm) if perm else ids).reshape(shape).tolist()
+    return tuple(sorted(tuple(sorted(g)) for g in groups))
 
 
 def _collectives(hlo: str) -> list[tuple[str, tuple, int, str]]:
-  """(op, replica groups, number of operands, result type) for each collective instruction."""
-  return [
-      (m["op"], _replica_groups(m["groups"]), len(m["args"].split(",")), m["type"])
-      for m in _COLLECTIVE.finditer(hlo)
-  ]
+    """(op, replica groups, number of operands, result type) for each collective instruction."""
+    return [
+        (m["op"], _replica_groups(m["groups"]), len(m["args"].split(",")), m["type"])
+        for m in _COLLECTIVE.finditer(hlo)
+    ]
 
 
 @pytest.mark.parametrize("strategy", allreduce.STRATEGIES)
 def test_hlo_has_the_strategys_collectives_once_per_bucket(mesh, strategy):
-  wire = "bfloat16"
-  abstract = _abstract_grads()
-  plan = allreduce.plan_buckets(abstract, BUCKET_BYTES, wire)
-  hier = [n < CROSSOVER_BYTES if strategy == "hybrid" else strategy == "hierarchical"
-          for n in plan.bucket_nbytes()]
-  n_hier, n_flat = sum(hier), len(hier) - sum(hier)
-  expected = Counter({
-      ("all-reduce", ALL_DEVICES): n_flat,
-      ("reduce-scatter", INTRA_NODE): n_hier,
-      ("all-reduce", CROSS_NODE): n_hier,
-      ("all-gather", INTRA_NODE): n_hier,
-  })
-  expected = +expected  # Drops zero counts.
+    wire = "bfloat16"
+    abstract = _abstract_grads()
+    plan = allreduce.plan_buckets(abstract, BUCKET_BYTES, wire)
+    hier = [
+        n < CROSSOVER_BYTES if strategy == "hybrid" else strategy == "hierarchical"
+        for n in plan.bucket_nbytes()
+    ]
+    n_hier, n_flat = sum(hier), len(hier) - sum(hier)
+    expected = Counter(
+        {
+            ("all-reduce", ALL_DEVICES): n_flat,
+            ("reduce-scatter", INTRA_NODE): n_hier,
+            ("all-reduce", CROSS_NODE): n_hier,
+            ("all-gather", INTRA_NODE): n_hier,
+        }
+    )
+    expected = +expected  # Drops zero counts.
 
-  def per_device(g):
-    return allreduce.reduce_gradients(
-        g, strategy=strategy, bucket_bytes=BUCKET_BYTES, wire_dtype=wire,
-        hybrid_crossover_bytes=CROSSOVER_BYTES)
+    def per_device(g):
+        return allreduce.reduce_gradients(
+            g,
+            strategy=strategy,
+            bucket_bytes=BUCKET_BYTES,
+            wire_dtype=wire,
+            hybrid_crossover_bytes=CROSSOVER_BYTES,
+        )
 
-  lowered = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P())).lower(
-      abstract)
+    lowered = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P())).lower(
+        abstract
+    )
 
-  # Before optimization: one instruction per bucket and stage, carrying the wire dtype.
-  pre = _collectives(lowered.as_text(dialect="hlo"))
-  assert Counter((op, groups) for op, groups, _, _ in pre) == expected
-  assert all(n == 1 and t.startswith("bf16[") for _, _, n, t in pre), pre
-  # Reduce-scatter shards are the padded bucket split 4 ways.
-  scattered = sorted(int(re.search(r"\[(\d+)\]", t)[1]) for op, _, _, t in pre
-                     if op == "reduce-scatter")
-  assert scattered == sorted(-(-s // 4) for s, h in zip(plan.bucket_sizes(), hier) if h)
+    # Before optimization: one instruction per bucket and stage, carrying the wire dtype.
+    pre = _collectives(lowered.as_text(dialect="hlo"))
+    assert Counter((op, groups) for op, groups, _, _ in pre) == expected
+    assert all(n == 1 and t.startswith("bf16[") for _, _, n, t in pre), pre
+    # Reduce-scatter shards are the padded bucket split 4 ways.
+    scattered = sorted(
+        int(re.search(r"\[(\d+)\]", t)[1]) for op, _, _, t in pre if op == "reduce-scatter"
+    )
+    assert scattered == sorted(-(-s // 4) for s, h in zip(plan.bucket_sizes(), hier) if h)
 
-  # After optimization XLA may combine several buckets into one tuple-shaped collective (the CPU
-  # backend merges all-reduces) and moves bf16 collectives to f32 on CPU; the buckets carried per
-  # stage are unchanged.
-  post = _collectives(lowered.compile().as_text())
-  carried = Counter()
-  for op, groups, n, _ in post:
-    carried[(op, groups)] += n
-  assert carried == expected
+    # After optimization XLA may combine several buckets into one tuple-shaped collective (the CPU
+    # backend merges all-reduces) and moves bf16 collectives to f32 on CPU; the buckets carried per
+    # stage are unchanged.
+    post = _collectives(lowered.compile().as_text())
+    carried = Counter()
+    for op, groups, n, _ in post:
+        carried[(op, groups)] += n
+    assert carried == expected
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,80 +285,88 @@ _DTYPES = (F32, BF16, F16, np.dtype(np.int32))
 
 @st.composite
 def _trees(draw):
-  shapes = draw(st.lists(st.lists(st.integers(0, 5), max_size=3).map(tuple), max_size=8))
-  leaves = []
-  for i, shape in enumerate(shapes):
-    dtype = draw(st.sampled_from(_DTYPES))
-    # Small integers are exact in every dtype, so the round trip must be exact whatever the wire.
-    values = np.random.default_rng(i).integers(-64, 65, size=shape)
-    leaves.append(jnp.asarray(values.astype(dtype)))
-  split = draw(st.integers(0, len(leaves)))
-  return {"a": leaves[:split], "b": {"c": tuple(leaves[split:])}}
+    shapes = draw(st.lists(st.lists(st.integers(0, 5), max_size=3).map(tuple), max_size=8))
+    leaves = []
+    for i, shape in enumerate(shapes):
+        dtype = draw(st.sampled_from(_DTYPES))
+        # Small integers are exact in every dtype, so the round trip must be exact whatever the wire.
+        values = np.random.default_rng(i).integers(-64, 65, size=shape)
+        leaves.append(jnp.asarray(values.astype(dtype)))
+    split = draw(st.integers(0, len(leaves)))
+    return {"a": leaves[:split], "b": {"c": tuple(leaves[split:])}}
 
 
 @settings(max_examples=40, deadline=None)
 @given(tree=_trees(), bucket_bytes=st.integers(0, 160), wire=st.sampled_from(WIRE_DTYPES))
 def test_pack_unpack_round_trips_and_respects_the_bucket_limit(tree, bucket_bytes, wire):
-  plan = allreduce.plan_buckets(tree, bucket_bytes, wire)
-  leaves = jax.tree.leaves(tree)
-  wire_dtype = np.dtype(jnp.dtype(wire))
+    plan = allreduce.plan_buckets(tree, bucket_bytes, wire)
+    leaves = jax.tree.leaves(tree)
+    wire_dtype = np.dtype(jnp.dtype(wire))
 
-  buckets = allreduce.pack(tree, plan)
-  assert [b.shape for b in buckets] == [(n,) for n in plan.bucket_sizes()]
-  assert all(b.dtype == wire_dtype for b in buckets)
+    buckets = allreduce.pack(tree, plan)
+    assert [b.shape for b in buckets] == [(n,) for n in plan.bucket_sizes()]
+    assert all(b.dtype == wire_dtype for b in buckets)
 
-  restored = allreduce.unpack(buckets, plan)
-  assert jax.tree.structure(restored) == jax.tree.structure(tree)
-  for got, want in zip(jax.tree.leaves(restored), leaves):
-    assert got.shape == want.shape and got.dtype == want.dtype
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    restored = allreduce.unpack(buckets, plan)
+    assert jax.tree.structure(restored) == jax.tree.structure(tree)
+    for got, want in zip(jax.tree.leaves(restored), leaves):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
-  # Reverse leaf order, empty leaves skipped, each leaf contiguous and whole.
-  order = [s.leaf for b in plan.buckets for s in b]
-  assert order == [i for i in reversed(range(len(leaves))) if leaves[i].size]
-  for bucket in plan.buckets:
-    assert bucket, "empty bucket"
-    offsets = np.cumsum([0] + [s.size for s in bucket])
-    assert [s.offset for s in bucket] == offsets[:-1].tolist()
-    assert [s.size for s in bucket] == [leaves[s.leaf].size for s in bucket]
+    # Reverse leaf order, empty leaves skipped, each leaf contiguous and whole.
+    order = [s.leaf for b in plan.buckets for s in b]
+    assert order == [i for i in reversed(range(len(leaves))) if leaves[i].size]
+    for bucket in plan.buckets:
+        assert bucket, "empty bucket"
+        offsets = np.cumsum([0] + [s.size for s in bucket])
+        assert [s.offset for s in bucket] == offsets[:-1].tolist()
+        assert [s.size for s in bucket] == [leaves[s.leaf].size for s in bucket]
 
-  # Within the limit unless a lone oversized leaf; greedy: the next leaf did not fit.
-  nbytes = plan.bucket_nbytes()
-  for n, bucket in zip(nbytes, plan.buckets):
-    assert n <= bucket_bytes or len(bucket) == 1
-  for n, nxt in zip(nbytes, plan.buckets[1:]):
-    assert n + nxt[0].size * wire_dtype.itemsize > bucket_bytes
+    # Within the limit unless a lone oversized leaf; greedy: the next leaf did not fit.
+    nbytes = plan.bucket_nbytes()
+    for n, bucket in zip(nbytes, plan.buckets):
+        assert n <= bucket_bytes or len(bucket) == 1
+    for n, nxt in zip(nbytes, plan.buckets[1:]):
+        assert n + nxt[0].size * wire_dtype.itemsize > bucket_bytes
 
 
 def test_plan_rejects_negative_bucket_bytes():
-  with pytest.raises(ValueError, match="comm.bucket_bytes"):
-    allreduce.plan_buckets(_abstract_grads(), -1, "float32")
+    with pytest.raises(ValueError, match="comm.bucket_bytes"):
+        allreduce.plan_buckets(_abstract_grads(), -1, "float32")
 
 
 def test_pack_rejects_a_tree_of_another_structure():
-  plan = allreduce.plan_buckets({"a": jnp.zeros(3)}, 64, "float32")
-  with pytest.raises(ValueError, match="structure"):
-    allreduce.pack({"b": jnp.zeros(3)}, plan)
+    plan = allreduce.plan_buckets({"a": jnp.zeros(3)}, 64, "float32")
+    with pytest.raises(ValueError, match="structure"):
+        allreduce.pack({"b": jnp.zeros(3)}, plan)
 
 
 @pytest.mark.parametrize("strategy, message", [("ring", "comm.strategy"), ("xla", "XLA")])
 def test_unknown_or_xla_strategy_is_rejected(strategy, message):
-  with pytest.raises(ValueError, match=message):
-    allreduce.reduce_gradients(
-        {"w": jnp.zeros(3)}, strategy=strategy, bucket_bytes=64, wire_dtype="float32",
-        hybrid_crossover_bytes=64)
+    with pytest.raises(ValueError, match=message):
+        allreduce.reduce_gradients(
+            {"w": jnp.zeros(3)},
+            strategy=strategy,
+            bucket_bytes=64,
+            wire_dtype="float32",
+            hybrid_crossover_bytes=64,
+        )
 
 
 def test_integer_gradients_are_rejected():
-  with pytest.raises(TypeError, match="floating-point"):
-    allreduce.reduce_gradients(
-        {"w": jnp.zeros(3, jnp.int32)}, strategy="flat", bucket_bytes=64, wire_dtype="float32",
-        hybrid_crossover_bytes=64)
+    with pytest.raises(TypeError, match="floating-point"):
+        allreduce.reduce_gradients(
+            {"w": jnp.zeros(3, jnp.int32)},
+            strategy="flat",
+            bucket_bytes=64,
+            wire_dtype="float32",
+            hybrid_crossover_bytes=64,
+        )
 
 
 def test_plan_follows_the_given_leaf_order_and_rejects_a_bad_one():
-  tree = {"a": jnp.zeros(3), "b": jnp.zeros(5), "c": jnp.zeros(2)}
-  plan = allreduce.plan_buckets(tree, bucket_bytes=0, wire_dtype="float32", leaf_order=[1, 2, 0])
-  assert [b[0].leaf for b in plan.buckets] == [1, 2, 0]
-  with pytest.raises(ValueError, match="permutation"):
-    allreduce.plan_buckets(tree, bucket_bytes=0, wire_dtype="float32", leaf_order=[0, 0, 1])
+    tree = {"a": jnp.zeros(3), "b": jnp.zeros(5), "c": jnp.zeros(2)}
+    plan = allreduce.plan_buckets(tree, bucket_bytes=0, wire_dtype="float32", leaf_order=[1, 2, 0])
+    assert [b[0].leaf for b in plan.buckets] == [1, 2, 0]
+    with pytest.raises(ValueError, match="permutation"):
+        allreduce.plan_buckets(tree, bucket_bytes=0, wire_dtype="float32", leaf_order=[0, 0, 1])

@@ -24,106 +24,156 @@ ALEXNET_VALUES = 4713 + 182248 + 614
 
 
 def test_bench_allreduce_reports_every_strategy(tmp_path):
-  out = tmp_path / "allreduce.json"
-  doc = bench_allreduce.main([
-      "--tree_model=alexnet_bn", "--model_width=3", "--sizes_mib=0.01", "--bucket_mib=0.02",
-      "--dtypes=bfloat16", "--meshes=2x4", "--repeats=3", "--min_sample_ms=0.1",
-      f"--out={out}"])
-  rows = doc["results"]
-  assert not [r for r in rows if "error" in r or "skipped" in r]
-  expected = {(payload, strategy) for payload in ("alexnet_bn", "flat 0.01M")
-              for strategy in ("plain", *bench_allreduce.STRATEGIES)}
-  assert {(r["payload"], r["strategy"]) for r in rows} == expected
-  for r in rows:
-    assert r["mesh"] == "2x4" and r["dtype"] == "bfloat16"
-    # Exact identities of the derived figures (float64 arithmetic on the same numbers).
-    assert r["time_s"] == sorted(r["samples_s"])[1]  # median of 3
-    assert r["busbw_gbps"] == pytest.approx(2 * 7 / 8 * r["payload_bytes"] / r["time_s"] / 1e9,
-                                            rel=1e-12)
-    assert r["busbw_gbps"] > 0 and math.isfinite(r["ratio"]) and r["ratio"] > 0
-    if r["strategy"] == "plain":
-      assert r["ratio"] == 1.0
-  tree = next(r for r in rows if r["payload"] == "alexnet_bn" and r["strategy"] == "flat")
-  assert tree["leaves"] == ALEXNET_LEAVES
-  assert tree["payload_bytes"] == 2 * ALEXNET_VALUES  # bf16 on the wire
-  assert 1 < tree["buckets"] < ALEXNET_LEAVES  # 20 KiB buckets: fused, but not into one
-  assert out.exists()
+    out = tmp_path / "allreduce.json"
+    doc = bench_allreduce.main(
+        [
+            "--tree_model=alexnet_bn",
+            "--model_width=3",
+            "--sizes_mib=0.01",
+            "--bucket_mib=0.02",
+            "--dtypes=bfloat16",
+            "--meshes=2x4",
+            "--repeats=3",
+            "--min_sample_ms=0.1",
+            f"--out={out}",
+        ]
+    )
+    rows = doc["results"]
+    assert not [r for r in rows if "error" in r or "skipped" in r]
+    expected = {
+        (payload, strategy)
+        for payload in ("alexnet_bn", "flat 0.01M")
+        for strategy in ("plain", *bench_allreduce.STRATEGIES)
+    }
+    assert {(r["payload"], r["strategy"]) for r in rows} == expected
+    for r in rows:
+        assert r["mesh"] == "2x4" and r["dtype"] == "bfloat16"
+        # Exact identities of the derived figures (float64 arithmetic on the same numbers).
+        assert r["time_s"] == sorted(r["samples_s"])[1]  # median of 3
+        assert r["busbw_gbps"] == pytest.approx(
+            2 * 7 / 8 * r["payload_bytes"] / r["time_s"] / 1e9, rel=1e-12
+        )
+        assert r["busbw_gbps"] > 0 and math.isfinite(r["ratio"]) and r["ratio"] > 0
+        if r["strategy"] == "plain":
+            assert r["ratio"] == 1.0
+    tree = next(r for r in rows if r["payload"] == "alexnet_bn" and r["strategy"] == "flat")
+    assert tree["leaves"] == ALEXNET_LEAVES
+    assert tree["payload_bytes"] == 2 * ALEXNET_VALUES  # bf16 on the wire
+    assert 1 < tree["buckets"] < ALEXNET_LEAVES  # 20 KiB buckets: fused, but not into one
+    assert out.exists()
 
 
 def test_bench_allreduce_payload_bytes_per_dtype():
-  tree = bench_allreduce.Payload("t", {"a": (3, 5), "b": (7,)}, (64,))
-  cases = bench_allreduce.build_cases(tree, [10485], ["float32", "bfloat16"], [(2, 4)], ["flat"])
-  # Per dtype: the tree, then the flat buffer, each with plain + flat.
-  assert [(c.dtype, c.payload.name, c.strategy) for c in cases] == [
-      ("float32", "t", "plain"), ("float32", "t", "flat"),
-      ("bfloat16", "t", "plain"), ("bfloat16", "t", "flat"),
-      ("float32", "flat 0.01M", "plain"), ("float32", "flat 0.01M", "flat"),
-      ("bfloat16", "flat 0.01M", "plain"), ("bfloat16", "flat 0.01M", "flat")]
-  assert {c.payload.num_elements() for c in cases if c.payload.name == "t"} == {22}
-  # A flat buffer keeps its bytes (whole elements of the wire dtype) and is one bucket.
-  flat = {c.dtype: c.payload for c in cases if c.payload.name != "t"}
-  assert flat["float32"].num_elements() == 2621 and flat["bfloat16"].num_elements() == 5242
-  assert flat["float32"].bucket_bytes == (10484,) and flat["bfloat16"].bucket_bytes == (10484,)
+    tree = bench_allreduce.Payload("t", {"a": (3, 5), "b": (7,)}, (64,))
+    cases = bench_allreduce.build_cases(tree, [10485], ["float32", "bfloat16"], [(2, 4)], ["flat"])
+    # Per dtype: the tree, then the flat buffer, each with plain + flat.
+    assert [(c.dtype, c.payload.name, c.strategy) for c in cases] == [
+        ("float32", "t", "plain"),
+        ("float32", "t", "flat"),
+        ("bfloat16", "t", "plain"),
+        ("bfloat16", "t", "flat"),
+        ("float32", "flat 0.01M", "plain"),
+        ("float32", "flat 0.01M", "flat"),
+        ("bfloat16", "flat 0.01M", "plain"),
+        ("bfloat16", "flat 0.01M", "flat"),
+    ]
+    assert {c.payload.num_elements() for c in cases if c.payload.name == "t"} == {22}
+    # A flat buffer keeps its bytes (whole elements of the wire dtype) and is one bucket.
+    flat = {c.dtype: c.payload for c in cases if c.payload.name != "t"}
+    assert flat["float32"].num_elements() == 2621 and flat["bfloat16"].num_elements() == 5242
+    assert flat["float32"].bucket_bytes == (10484,) and flat["bfloat16"].bucket_bytes == (10484,)
 
 
 def test_bench_allreduce_skips_past_budget(tmp_path):
-  doc = bench_allreduce.main(["--tree_model=", "--sizes_mib=0.01,0.02", "--dtypes=float32",
-                              "--budget_s=-1", f"--out={tmp_path / 'a.json'}"])
-  # 2 payloads x 2 default meshes x (plain + 4 strategies), none measured.
-  assert len(doc["results"]) == 20
-  assert all(r["skipped"] and "time_s" not in r for r in doc["results"])
+    doc = bench_allreduce.main(
+        [
+            "--tree_model=",
+            "--sizes_mib=0.01,0.02",
+            "--dtypes=float32",
+            "--budget_s=-1",
+            f"--out={tmp_path / 'a.json'}",
+        ]
+    )
+    # 2 payloads x 2 default meshes x (plain + 4 strategies), none measured.
+    assert len(doc["results"]) == 20
+    assert all(r["skipped"] and "time_s" not in r for r in doc["results"])
 
 
 def test_bench_step_case_order_and_skip_rule():
-  cases = bench_step.build_cases(["a", "b"], bench_step.MESHES, bench_step.STRATEGIES, [1, 4])
-  # Per model: 1x1 xla; xla on 1xn; flat, hierarchical, hybrid x 2 buckets on 1xn; hierarchical
-  # and hybrid x 2 buckets on 2xn/2 (xla and flat reduce over the same devices as on 1xn).
-  assert len(cases) == 2 * (1 + 1 + 3 * 2 + 2 * 2)
-  assert [(c.model, c.mesh) for c in cases[:4]] == [("a", "1x1"), ("b", "1x1"), ("a", "1xn"),
-                                                    ("b", "1xn")]
-  assert {c.strategy for c in cases if c.mesh == "2xn/2"} == set(bench_step.NODE_AWARE)
-  assert all((c.bucket_mib is None) == (c.strategy == "xla") for c in cases)
+    cases = bench_step.build_cases(["a", "b"], bench_step.MESHES, bench_step.STRATEGIES, [1, 4])
+    # Per model: 1x1 xla; xla on 1xn; flat, hierarchical, hybrid x 2 buckets on 1xn; hierarchical
+    # and hybrid x 2 buckets on 2xn/2 (xla and flat reduce over the same devices as on 1xn).
+    assert len(cases) == 2 * (1 + 1 + 3 * 2 + 2 * 2)
+    assert [(c.model, c.mesh) for c in cases[:4]] == [
+        ("a", "1x1"),
+        ("b", "1x1"),
+        ("a", "1xn"),
+        ("b", "1xn"),
+    ]
+    assert {c.strategy for c in cases if c.mesh == "2xn/2"} == set(bench_step.NODE_AWARE)
+    assert all((c.bucket_mib is None) == (c.strategy == "xla") for c in cases)
 
 
 def test_bench_step_measures_the_train_step(tmp_path, monkeypatch):
-  # The children inherit XLA_FLAGS; without LLVM optimisation they compile several times faster.
-  monkeypatch.setenv("XLA_FLAGS",
-                     f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0")
-  flags = "--xla_llvm_disable_expensive_passes=true"
-  doc = bench_step.main([
-      "--models=alexnet_bn", "--model_width=3", "--small_inputs", "--image_size=16",
-      "--per_device_batch=2", "--meshes=1x1,2xn/2", "--strategies=hierarchical",
-      "--bucket_mib=0.01", "--steps=2", "--warmup_steps=1", "--sync_every=1",
-      f"--xla_flags_variant={flags}", "--budget_s=900", f"--out={tmp_path / 's.json'}"])
-  assert doc["environment"]["device_count"] == 8
-  assert doc["environment"]["jax_version"] == jax.__version__
-  rows = {(r["mesh_shape"], r["strategy"]): r for r in doc["results"]}
-  assert set(rows) == {("1x1", "xla"), ("2x4", "hierarchical")}
-  for r in rows.values():
-    assert r["step_time_s"] > 0 and math.isfinite(r["loss"])
-    assert r["global_batch"] == 2 * r["devices"]
-    assert r["images_per_s"] == pytest.approx(r["global_batch"] / r["step_time_s"], rel=1e-12)
-    # Weak scaling: efficiency is the inverse of the step-time ratio to the 1x1 row.
-    assert r["efficiency"] == pytest.approx(1 / r["step_time_ratio"], rel=1e-12)
-    assert math.isfinite(r["efficiency"]) and r["efficiency"] > 0
-  assert rows[("1x1", "xla")]["efficiency"] == 1.0
-  assert rows[("1x1", "xla")]["collectives"] == {}
-  # The hierarchical step really is reduce-scatter + all-gather around a cross-node all-reduce.
-  hierarchical = rows[("2x4", "hierarchical")]["collectives"]
-  assert hierarchical.get("reduce-scatter", 0) > 0 and hierarchical.get("all-gather", 0) > 0
-  [variant] = doc["variants"]
-  assert variant["xla_flags"] == flags
-  assert (variant["mesh_shape"], variant["strategy"]) == ("2x4", "hierarchical")
-  assert math.isfinite(variant["speedup_vs_default"]) and variant["speedup_vs_default"] > 0
+    # The children inherit XLA_FLAGS; without LLVM optimisation they compile several times faster.
+    monkeypatch.setenv(
+        "XLA_FLAGS", f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0"
+    )
+    flags = "--xla_llvm_disable_expensive_passes=true"
+    doc = bench_step.main(
+        [
+            "--models=alexnet_bn",
+            "--model_width=3",
+            "--small_inputs",
+            "--image_size=16",
+            "--per_device_batch=2",
+            "--meshes=1x1,2xn/2",
+            "--strategies=hierarchical",
+            "--bucket_mib=0.01",
+            "--steps=2",
+            "--warmup_steps=1",
+            "--sync_every=1",
+            f"--xla_flags_variant={flags}",
+            "--budget_s=900",
+            f"--out={tmp_path / 's.json'}",
+        ]
+    )
+    assert doc["environment"]["device_count"] == 8
+    assert doc["environment"]["jax_version"] == jax.__version__
+    rows = {(r["mesh_shape"], r["strategy"]): r for r in doc["results"]}
+    assert set(rows) == {("1x1", "xla"), ("2x4", "hierarchical")}
+    for r in rows.values():
+        assert r["step_time_s"] > 0 and math.isfinite(r["loss"])
+        assert r["global_batch"] == 2 * r["devices"]
+        assert r["images_per_s"] == pytest.approx(r["global_batch"] / r["step_time_s"], rel=1e-12)
+        # Weak scaling: efficiency is the inverse of the step-time ratio to the 1x1 row.
+        assert r["efficiency"] == pytest.approx(1 / r["step_time_ratio"], rel=1e-12)
+        assert math.isfinite(r["efficiency"]) and r["efficiency"] > 0
+    assert rows[("1x1", "xla")]["efficiency"] == 1.0
+    assert rows[("1x1", "xla")]["collectives"] == {}
+    # The hierarchical step really is reduce-scatter + all-gather around a cross-node all-reduce.
+    hierarchical = rows[("2x4", "hierarchical")]["collectives"]
+    assert hierarchical.get("reduce-scatter", 0) > 0 and hierarchical.get("all-gather", 0) > 0
+    [variant] = doc["variants"]
+    assert variant["xla_flags"] == flags
+    assert (variant["mesh_shape"], variant["strategy"]) == ("2x4", "hierarchical")
+    assert math.isfinite(variant["speedup_vs_default"]) and variant["speedup_vs_default"] > 0
 
 
 def test_bench_step_survives_crashing_workers(tmp_path, monkeypatch):
-  # Every child aborts at start-up (XLA rejects the flag): each case is charged to the child that
-  # died on it, a new child takes the next, and the run still ends with a complete report.
-  monkeypatch.setenv("XLA_FLAGS", f"{os.environ.get('XLA_FLAGS', '')} --xla_no_such_flag=1")
-  out = tmp_path / "s.json"
-  doc = bench_step.main(["--models=alexnet_bn", "--meshes=1x1,1xn", "--strategies=xla",
-                         "--budget_s=300", f"--out={out}"])
-  assert [(r["mesh"], r["strategy"]) for r in doc["results"]] == [("1x1", "xla"), ("1xn", "xla")]
-  assert all("worker exited with status" in r["error"] for r in doc["results"])
-  assert doc["variants"] == [] and out.exists()
+    # Every child aborts at start-up (XLA rejects the flag): each case is charged to the child that
+    # died on it, a new child takes the next, and the run still ends with a complete report.
+    monkeypatch.setenv("XLA_FLAGS", f"{os.environ.get('XLA_FLAGS', '')} --xla_no_such_flag=1")
+    out = tmp_path / "s.json"
+    doc = bench_step.main(
+        [
+            "--models=alexnet_bn",
+            "--meshes=1x1,1xn",
+            "--strategies=xla",
+            "--budget_s=300",
+            f"--out={out}",
+        ]
+    )
+    assert [(r["mesh"], r["strategy"]) for r in doc["results"]] == [("1x1", "xla"), ("1xn", "xla")]
+    assert all("worker exited with status" in r["error"] for r in doc["results"])
+    assert doc["variants"] == [] and out.exists()

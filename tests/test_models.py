@@ -227,7 +227,8 @@ def test_backward_leaf_order_follows_the_forward_calls_reversed():
     model = create_model("resnet101", num_classes=10, dtype="float32", width=2, small_inputs=True)
     order = backward_leaf_order(model, (8, 8, 3))
     params = jax.eval_shape(
-        lambda: model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)), train=False))["params"]
+        lambda: model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 3)), train=False)
+    )["params"]
     paths = [tuple(k.key for k in p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
     assert sorted(order) == list(range(len(paths)))
     modules = [paths[i][0] for i in order]

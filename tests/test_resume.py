@@ -64,11 +64,18 @@ def env(tmp_path_factory):
 
 
 def start(env, workdir):
-    command = [sys.executable, "-m", "jia_jax.main", "--config=configs/digits.py",
-               f"--workdir={workdir}", f"--config.total_steps={TOTAL_STEPS}"]
+    command = [
+        sys.executable,
+        "-m",
+        "jia_jax.main",
+        "--config=configs/digits.py",
+        f"--workdir={workdir}",
+        f"--config.total_steps={TOTAL_STEPS}",
+    ]
     command += [f"--config.{name}={value}" for name, value in OVERRIDES.items()]
-    return subprocess.Popen(command, cwd=REPO_ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        command, cwd=REPO_ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
 
 
 def run_to_end(env, workdir):
@@ -90,8 +97,10 @@ def read_until(process, pattern):
         if re.search(pattern, line):
             return lines
     process.wait()
-    pytest.fail(f"the trainer ended (code {process.returncode}) before a line matched "
-                f"{pattern!r}:\n{''.join(lines)}")
+    pytest.fail(
+        f"the trainer ended (code {process.returncode}) before a line matched "
+        f"{pattern!r}:\n{''.join(lines)}"
+    )
 
 
 def progress_line(step):
@@ -113,9 +122,12 @@ def read_state(workdir, step):
 
 def assert_bitwise_equal(state, reference):
     assert state.keys() == reference.keys()
-    different = [k for k in reference
-                 if (state[k].dtype, state[k].shape, state[k].tobytes())
-                 != (reference[k].dtype, reference[k].shape, reference[k].tobytes())]
+    different = [
+        k
+        for k in reference
+        if (state[k].dtype, state[k].shape, state[k].tobytes())
+        != (reference[k].dtype, reference[k].shape, reference[k].tobytes())
+    ]
     assert not different, f"{len(different)} of {len(reference)} arrays differ: {different[:5]}"
 
 
@@ -125,8 +137,11 @@ def resumed_step(log):
 
 
 def file_digests(directory):
-    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(Path(directory).rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(Path(directory).rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +252,8 @@ def test_checkpoint_of_another_model_fails_clearly_and_is_untouched(reference, t
     message = str(info.value)
     assert f"The checkpoint at step {TOTAL_STEPS}" in message and "does not match" in message
     # Names arrays that differ and both shapes: the first stage has `width` channels.
-    assert re.search(r"\n  \S+: checkpoint float32\[(\d+, )*4\], state float32\[(\d+, )*8\]\n",
-                     message), message
+    assert re.search(
+        r"\n  \S+: checkpoint float32\[(\d+, )*4\], state float32\[(\d+, )*8\]\n", message
+    ), message
     assert "new --workdir" in message
     assert file_digests(workdir / "checkpoints") == before

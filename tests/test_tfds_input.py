@@ -22,208 +22,233 @@ _PIXEL_TOL = 3
 
 
 class JiaTestJpeg(tfds.core.GeneratorBasedBuilder):
-  """Train examples 0..11, validation 12..18; red ramps up left to right, green encodes the id."""
+    """Train examples 0..11, validation 12..18; red ramps up left to right, green encodes the id."""
 
-  VERSION = tfds.core.Version("1.0.0")
+    VERSION = tfds.core.Version("1.0.0")
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        features=tfds.features.FeaturesDict({
-            "image": tfds.features.Image(shape=(None, None, 3), encoding_format="jpeg"),
-            "label": tfds.features.ClassLabel(num_classes=_NUM_TRAIN + _NUM_EVAL),
-        }),
-    )
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.FeaturesDict(
+                {
+                    "image": tfds.features.Image(shape=(None, None, 3), encoding_format="jpeg"),
+                    "label": tfds.features.ClassLabel(num_classes=_NUM_TRAIN + _NUM_EVAL),
+                }
+            ),
+        )
 
-  def _split_generators(self, dl_manager):
-    del dl_manager
-    return {
-        "train": self._generate_examples(range(_NUM_TRAIN)),
-        "validation": self._generate_examples(range(_NUM_TRAIN, _NUM_TRAIN + _NUM_EVAL)),
-    }
+    def _split_generators(self, dl_manager):
+        del dl_manager
+        return {
+            "train": self._generate_examples(range(_NUM_TRAIN)),
+            "validation": self._generate_examples(range(_NUM_TRAIN, _NUM_TRAIN + _NUM_EVAL)),
+        }
 
-  def _generate_examples(self, ids):
-    for i in ids:
-      width, height = 24 + 2 * i, 18 + i  # varied, non-square sizes
-      pixels = np.zeros((height, width, 3), np.uint8)
-      pixels[..., 0] = np.linspace(0, 255, width).astype(np.uint8)
-      pixels[..., 1] = _GREEN_STEP * i
-      pixels[..., 2] = 128
-      encoded = io.BytesIO()
-      PIL.Image.fromarray(pixels).save(encoded, format="JPEG", quality=100, subsampling=0)
-      yield i, {"image": encoded.getvalue(), "label": i}
+    def _generate_examples(self, ids):
+        for i in ids:
+            width, height = 24 + 2 * i, 18 + i  # varied, non-square sizes
+            pixels = np.zeros((height, width, 3), np.uint8)
+            pixels[..., 0] = np.linspace(0, 255, width).astype(np.uint8)
+            pixels[..., 1] = _GREEN_STEP * i
+            pixels[..., 2] = 128
+            encoded = io.BytesIO()
+            PIL.Image.fromarray(pixels).save(encoded, format="JPEG", quality=100, subsampling=0)
+            yield i, {"image": encoded.getvalue(), "label": i}
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("tfds"))
-  JiaTestJpeg(data_dir=path).download_and_prepare(file_format="array_record")
-  return path
+    path = str(tmp_path_factory.mktemp("tfds"))
+    JiaTestJpeg(data_dir=path).download_and_prepare(file_format="array_record")
+    return path
 
 
 def _train(data_dir, **overrides):
-  kwargs = {
-      "data_dir": data_dir, "split": "train", "image_size": _SIZE, "local_batch": 4, "seed": 0,
-      "start_step": 0, "process_index": 0, "process_count": 1, "num_threads": 2,
-  }
-  return tfds_input.train_batches(_NAME, **{**kwargs, **overrides})
+    kwargs = {
+        "data_dir": data_dir,
+        "split": "train",
+        "image_size": _SIZE,
+        "local_batch": 4,
+        "seed": 0,
+        "start_step": 0,
+        "process_index": 0,
+        "process_count": 1,
+        "num_threads": 2,
+    }
+    return tfds_input.train_batches(_NAME, **{**kwargs, **overrides})
 
 
 def _eval(data_dir, **overrides):
-  kwargs = {
-      "data_dir": data_dir, "split": "validation", "image_size": _SIZE, "local_batch": 3,
-      "process_index": 0, "process_count": 1, "num_threads": 2,
-  }
-  return list(tfds_input.eval_batches(_NAME, **{**kwargs, **overrides}))
+    kwargs = {
+        "data_dir": data_dir,
+        "split": "validation",
+        "image_size": _SIZE,
+        "local_batch": 3,
+        "process_index": 0,
+        "process_count": 1,
+        "num_threads": 2,
+    }
+    return list(tfds_input.eval_batches(_NAME, **{**kwargs, **overrides}))
 
 
 def _denormalize(image):
-  return image.astype(np.float64) * tfds_input.IMAGENET_STD + tfds_input.IMAGENET_MEAN
+    return image.astype(np.float64) * tfds_input.IMAGENET_STD + tfds_input.IMAGENET_MEAN
 
 
 def _assert_close(pixels, expected):
-  np.testing.assert_allclose(pixels, np.broadcast_to(expected, pixels.shape), atol=_PIXEL_TOL)
+    np.testing.assert_allclose(pixels, np.broadcast_to(expected, pixels.shape), atol=_PIXEL_TOL)
 
 
 def test_dataset_info(data_dir):
-  assert tfds_input.dataset_info(_NAME, data_dir) == (_NUM_TRAIN + _NUM_EVAL, _NUM_TRAIN, _NUM_EVAL)
-  assert tfds_input.dataset_info(_NAME, data_dir, "train[:50%]", "validation[:2]") == (19, 6, 2)
+    assert tfds_input.dataset_info(_NAME, data_dir) == (
+        _NUM_TRAIN + _NUM_EVAL,
+        _NUM_TRAIN,
+        _NUM_EVAL,
+    )
+    assert tfds_input.dataset_info(_NAME, data_dir, "train[:50%]", "validation[:2]") == (19, 6, 2)
 
 
 def test_train_batches_shapes_normalization_and_flips(data_dir):
-  batches = list(itertools.islice(_train(data_dir), 6))  # two epochs
-  for batch in batches:
-    assert batch["image"].shape == (4, _SIZE, _SIZE, 3) and batch["image"].dtype == np.float32
-    assert batch["label"].shape == (4,) and batch["label"].dtype == np.int32
-  images = np.concatenate([_denormalize(b["image"]) for b in batches])
-  labels = np.concatenate([b["label"] for b in batches])
-  # Normalisation inverted in float64: green and blue are flat, so any crop keeps their levels.
-  _assert_close(images[..., 1], _GREEN_STEP * labels[:, None, None])
-  _assert_close(images[..., 2], 128)
-  # Red ramps up left to right in every source image; a flip makes it ramp down.
-  slope = images[:, :, -1, 0].mean(axis=1) - images[:, :, 0, 0].mean(axis=1)
-  assert np.all(np.abs(slope) > 1)
-  assert 0 < np.sum(slope < 0) < len(slope)  # some flipped, some not (p of failing: 2^-23)
+    batches = list(itertools.islice(_train(data_dir), 6))  # two epochs
+    for batch in batches:
+        assert batch["image"].shape == (4, _SIZE, _SIZE, 3) and batch["image"].dtype == np.float32
+        assert batch["label"].shape == (4,) and batch["label"].dtype == np.int32
+    images = np.concatenate([_denormalize(b["image"]) for b in batches])
+    labels = np.concatenate([b["label"] for b in batches])
+    # Normalisation inverted in float64: green and blue are flat, so any crop keeps their levels.
+    _assert_close(images[..., 1], _GREEN_STEP * labels[:, None, None])
+    _assert_close(images[..., 2], 128)
+    # Red ramps up left to right in every source image; a flip makes it ramp down.
+    slope = images[:, :, -1, 0].mean(axis=1) - images[:, :, 0, 0].mean(axis=1)
+    assert np.all(np.abs(slope) > 1)
+    assert 0 < np.sum(slope < 0) < len(slope)  # some flipped, some not (p of failing: 2^-23)
 
 
 def test_random_crop_box_stays_in_range():
-  rng = np.random.default_rng(0)
-  for width, height in [(500, 375), (375, 500), (64, 64)]:
-    for _ in range(300):
-      left, top, right, bottom = tfds_input.random_crop_box(rng, width, height)
-      w, h = right - left, bottom - top
-      assert 0 <= left < right <= width and 0 <= top < bottom <= height
-      # w and h are rounded from a sampled box: some box within half a pixel of each side must
-      # satisfy the ranges.
-      assert (w + 0.5) / (h - 0.5) >= 3 / 4 and (w - 0.5) / (h + 0.5) <= 4 / 3
-      assert (w + 0.5) * (h + 0.5) >= 0.08 * width * height
+    rng = np.random.default_rng(0)
+    for width, height in [(500, 375), (375, 500), (64, 64)]:
+        for _ in range(300):
+            left, top, right, bottom = tfds_input.random_crop_box(rng, width, height)
+            w, h = right - left, bottom - top
+            assert 0 <= left < right <= width and 0 <= top < bottom <= height
+            # w and h are rounded from a sampled box: some box within half a pixel of each side must
+            # satisfy the ranges.
+            assert (w + 0.5) / (h - 0.5) >= 3 / 4 and (w - 0.5) / (h + 0.5) <= 4 / 3
+            assert (w + 0.5) * (h + 0.5) >= 0.08 * width * height
 
 
 def test_random_crop_box_falls_back_to_a_centred_crop():
-  # No box of 8% of a 1000x10 image has an aspect ratio of at most 4/3: the fallback is the
-  # centred 13x10 box (ratio clamped to 4/3, width rounded).
-  box = tfds_input.random_crop_box(np.random.default_rng(0), 1000, 10)
-  assert box == (493, 0, 506, 10)
+    # No box of 8% of a 1000x10 image has an aspect ratio of at most 4/3: the fallback is the
+    # centred 13x10 box (ratio clamped to 4/3, width rounded).
+    box = tfds_input.random_crop_box(np.random.default_rng(0), 1000, 10)
+    assert box == (493, 0, 506, 10)
 
 
 def test_eval_crop_box_matches_resize_then_center_crop():
-  # Resize the shorter side of a 500x375 image to 256, centre-crop 224: in source pixels that is a
-  # square of 224 * 375 / 256 = 328.125 centred in the image.
-  side = 224 * 375 / 256
-  expected = ((500 - side) / 2, (375 - side) / 2, (500 + side) / 2, (375 + side) / 2)
-  np.testing.assert_allclose(tfds_input.eval_crop_box(500, 375), expected, rtol=0, atol=1e-9)
+    # Resize the shorter side of a 500x375 image to 256, centre-crop 224: in source pixels that is a
+    # square of 224 * 375 / 256 = 328.125 centred in the image.
+    side = 224 * 375 / 256
+    expected = ((500 - side) / 2, (375 - side) / 2, (500 + side) / 2, (375 + side) / 2)
+    np.testing.assert_allclose(tfds_input.eval_crop_box(500, 375), expected, rtol=0, atol=1e-9)
 
 
 def test_processes_read_disjoint_shards_and_reshuffle_each_epoch(data_dir):
-  per_process = []
-  for process_index in range(2):
-    batches = _train(data_dir, local_batch=2, process_index=process_index, process_count=2)
-    labels = np.concatenate([next(batches)["label"] for _ in range(6)])  # two epochs of 6
-    first, second = labels[:6], labels[6:]
-    assert sorted(first) == sorted(second) and len(set(first)) == 6
-    assert not np.array_equal(first, second)
-    per_process.append(set(first))
-  assert per_process[0].isdisjoint(per_process[1])
-  assert per_process[0] | per_process[1] == set(range(_NUM_TRAIN))
+    per_process = []
+    for process_index in range(2):
+        batches = _train(data_dir, local_batch=2, process_index=process_index, process_count=2)
+        labels = np.concatenate([next(batches)["label"] for _ in range(6)])  # two epochs of 6
+        first, second = labels[:6], labels[6:]
+        assert sorted(first) == sorted(second) and len(set(first)) == 6
+        assert not np.array_equal(first, second)
+        per_process.append(set(first))
+    assert per_process[0].isdisjoint(per_process[1])
+    assert per_process[0] | per_process[1] == set(range(_NUM_TRAIN))
 
 
 def test_resume_reproduces_the_uninterrupted_stream(data_dir):
-  uninterrupted = list(itertools.islice(_train(data_dir), 5))
-  resumed = list(itertools.islice(_train(data_dir, start_step=2, num_threads=1), 3))
-  for expected, got in zip(uninterrupted[2:], resumed, strict=True):  # crosses an epoch boundary
-    np.testing.assert_array_equal(got["image"], expected["image"])
-    np.testing.assert_array_equal(got["label"], expected["label"])
-  reseeded = next(_train(data_dir, seed=1))
-  assert not np.array_equal(reseeded["image"], uninterrupted[0]["image"])
+    uninterrupted = list(itertools.islice(_train(data_dir), 5))
+    resumed = list(itertools.islice(_train(data_dir, start_step=2, num_threads=1), 3))
+    for expected, got in zip(uninterrupted[2:], resumed, strict=True):  # crosses an epoch boundary
+        np.testing.assert_array_equal(got["image"], expected["image"])
+        np.testing.assert_array_equal(got["label"], expected["label"])
+    reseeded = next(_train(data_dir, seed=1))
+    assert not np.array_equal(reseeded["image"], uninterrupted[0]["image"])
 
 
 @pytest.mark.parametrize("process_count, local_batch", [(1, 4), (2, 3)])
 def test_eval_counts_every_example_exactly_once(data_dir, process_count, local_batch):
-  per_process = [
-      _eval(data_dir, local_batch=local_batch, process_index=p, process_count=process_count)
-      for p in range(process_count)
-  ]
-  # Every process takes part in every eval step, even one whose part runs out first.
-  num_batches = {len(batches) for batches in per_process}
-  assert num_batches == {math.ceil(math.ceil(_NUM_EVAL / process_count) / local_batch)}
-  batches = [b for process_batches in per_process for b in process_batches]
-  labels = np.concatenate([b["label"] for b in batches])
-  mask = np.concatenate([b["mask"] for b in batches])
-  images = np.concatenate([_denormalize(b["image"]) for b in batches])
-  assert mask.dtype == np.float32 and set(np.unique(mask)) <= {0.0, 1.0}
-  assert sorted(labels[mask == 1]) == list(range(_NUM_TRAIN, _NUM_TRAIN + _NUM_EVAL))
-  real = images[mask == 1]
-  _assert_close(real[..., 1], _GREEN_STEP * labels[mask == 1, None, None])
-  # The centre crop keeps the ramp's direction (no flip in eval).
-  assert np.all(real[:, :, -1, 0] > real[:, :, 0, 0])
+    per_process = [
+        _eval(data_dir, local_batch=local_batch, process_index=p, process_count=process_count)
+        for p in range(process_count)
+    ]
+    # Every process takes part in every eval step, even one whose part runs out first.
+    num_batches = {len(batches) for batches in per_process}
+    assert num_batches == {math.ceil(math.ceil(_NUM_EVAL / process_count) / local_batch)}
+    batches = [b for process_batches in per_process for b in process_batches]
+    labels = np.concatenate([b["label"] for b in batches])
+    mask = np.concatenate([b["mask"] for b in batches])
+    images = np.concatenate([_denormalize(b["image"]) for b in batches])
+    assert mask.dtype == np.float32 and set(np.unique(mask)) <= {0.0, 1.0}
+    assert sorted(labels[mask == 1]) == list(range(_NUM_TRAIN, _NUM_TRAIN + _NUM_EVAL))
+    real = images[mask == 1]
+    _assert_close(real[..., 1], _GREEN_STEP * labels[mask == 1, None, None])
+    # The centre crop keeps the ramp's direction (no flip in eval).
+    assert np.all(real[:, :, -1, 0] > real[:, :, 0, 0])
 
 
 def test_missing_or_unprepared_dataset_raises_one_clear_error(tmp_path):
-  with pytest.raises(tfds_input.DatasetNotPreparedError, match="tfds build no_such_dataset"):
-    tfds_input.dataset_info("no_such_dataset", str(tmp_path))
-  imagenet_hint = "--manual_dir=.*ILSVRC2012_img_train.tar"
-  with pytest.raises(tfds_input.DatasetNotPreparedError, match=imagenet_hint):
-    tfds_input.train_batches(
-        "imagenet2012", data_dir=str(tmp_path), split="train", image_size=_SIZE, local_batch=1,
-        seed=0, start_step=0, process_index=0, process_count=1,
-    )
+    with pytest.raises(tfds_input.DatasetNotPreparedError, match="tfds build no_such_dataset"):
+        tfds_input.dataset_info("no_such_dataset", str(tmp_path))
+    imagenet_hint = "--manual_dir=.*ILSVRC2012_img_train.tar"
+    with pytest.raises(tfds_input.DatasetNotPreparedError, match=imagenet_hint):
+        tfds_input.train_batches(
+            "imagenet2012",
+            data_dir=str(tmp_path),
+            split="train",
+            image_size=_SIZE,
+            local_batch=1,
+            seed=0,
+            start_step=0,
+            process_index=0,
+            process_count=1,
+        )
 
 
 def test_bfloat16_images_are_the_float32_images_rounded(data_dir):
-  float32 = next(_train(data_dir))
-  bfloat16 = next(_train(data_dir, image_dtype="bfloat16"))
-  assert bfloat16["image"].dtype == np.dtype("bfloat16")
-  # Bitwise: the same cast (round to nearest even) the model's first layer would apply.
-  np.testing.assert_array_equal(
-      bfloat16["image"].view(np.uint16), float32["image"].astype("bfloat16").view(np.uint16)
-  )
+    float32 = next(_train(data_dir))
+    bfloat16 = next(_train(data_dir, image_dtype="bfloat16"))
+    assert bfloat16["image"].dtype == np.dtype("bfloat16")
+    # Bitwise: the same cast (round to nearest even) the model's first layer would apply.
+    np.testing.assert_array_equal(
+        bfloat16["image"].view(np.uint16), float32["image"].astype("bfloat16").view(np.uint16)
+    )
 
 
 def test_worker_processes_yield_the_same_batches(data_dir):
-  # grain's workers read an absl flag; pytest parses none.
-  flags.FLAGS.mark_as_parsed()
-  in_process = list(itertools.islice(_train(data_dir), 4))
-  with_workers = list(itertools.islice(_train(data_dir, num_workers=2), 4))
-  for expected, got in zip(in_process, with_workers, strict=True):
-    np.testing.assert_array_equal(got["image"], expected["image"])
-    np.testing.assert_array_equal(got["label"], expected["label"])
+    # grain's workers read an absl flag; pytest parses none.
+    flags.FLAGS.mark_as_parsed()
+    in_process = list(itertools.islice(_train(data_dir), 4))
+    with_workers = list(itertools.islice(_train(data_dir, num_workers=2), 4))
+    for expected, got in zip(in_process, with_workers, strict=True):
+        np.testing.assert_array_equal(got["image"], expected["image"])
+        np.testing.assert_array_equal(got["label"], expected["label"])
 
 
 def test_trainer_runs_and_evaluates_on_a_tfds_dataset(data_dir, tmp_path):
-  """The whole loop on a prepared tfds dataset: 2x4 mesh, eval counts each example once."""
-  from configs import digits
-  from jia_jax import loop
+    """The whole loop on a prepared tfds dataset: 2x4 mesh, eval counts each example once."""
+    from configs import digits
+    from jia_jax import loop
 
-  config = digits.get_config()
-  config.data.name = "jia_test_jpeg"
-  config.data.data_dir = data_dir
-  config.data.image_size = 16
-  config.model.width = 4
-  config.global_batch_size = 8
-  config.eval_batch_size = 8
-  config.total_steps = 2
-  config.optimizer.warmup_epochs = 0.0
-  results = loop.train_and_evaluate(config, str(tmp_path))
-  assert results["eval/examples"] == _NUM_EVAL
-  assert 0.0 <= results["eval/top1"] <= results["eval/top5"] <= 1.0
-  assert np.isfinite(results["train/loss"])
+    config = digits.get_config()
+    config.data.name = "jia_test_jpeg"
+    config.data.data_dir = data_dir
+    config.data.image_size = 16
+    config.model.width = 4
+    config.global_batch_size = 8
+    config.eval_batch_size = 8
+    config.total_steps = 2
+    config.optimizer.warmup_epochs = 0.0
+    results = loop.train_and_evaluate(config, str(tmp_path))
+    assert results["eval/examples"] == _NUM_EVAL
+    assert 0.0 <= results["eval/top1"] <= results["eval/top5"] <= 1.0
+    assert np.isfinite(results["train/loss"])

@@ -117,13 +117,14 @@ def make_train_step(
     xla_reduces = comm.strategy == "xla"
     microbatch = config.microbatch_size
 
-    def local_grads(low_params, batch_stats, scale, batch):
+    def local_grads(low_params, batch_stats, scale, batch, key):
         def scaled_loss(p):
             logits, new_vars = model.apply(
                 {"params": p, "batch_stats": batch_stats},
                 batch["image"].astype(compute),
                 train=True,
                 mutable=["batch_stats"],
+                rngs={"dropout": key},
             )
             loss = jnp.mean(loss_lib.cross_entropy(logits, batch["label"], smoothing))
             return loss * scale, (loss, logits, new_vars["batch_stats"])
@@ -132,7 +133,7 @@ def make_train_step(
         metrics = {"loss": loss, "top1": jnp.mean(loss_lib.topk_correct(logits, batch["label"], 1))}
         return grads, new_stats, metrics
 
-    def accumulated_grads(low_params, batch_stats, scale, batch):
+    def accumulated_grads(low_params, batch_stats, scale, batch, key):
         """Gradient accumulation over microbatches: a 64K global batch on a handful of GPUs.
 
         Each microbatch is one BatchNorm batch; the running statistics advance once per microbatch,
@@ -140,7 +141,7 @@ def make_train_step(
         """
         per_device_batch = batch["label"].shape[0]
         if not microbatch or microbatch >= per_device_batch:
-            return local_grads(low_params, batch_stats, scale, batch)
+            return local_grads(low_params, batch_stats, scale, batch, key)
         if per_device_batch % microbatch:
             raise ValueError(
                 f"microbatch_size={microbatch} must divide the per-device batch "
@@ -149,25 +150,32 @@ def make_train_step(
         steps = per_device_batch // microbatch
         micro = jax.tree.map(lambda x: x.reshape(steps, microbatch, *x.shape[1:]), batch)
 
-        def body(carry, mb):
+        def body(carry, xs):
             total, stats = carry
-            grads, stats, metrics = local_grads(low_params, stats, scale, mb)
+            mb, mb_key = xs
+            grads, stats, metrics = local_grads(low_params, stats, scale, mb, mb_key)
             return (
                 jax.tree.map(lambda t, g: t + g.astype(jnp.float32), total, grads),
                 stats,
             ), metrics
 
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), low_params)
-        (total, new_stats), metrics = jax.lax.scan(body, (zeros, batch_stats), micro)
+        keys = jax.random.split(key, steps)
+        (total, new_stats), metrics = jax.lax.scan(body, (zeros, batch_stats), (micro, keys))
         # Back to the compute dtype: the wire carries what a single pass would have produced.
         grads = jax.tree.map(lambda t, p: (t / steps).astype(p.dtype), total, low_params)
         return grads, new_stats, jax.tree.map(jnp.mean, metrics)
 
-    def per_device(params, batch_stats, scale, batch):
+    def per_device(params, batch_stats, scale, batch, key):
         # Differentiate with respect to the compute-dtype copy, so gradients come out in that dtype
         # (what the paper sends over the wire) instead of being upcast inside backward.
         low_params = _cast_floats(params, compute)
-        grads, new_stats, metrics = accumulated_grads(low_params, batch_stats, scale, batch)
+        # A different dropout mask on every device (and microbatch), all a function of the step.
+        device = jax.lax.axis_index(mesh_lib.NODE_AXIS) * mesh.shape[
+            mesh_lib.GPU_AXIS
+        ] + jax.lax.axis_index(mesh_lib.GPU_AXIS)
+        key = jax.random.fold_in(key, device)
+        grads, new_stats, metrics = accumulated_grads(low_params, batch_stats, scale, batch, key)
         if xla_reduces:
             # Hand per-device values out stacked along a device axis; the mean over it is written as
             # ordinary array code below, so XLA chooses and combines the collectives itself.
@@ -190,14 +198,16 @@ def make_train_step(
     sharded_step = jax.shard_map(
         per_device,
         mesh=mesh,
-        in_specs=(P(), P(), P(), P(mesh_lib.BATCH_AXES)),
+        in_specs=(P(), P(), P(), P(mesh_lib.BATCH_AXES), P()),
         out_specs=(reduced, reduced, reduced),
         check_vma=False,
     )
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        # Dropout randomness is a function of (seed, step): a resumed run draws the same masks.
+        key = jax.random.fold_in(jax.random.PRNGKey(config.seed), state.step)
         grads, new_stats, metrics = sharded_step(
-            state.params, state.batch_stats, state.loss_scale.scale, batch
+            state.params, state.batch_stats, state.loss_scale.scale, batch, key
         )
         if xla_reduces:
             grads = jax.tree.map(

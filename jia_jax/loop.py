@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+from collections.abc import Callable
 
+import flax.linen as nn
 import jax
 import ml_collections
+import optax
 from absl import logging
 
 from jia_jax import checkpoint
@@ -30,6 +34,50 @@ def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
     if config.num_epochs <= 0:
         raise ValueError("Set total_steps > 0 or num_epochs > 0.")
     return max(1, math.ceil(config.num_epochs * num_train / config.global_batch_size))
+
+
+@dataclasses.dataclass(frozen=True)
+class Trainer:
+    """What a run is built from: data, model, optimizer and the state's initialiser."""
+
+    data: input_pipeline.Input
+    steps: int
+    model: nn.Module
+    schedule: optax.Schedule
+    tx: optax.GradientTransformation
+    init_state: Callable[[], train.TrainState]
+    abstract_state: train.TrainState
+
+
+def build_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer:
+    """Builds the data streams, model, schedule, optimizer and state initialiser of `config`.
+
+    The one place a config turns into a training setup, shared by the loop and the benchmarks,
+    so that they measure exactly the trainer's program.
+    """
+    data = input_pipeline.create_input(
+        config.data,
+        config.global_batch_size,
+        config.eval_batch_size,
+        mesh,
+        config.seed,
+        image_dtype=config.precision.compute,
+    )
+    steps = total_steps(config, data.info.num_train)
+    compute = precision.compute_dtype(config.precision.compute)
+    model_kwargs = {k: v for k, v in config.model.items() if k != "name"}
+    model = models.create_model(
+        config.model.name, num_classes=data.info.num_classes, dtype=compute, **model_kwargs
+    )
+    schedule = schedules.schedule_from_config(
+        config.optimizer, data.info.num_train, config.global_batch_size, steps
+    )
+    tx = optimizers.create_optimizer(config.optimizer, schedule)
+    image_shape = (config.data.image_size, config.data.image_size, data.info.channels)
+    init_state, abstract_state = train.state_initializer(
+        model, tx, mesh, image_shape, config.precision, config.seed
+    )
+    return Trainer(data, steps, model, schedule, tx, init_state, abstract_state)
 
 
 def evaluate(eval_step, state: train.TrainState, data: input_pipeline.Input) -> dict[str, float]:
@@ -64,30 +112,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         jax.process_count(),
     )
 
-    data = input_pipeline.create_input(
-        config.data,
-        config.global_batch_size,
-        config.eval_batch_size,
-        mesh,
-        config.seed,
-        image_dtype=config.precision.compute,
-    )
-    steps = total_steps(config, data.info.num_train)
-    compute = precision.compute_dtype(config.precision.compute)
-    model_kwargs = {k: v for k, v in config.model.items() if k != "name"}
-    model = models.create_model(
-        config.model.name, num_classes=data.info.num_classes, dtype=compute, **model_kwargs
-    )
-    schedule = schedules.schedule_from_config(
-        config.optimizer, data.info.num_train, config.global_batch_size, steps
-    )
-    tx = optimizers.create_optimizer(config.optimizer, schedule)
-    image_shape = (config.data.image_size, config.data.image_size, data.info.channels)
-    init_state, abstract_state = train.state_initializer(
-        model, tx, mesh, image_shape, config.precision, config.seed
-    )
-    train_step = train.make_train_step(model, tx, schedule, config, mesh)
-    eval_step = train.make_eval_step(model, config, mesh) if data.eval else None
+    trainer = build_trainer(config, mesh)
+    data, steps = trainer.data, trainer.steps
+    train_step = train.make_train_step(trainer.model, trainer.tx, trainer.schedule, config, mesh)
+    eval_step = train.make_eval_step(trainer.model, config, mesh) if data.eval else None
 
     ckpt = checkpoint.Checkpointer(
         os.path.join(os.path.abspath(workdir), "checkpoints"),
@@ -97,9 +125,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     writer = metrics_lib.MetricsWriter(workdir)
     preemption = checkpoint.PreemptionHandler()
     with ckpt, writer, preemption:
-        restored = ckpt.restore_latest(abstract_state)
+        restored = ckpt.restore_latest(trainer.abstract_state)
         if restored is None:
-            start_step, state = 0, init_state()
+            start_step, state = 0, trainer.init_state()
         else:
             start_step, state, _ = restored
             logging.info("resumed from the checkpoint of step %d in %s", start_step, ckpt.directory)
@@ -118,7 +146,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         )
         # fp16 skips non-finite steps by itself (loss scaling); other dtypes stop on a non-finite loss.
         pending = metrics_lib.LaggedFetch(
-            finite_keys=() if precision.needs_loss_scaling(compute) else ("loss",)
+            finite_keys=()
+            if precision.needs_loss_scaling(precision.compute_dtype(config.precision.compute))
+            else ("loss",)
         )
         results: dict[str, float] = {}
 

@@ -58,7 +58,7 @@ import jax
 import ml_collections
 
 from configs import alexnet_bn_64k, resnet50_64k
-from jia_jax import input_pipeline, loop, models, optimizers, precision, schedules, train
+from jia_jax import loop, train
 from jia_jax import mesh as mesh_lib
 from scripts import bench_allreduce
 
@@ -152,35 +152,19 @@ def make_config(
 def build_setup(config: ml_collections.ConfigDict, devices: list[jax.Device]) -> dict[str, Any]:
     """What every strategy of one (model, mesh) shares: mesh, model, optimizer, init, batch.
 
-    Mirrors `jia_jax.loop.train_and_evaluate`, so the step is the trainer's program.
+    Built by `jia_jax.loop.build_trainer`, so the step is the trainer's program.
     """
     mesh = mesh_lib.create_mesh(
         config.mesh.node, config.mesh.gpu, devices=devices[: config.mesh.node * config.mesh.gpu]
     )
-    data = input_pipeline.create_input(
-        config.data, config.global_batch_size, config.eval_batch_size, mesh, config.seed
-    )
-    steps = loop.total_steps(config, data.info.num_train)
-    compute = precision.compute_dtype(config.precision.compute)
-    model = models.create_model(
-        config.model.name,
-        num_classes=data.info.num_classes,
-        dtype=compute,
-        **{k: v for k, v in config.model.items() if k != "name"},
-    )
-    schedule = schedules.schedule_from_config(
-        config.optimizer, data.info.num_train, config.global_batch_size, steps
-    )
-    tx = optimizers.create_optimizer(config.optimizer, schedule)
-    image_shape = (config.data.image_size, config.data.image_size, data.info.channels)
-    init, _ = train.state_initializer(model, tx, mesh, image_shape, config.precision, config.seed)
+    trainer = loop.build_trainer(config, mesh)
     return {
         "mesh": mesh,
-        "model": model,
-        "tx": tx,
-        "schedule": schedule,
-        "init": init,
-        "batch": next(data.train(0)),
+        "model": trainer.model,
+        "tx": trainer.tx,
+        "schedule": trainer.schedule,
+        "init": trainer.init_state,
+        "batch": next(trainer.data.train(0)),
     }
 
 

@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jia_jax.models import layers
+
 _kernel_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
 _classifier_init = nn.initializers.normal(stddev=0.01)
 
@@ -118,16 +120,7 @@ class AlexNetBN(nn.Module):
             param_dtype=self.param_dtype,
             kernel_init=_kernel_init,
         )
-        # Statistics and running averages in fp32 (flax force_float32_reductions), output in dtype.
-        norm = functools.partial(
-            nn.BatchNorm,
-            use_running_average=not train,
-            momentum=self.bn_momentum,
-            epsilon=self.bn_epsilon,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            axis_name=self.bn_axis_name,
-        )
+        norm = layers.batch_norm(self, train)  # fp32 statistics, output in dtype
         pool_padding = ((1, 1), (1, 1)) if self.small_inputs else "VALID"
 
         def max_pool(y: jax.Array) -> jax.Array:

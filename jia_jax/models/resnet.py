@@ -13,6 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jia_jax.models import layers
+
 # He et al. 2015 normal init; fan_out as torchvision's ResNet (with BatchNorm after every conv
 # the choice of fan only sets the scale BN removes anyway).
 _conv_init = nn.initializers.variance_scaling(2.0, "fan_out", "normal")
@@ -139,17 +141,7 @@ class ResNet(nn.Module):
             param_dtype=self.param_dtype,
             kernel_init=_conv_init,
         )
-        # flax BatchNorm (force_float32_reductions=True) computes mean/var, the running averages
-        # and the normalisation itself in fp32; `dtype` only sets the dtype of its output.
-        norm = functools.partial(
-            nn.BatchNorm,
-            use_running_average=not train,
-            momentum=self.bn_momentum,
-            epsilon=self.bn_epsilon,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            axis_name=self.bn_axis_name,
-        )
+        norm = layers.batch_norm(self, train)  # fp32 statistics, output in dtype
         kind, stage_sizes = _ARCHITECTURES[self.depth]
         block_cls = BasicBlock if kind == "basic" else BottleneckBlock
 

@@ -1,0 +1,342 @@
+"""Latency-bandwidth (alpha-beta) model of the gradient all-reduce, and the plan it picks.
+
+The trainer reduces its gradients with the collectives of `jia_jax.allreduce`: per bucket, one
+all-reduce over every GPU (`flat`), or reduce-scatter inside the node, all-reduce of 1/gpu of the
+bytes across nodes and all-gather inside the node (`hierarchical`), or either by bucket size
+(`hybrid`). This module predicts their time from a few numbers per link level:
+
+  * `launch_s`: fixed cost of one collective (kernel launch and NCCL's base latency);
+  * `alpha_s`: latency of one step of a ring on that level (one message hop);
+  * `beta_bytes_per_s`: bandwidth one GPU gets on that level. For the network it is the GPU's share
+    of its node's NICs (NIC rate x NICs per node / GPUs per node).
+
+A ring all-reduce of B bytes over n GPUs takes `launch + 2(n-1) alpha + 2(n-1)/n B / beta`; a
+reduce-scatter or all-gather `launch + (n-1) alpha + (n-1)/n B / beta` (Thakur et al. 2005; the form
+of NCCL's own tuning model). Across nodes a flat ring makes `2(node-1)` of its steps over the
+network and is limited by the slower of NVLink and the node's NIC bandwidth; NCCL may also run a
+tree, `launch + 2((gpu-1) alpha_intra + ceil(log2 node) alpha_inter) + 2 B / beta`, and takes the
+faster (`algorithms`). Compute comes from a measured step time on one device, and
+`overlap` (a measured fraction of the communication hidden behind backward) reduces what is
+exposed:
+
+    step = compute + (1 - overlap) * communication + step_overhead.
+
+`resolve` turns `comm.strategy='auto'` and `comm.bucket_bytes` / `comm.hybrid_crossover_bytes`
+= -1 (`AUTO_BYTES`) into the plan with the least predicted communication. The calibration (fitted by
+`scripts/calibrate_comm.py` from `docs/benchmarks/*.json`) is package data,
+`jia_jax/comm_calibration.json`. Pure Python: no JAX needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from typing import Any
+
+STRATEGIES = ("flat", "hierarchical", "hybrid")
+AUTO = "auto"
+# ml_collections fields are typed by their default: an int field takes no string, so "auto" for a
+# byte count is spelled -1 (`--config.comm.bucket_bytes=-1`).
+AUTO_BYTES = -1
+MIB = 1 << 20
+# Tensor-fusion thresholds `resolve` tries: 1 MiB ... 512 MiB.
+BUCKET_GRID = tuple(MIB << k for k in range(10))
+WIRE_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+ALGORITHMS = ("ring", "tree")
+CALIBRATION_FILE = "comm_calibration.json"
+# Two predicted times closer than this (relative) are a tie; ties go to the simpler plan.
+_TIE = 1e-9
+# `resolve` takes a more complex strategy (hierarchical over flat, hybrid over hierarchical) only
+# when it is predicted at least this much faster: below it the difference rests on how the fixed
+# cost splits into launch and per-step latency, which one-host benchmarks cannot separate.
+SIMPLER_MARGIN = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """One level of the interconnect as one GPU sees it."""
+
+    alpha_s: float  # latency of one ring step on this level
+    beta_bytes_per_s: float  # bandwidth one GPU gets on this level
+
+
+@dataclasses.dataclass(frozen=True)
+class CommModel:
+    """Link parameters of a cluster and how its steps overlap communication.
+
+    Attributes:
+      intra: the level inside a node (NVLink, PCIe).
+      inter: the level across nodes (the network), per GPU.
+      launch_s: fixed cost of one collective.
+      algorithms: all-reduce algorithms the collective library may pick from ("ring", "tree").
+      overlap: fraction of the communication hidden behind backward (measured; 0 = none).
+      step_overhead_s: fixed cost per multi-device step beyond compute and gradient reduction.
+    """
+
+    intra: Link
+    inter: Link
+    launch_s: float
+    algorithms: tuple[str, ...] = ALGORITHMS
+    overlap: float = 0.0
+    step_overhead_s: float = 0.0
+
+    def __post_init__(self):
+        unknown = set(self.algorithms) - set(ALGORITHMS)
+        if unknown or "ring" not in self.algorithms:
+            raise ValueError(f"algorithms must include 'ring', within {ALGORITHMS}; got {unknown}.")
+        if not 0.0 <= self.overlap <= 1.0:
+            raise ValueError(f"overlap is a fraction in [0, 1], got {self.overlap}.")
+
+    def single_host(self) -> CommModel:
+        """The same model with the node axis on the intra-node link (a 2-D mesh on one host)."""
+        return dataclasses.replace(self, inter=self.intra)
+
+
+def allreduce_s(nbytes: float, node: int, gpu: int, model: CommModel) -> float:
+    """One all-reduce of `nbytes` per GPU over `node` x `gpu` GPUs (the fastest algorithm)."""
+    n = node * gpu
+    if n == 1:
+        return 0.0
+    # Across nodes the ring's traffic crosses each node's NICs once per pass: the node's share of
+    # the network (gpu x per-GPU rate) bounds it, as NVLink does inside.
+    bw = model.intra.beta_bytes_per_s
+    if node > 1:
+        bw = min(bw, gpu * model.inter.beta_bytes_per_s)
+    inter_steps = 2 * (node - 1)
+    latency = (2 * (n - 1) - inter_steps) * model.intra.alpha_s + inter_steps * model.inter.alpha_s
+    times = [model.launch_s + latency + 2 * (n - 1) / n * nbytes / bw]
+    if "tree" in model.algorithms and node > 1:
+        depth = math.ceil(math.log2(node))
+        tree_latency = 2 * ((gpu - 1) * model.intra.alpha_s + depth * model.inter.alpha_s)
+        times.append(model.launch_s + tree_latency + 2 * nbytes / bw)
+    return min(times)
+
+
+def scatter_or_gather_s(nbytes: float, n: int, link: Link, launch_s: float) -> float:
+    """A ring reduce-scatter (or all-gather) over `n` GPUs of one level; `nbytes` is the full
+    buffer (the scatter's input, the gather's output)."""
+    if n == 1:
+        return 0.0
+    return launch_s + (n - 1) * link.alpha_s + (n - 1) / n * nbytes / link.beta_bytes_per_s
+
+
+def hierarchical_s(nbytes: float, node: int, gpu: int, model: CommModel) -> float:
+    """Reduce-scatter over `gpu`, all-reduce of 1/gpu of the bytes over `node`, all-gather over
+    `gpu`. The `gpu` all-reduces across nodes run at once and share each node's NICs, so each
+    gets one GPU's share (`allreduce_s` with one GPU per node). Stages of size 1 cost nothing
+    (XLA drops a collective over a one-device axis)."""
+    inside = 2 * scatter_or_gather_s(nbytes, gpu, model.intra, model.launch_s)
+    return inside + allreduce_s(nbytes / gpu, node, 1, model)
+
+
+def bucket_elements(leaf_sizes: Sequence[int], bucket_bytes: int, itemsize: int) -> list[int]:
+    """Elements per bucket: the greedy packing of `jia_jax.allreduce.plan_buckets`.
+
+    `leaf_sizes` are element counts in the order the leaves are packed (backward order). A leaf
+    joins the current bucket while the bucket stays within `bucket_bytes` (in the wire dtype);
+    a larger leaf gets a bucket of its own; empty leaves are skipped.
+    """
+    if bucket_bytes < 0:
+        raise ValueError(f"bucket_bytes must be >= 0, got {bucket_bytes}.")
+    buckets: list[int] = []
+    used = 0
+    for size in leaf_sizes:
+        if size == 0:
+            continue
+        if used and (used + size) * itemsize > bucket_bytes:
+            buckets.append(used)
+            used = 0
+        used += size
+    if used:
+        buckets.append(used)
+    return buckets
+
+
+def bucket_s(
+    elements: int, itemsize: int, hierarchical: bool, node: int, gpu: int, model: CommModel
+) -> float:
+    """Time to reduce one bucket of `elements` wire values with either collective."""
+    if hierarchical:
+        padded = -(-elements // gpu) * gpu  # reduce-scatter pads to a multiple of gpu
+        return hierarchical_s(padded * itemsize, node, gpu, model)
+    return allreduce_s(elements * itemsize, node, gpu, model)
+
+
+def plan_s(
+    strategy: str,
+    buckets: Sequence[int],
+    itemsize: int,
+    crossover_bytes: int,
+    node: int,
+    gpu: int,
+    model: CommModel,
+) -> float:
+    """Time to reduce `buckets` (elements each) one after another with a strategy."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}.")
+    total = 0.0
+    for elements in buckets:
+        hierarchical = strategy == "hierarchical" or (
+            strategy == "hybrid" and elements * itemsize < crossover_bytes
+        )
+        total += bucket_s(elements, itemsize, hierarchical, node, gpu, model)
+    return total
+
+
+def xla_s(nbytes: float, num_allreduces: int, node: int, gpu: int, model: CommModel) -> float:
+    """`comm.strategy='xla'`: XLA picks and combines the all-reduces itself. Approximated as
+    `num_allreduces` equal flat all-reduces (the count read off the compiled program)."""
+    if num_allreduces < 1:
+        return 0.0
+    return num_allreduces * allreduce_s(nbytes / num_allreduces, node, gpu, model)
+
+
+def step_s(compute_s: float, comm_s: float, model: CommModel, devices: int) -> float:
+    """Predicted step time: compute, the communication not hidden by backward, fixed overhead."""
+    if devices == 1:
+        return compute_s
+    return compute_s + (1.0 - model.overlap) * comm_s + model.step_overhead_s
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A resolved communication plan and its predicted cost.
+
+    `comm_s` is the predicted reduction time per step (None for 'xla', which the model does not
+    plan); `step_s` is compute + exposed communication (None without a compute time).
+    """
+
+    strategy: str
+    bucket_bytes: int
+    hybrid_crossover_bytes: int
+    comm_s: float | None
+    step_s: float | None = None
+    buckets: int | None = None
+
+    def summary(self) -> str:
+        """One log line."""
+        comm = "not modelled" if self.comm_s is None else f"{self.comm_s * 1e3:.3f} ms/step"
+        step = "" if self.step_s is None else f", step {self.step_s * 1e3:.2f} ms"
+        return (
+            f"comm plan: {self.strategy}, bucket {self.bucket_bytes / MIB:g} MiB"
+            f" ({self.buckets} buckets), hybrid crossover {self.hybrid_crossover_bytes / MIB:g}"
+            f" MiB; predicted reduction {comm}{step}"
+        )
+
+
+def load_model(
+    calibration: Mapping[str, Any] | str | None = None,
+    fabric: str | None = None,
+    single_host: bool = False,
+) -> CommModel:
+    """Builds a `CommModel` from a calibration (a dict, a JSON path, or the packaged file).
+
+    Args:
+      calibration: the output of `scripts/calibrate_comm.py`; None reads the package's own.
+      fabric: name of the inter-node fabric in the calibration's `fabrics` (default: its
+        `default_fabric`).
+      single_host: every GPU is on one host (the node axis rides the intra-node link too).
+    """
+    if calibration is None:
+        text = resources.files("jia_jax").joinpath(CALIBRATION_FILE).read_text()
+        calibration = json.loads(text)
+    elif isinstance(calibration, str):
+        with open(calibration) as f:
+            calibration = json.load(f)
+    intra = calibration["intra"]
+    name = fabric or calibration["default_fabric"]
+    if name not in calibration["fabrics"]:
+        raise ValueError(
+            f"Unknown fabric {name!r}; the calibration has {sorted(calibration['fabrics'])}."
+        )
+    net = calibration["fabrics"][name]
+    model = CommModel(
+        intra=Link(intra["alpha_s"], intra["beta_bytes_per_s"]),
+        inter=Link(net["alpha_s"], net["beta_bytes_per_s"]),
+        launch_s=intra["launch_s"],
+        algorithms=tuple(net.get("algorithms", ALGORITHMS)),
+        overlap=calibration["overlap"]["value"],
+        step_overhead_s=calibration["step_overhead_s"]["value"],
+    )
+    return model.single_host() if single_host else model
+
+
+def _candidates(requested: Any, auto: Any, grid: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(grid) if requested == auto else (requested,)
+
+
+def resolve(
+    comm: Any,
+    *,
+    node: int,
+    gpu: int,
+    leaf_sizes: Sequence[int],
+    compute_s: float | None = None,
+    model: CommModel | None = None,
+    single_host: bool = False,
+) -> Plan:
+    """Resolves `comm.strategy='auto'` and `comm.bucket_bytes` / `comm.hybrid_crossover_bytes`
+    = `AUTO_BYTES` (-1) to the plan with the least predicted communication; explicit values win.
+
+    Candidates: strategies flat, hierarchical, hybrid; buckets `BUCKET_GRID`; crossovers 0 and
+    `BUCKET_GRID`. Within a strategy ties go to the smaller bucket and crossover; a later strategy
+    replaces an earlier one only when predicted `SIMPLER_MARGIN` faster. On one device nothing is
+    reduced: 'auto' becomes 'xla' (no packing code in the step).
+
+    Args:
+      comm: the config's `comm` block (`strategy`, `bucket_bytes`, `dtype`,
+        `hybrid_crossover_bytes`).
+      node, gpu: the mesh shape.
+      leaf_sizes: element count of every gradient leaf, in the order backward produces them.
+      compute_s: measured step time on one device at this per-device batch, for `Plan.step_s`.
+      model: the link model; None loads the packaged calibration.
+      single_host: all devices on one host, so the node axis is on the intra-node link; used only
+        when `model` is None.
+
+    Example (in the trainer, once the mesh and the parameter shapes are known):
+
+        leaves = jax.tree.leaves(abstract_params)
+        order = call_order.backward_leaf_order(model, image_shape)
+        plan = comm_model.resolve(
+            config.comm, node=mesh.shape["node"], gpu=mesh.shape["gpu"],
+            leaf_sizes=[leaves[i].size for i in order], single_host=jax.process_count() == 1)
+        with config.unlocked():
+            config.comm.strategy = plan.strategy
+            config.comm.bucket_bytes = plan.bucket_bytes
+            config.comm.hybrid_crossover_bytes = plan.hybrid_crossover_bytes
+        logging.info(plan.summary())
+    """
+    if comm.dtype not in WIRE_ITEMSIZE:
+        raise ValueError(f"comm.dtype must be one of {sorted(WIRE_ITEMSIZE)}, got {comm.dtype!r}.")
+    itemsize = WIRE_ITEMSIZE[comm.dtype]
+    model = model or load_model(single_host=single_host)
+    strategies = _candidates(comm.strategy, AUTO, STRATEGIES)
+    if set(strategies) - {*STRATEGIES, "xla"}:
+        raise ValueError(f"comm.strategy must be 'auto', 'xla' or one of {STRATEGIES}.")
+    buckets = _candidates(comm.bucket_bytes, AUTO_BYTES, BUCKET_GRID)
+    crossovers = _candidates(comm.hybrid_crossover_bytes, AUTO_BYTES, (0, *BUCKET_GRID))
+    if node * gpu == 1:
+        # Nothing crosses a link; keep explicit values and the cheapest code path.
+        strategy = "xla" if comm.strategy == AUTO else comm.strategy
+        return Plan(strategy, max(buckets), max(crossovers), 0.0, compute_s, None)
+    if strategies == ("xla",):
+        # XLA's own collectives are not planned here; the bucket fields are then unused.
+        return Plan("xla", max(buckets), max(crossovers), None, None, None)
+
+    best: dict[str, Plan] = {}  # per strategy: its fastest bucket (and crossover)
+    for strategy in strategies:
+        for bucket in buckets:
+            elements = bucket_elements(leaf_sizes, bucket, itemsize)
+            for crossover in crossovers if strategy == "hybrid" else crossovers[:1]:
+                t = plan_s(strategy, elements, itemsize, crossover, node, gpu, model)
+                if strategy not in best or t < best[strategy].comm_s * (1 - _TIE):
+                    best[strategy] = Plan(strategy, bucket, crossover, t, None, len(elements))
+    plan = best[strategies[0]]
+    for strategy in strategies[1:]:
+        if best[strategy].comm_s < plan.comm_s * (1 - SIMPLER_MARGIN):
+            plan = best[strategy]
+    step = None if compute_s is None else step_s(compute_s, plan.comm_s, model, node * gpu)
+    return dataclasses.replace(plan, step_s=step)

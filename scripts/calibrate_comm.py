@@ -1,0 +1,358 @@
+r"""Fits the communication model (`jia_jax/comm_model.py`) to this repository's benchmark JSONs.
+
+Reads the output of `scripts/bench_allreduce.py` and `scripts/bench_step.py`, and writes the
+calibration the trainer loads (`jia_jax/comm_calibration.json`):
+
+  * intra-node link (`launch_s`, `alpha_s`, `beta_bytes_per_s`): weighted least squares (relative
+    error, non-negative parameters) of `launch + 2(n-1) alpha + 2(n-1)/n B / beta` on the `plain`
+    rows (one psum of a flat buffer) of 1 x n meshes. Where the rows span one GPU count only,
+    launch and alpha cannot be told apart, and `launch_s` is held at NCCL's published base latency.
+    With four or more buffer sizes in a file, every other size is held out for validation;
+  * compute: every 1x1 row of a bench_step JSON (step time on one device, recorded as is);
+  * inter-node fabrics and reference hardware: published figures (`FABRICS`, `REFERENCE_INTRA`,
+    each with its source), until a multi-node run exists;
+  * `overlap` and `step_overhead_s`: given on the command line with where they were measured
+    (default 0: no overlap measured).
+
+Rows are excluded with a stated reason (`exclusion_reason`): errors and skipped cases, and in
+host-timed all-reduce files (the harness times back-to-back calls from Python) the rows whose time
+is the host's dispatch, not the collective. Refit after new benchmarks with:
+
+  python -m scripts.calibrate_comm docs/benchmarks/*.json
+  python -m scripts.predict_scaling          # re-renders docs/scaling.md and docs/scaling.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import hashlib
+import itertools
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+MIB = 1 << 20
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_OUT = os.path.join(REPO, "jia_jax", "comm_calibration.json")
+# Below this payload a host-timed call is bound by its dispatch: in bench_allreduce_4xH200.json
+# every 1 MiB row takes 0.14-0.47 ms whatever the strategy, against ~0.05 ms the 16/256 MiB rows
+# extrapolate to.
+DISPATCH_BOUND_BYTES = 4 * MIB
+
+_NCCL_TUNING = (
+    "NCCL's tuning model, NVIDIA/nccl src/graph/tuning.cc (commit 01afd20a): per-step latency "
+    "of the ring with the Simple protocol"
+)
+# Published figures; the doc (scripts/predict_scaling.py) renders them with their sources.
+NCCL_BASE_LATENCY_S = 8.4e-6  # baseLat, ring / Simple, same file
+FABRICS: dict[str, dict[str, Any]] = {
+    "ndr400_per_gpu": {
+        "description": "InfiniBand NDR, one 400 Gb/s NIC per GPU (8-GPU H100/H200 servers)",
+        "alpha_s": 9.6e-6,
+        "beta_bytes_per_s": 400e9 / 8,
+        "algorithms": ["ring", "tree"],
+        "source": (
+            "400 Gb/s NDR line rate: NVIDIA MMA4Z00-NS transceiver overview "
+            "(docs.nvidia.com/networking/display/800GMMA4Z00NS/Overview); one NIC per GPU: "
+            "MLCommons inference v3.1, Dell XE9680 H100 system description ('8x 400Gb "
+            f"Infiniband', 8 accelerators per node); latency: {_NCCL_TUNING}, network, 9.6 us"
+        ),
+    },
+    "ndr400_per_node": {
+        "description": "one 400 Gb/s NDR NIC per node of 8 GPUs (a thin network)",
+        "alpha_s": 9.6e-6,
+        "beta_bytes_per_s": 400e9 / 8 / 8,
+        "algorithms": ["ring", "tree"],
+        "source": "as ndr400_per_gpu, with one NIC shared by the 8 GPUs of a node",
+    },
+    "paper_100g_per_node": {
+        "description": (
+            "Jia et al.'s cluster as assumed here: 100 Gb/s per node of 8 GPUs, ring all-reduce "
+            "only (the paper compares with NCCL's flat ring)"
+        ),
+        "alpha_s": 9.6e-6,
+        "beta_bytes_per_s": 100e9 / 8 / 8,
+        "algorithms": ["ring"],
+        "source": (
+            "assumption: a 100 Gb/s network per 8-GPU P40 node; the paper text (arXiv "
+            f"1807.11205, sec. 5) could not be opened in this session to confirm it; {_NCCL_TUNING}"
+        ),
+    },
+}
+REFERENCE_INTRA: dict[str, dict[str, Any]] = {
+    "pcie3_x16": {
+        "description": "PCIe 3.0 x16 between the GPUs of a node (Tesla P40 servers)",
+        "alpha_s": 5.7e-6,
+        "beta_bytes_per_s": 8e9 * 16 * 128 / 130 / 8,
+        "launch_s": NCCL_BASE_LATENCY_S,
+        "source": (
+            "PCIe 3.0: 8 GT/s per lane, 128b/130b encoding (PCI-SIG), x16, one direction; "
+            f"{_NCCL_TUNING}, PCI, 5.7 us; base latency 8.4 us"
+        ),
+    },
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One measured row of a benchmark JSON, with what identifies it."""
+
+    file: str  # path relative to the repository root
+    section: str  # "results", or "variants" (bench_step's XLA-flag re-runs)
+    index: int  # position in that list
+    kind: str  # "allreduce" or "step"
+    data: dict[str, Any]
+    doc_args: dict[str, Any]
+    environment: dict[str, Any]
+
+    @property
+    def row_id(self) -> str:
+        return f"{self.file}#{self.section}[{self.index}]"
+
+    def mesh(self) -> tuple[int, int]:
+        text = self.data["mesh"] if self.kind == "allreduce" else self.data["mesh_shape"]
+        node, gpu = (int(v) for v in text.split("x"))
+        return node, gpu
+
+    def summary(self) -> str:
+        d = self.data
+        if self.kind == "allreduce":
+            bucket = (
+                "" if d.get("bucket_bytes") is None else f" bucket {d['bucket_bytes'] / MIB:g}M"
+            )
+            return f"{d['payload']} {d['dtype']} {d['mesh']} {d['strategy']}{bucket}"
+        bucket = "" if d.get("bucket_mib") is None else f" bucket {d['bucket_mib']:g}M"
+        flags = f" with {d['xla_flags']}" if d.get("xla_flags") else ""
+        return f"{d['model']} {d.get('mesh_shape', d['mesh'])} {d['strategy']}{bucket}{flags}"
+
+
+def relpath(path: str) -> str:
+    return os.path.relpath(os.path.abspath(path), REPO)
+
+
+def load_rows(paths: Sequence[str]) -> list[Row]:
+    """Every result row of the given bench_allreduce / bench_step JSONs (others are rejected)."""
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        results = doc.get("results", [])
+        if results and "payload" in results[0]:
+            kind = "allreduce"
+        elif results and "model" in results[0]:
+            kind = "step"
+        else:
+            raise ValueError(f"{path}: not a bench_allreduce or bench_step JSON (no known rows).")
+        for section in ("results", "variants"):
+            rows.extend(
+                Row(relpath(path), section, i, kind, r, doc.get("args", {}), doc["environment"])
+                for i, r in enumerate(doc.get(section, []))
+            )
+    return rows
+
+
+def host_timed(row: Row) -> bool:
+    """Whether an all-reduce row's `time_s` was timed from the host (calls dispatched from Python).
+
+    The first harness timed back-to-back calls. The current one (`--extra_iterations`) times the
+    reduction repeated inside one program, so `time_s` is device time, and records the host-timed
+    call next to it as `call_time_s`.
+    """
+    return "call_time_s" not in row.data and "extra_iterations" not in row.doc_args
+
+
+def exclusion_reason(row: Row) -> str | None:
+    """Why a row can neither calibrate nor validate the model, or None if it can."""
+    d = row.data
+    if "error" in d or "skipped" in d:
+        return f"not measured ({d.get('error') or d.get('skipped')})"[:120]
+    if row.kind == "allreduce" and host_timed(row):
+        if d.get("leaves", 1) > 1:
+            return (
+                f"host-dispatch bound: {d['leaves']} leaves x "
+                f"{row.environment.get('device_count')} devices passed as separate jit arguments "
+                "and outputs; every strategy takes about the same time, several times one psum "
+                "of the same bytes"
+            )
+        if d["payload_bytes"] < DISPATCH_BOUND_BYTES:
+            return (
+                f"host-dispatch bound: below {DISPATCH_BOUND_BYTES / MIB:g} MiB a host-timed call "
+                "costs its dispatch, whatever the strategy"
+            )
+    return None
+
+
+def calibration_split(rows: Sequence[Row]) -> tuple[list[Row], list[Row]]:
+    """(fit rows, held-out plain rows): `plain` flat-buffer rows on 1 x n meshes, alternate sizes
+    held out where a file has four or more sizes."""
+    plain = [
+        r
+        for r in rows
+        if r.kind == "allreduce"
+        and r.data["strategy"] == "plain"
+        and r.mesh()[0] == 1
+        and exclusion_reason(r) is None
+    ]
+    fit, held = [], []
+    for file in sorted({r.file for r in plain}):
+        mine = [r for r in plain if r.file == file]
+        sizes = sorted({r.data["payload_bytes"] for r in mine})
+        kept = set(sizes[::2]) if len(sizes) >= 4 else set(sizes)
+        fit += [r for r in mine if r.data["payload_bytes"] in kept]
+        held += [r for r in mine if r.data["payload_bytes"] not in kept]
+    return fit, held
+
+
+def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with x >= 0, by trying every subset of free columns (a handful of them)."""
+    best, best_cost = np.zeros(a.shape[1]), float(np.sum(b * b))
+    for k in range(1, a.shape[1] + 1):
+        for cols in itertools.combinations(range(a.shape[1]), k):
+            sol, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+            if np.any(sol < 0):
+                continue
+            x = np.zeros(a.shape[1])
+            x[list(cols)] = sol
+            cost = float(np.sum((a @ x - b) ** 2))
+            if cost < best_cost:
+                best, best_cost = x, cost
+    return best
+
+
+def fit_intra(rows: Sequence[Row]) -> dict[str, Any]:
+    """Fits launch, alpha and 1/beta of `t = launch + steps alpha + volume / beta` (see module)."""
+    if not rows:
+        raise ValueError("No usable `plain` rows on a 1 x n mesh to fit the intra-node link.")
+    n = np.array([r.mesh()[1] for r in rows], float)
+    nbytes = np.array([r.data["payload_bytes"] for r in rows], float)
+    t = np.array([r.data["time_s"] for r in rows], float)
+    steps, volume = 2 * (n - 1), 2 * (n - 1) / n * nbytes
+    launch_fixed = len(set(n)) < 2
+    # Relative errors: divide each equation by its measured time.
+    if launch_fixed:
+        a = np.stack([steps, volume], axis=1) / t[:, None]
+        alpha, inv_beta = _nonnegative_lstsq(a, (t - NCCL_BASE_LATENCY_S) / t)
+        launch = NCCL_BASE_LATENCY_S
+    else:
+        a = np.stack([np.ones_like(t), steps, volume], axis=1) / t[:, None]
+        launch, alpha, inv_beta = _nonnegative_lstsq(a, np.ones_like(t))
+    if inv_beta <= 0:
+        raise ValueError("The fit found no bandwidth term; the rows need at least two sizes.")
+    predicted = launch + steps * alpha + volume * inv_beta
+    return {
+        "launch_s": float(launch),
+        "alpha_s": float(alpha),
+        "beta_bytes_per_s": float(1 / inv_beta),
+        "launch_source": (
+            "held at NCCL's published base latency (tuning model, ring / Simple): the rows span "
+            "one GPU count, where launch and alpha are not separable"
+            if launch_fixed
+            else "fitted"
+        ),
+        "device_kinds": sorted({r.environment.get("device_kind", "?") for r in rows}),
+        "rows": [
+            {
+                "row": r.row_id,
+                "summary": r.summary(),
+                "payload_bytes": r.data["payload_bytes"],
+                "measured_s": r.data["time_s"],
+                "fitted_s": float(p),
+            }
+            for r, p in zip(rows, predicted)
+        ],
+    }
+
+
+def compute_rows(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """The measured one-device step times (bench_step 1x1 rows)."""
+    return [
+        {
+            "row": r.row_id,
+            "device_kind": r.environment.get("device_kind", "?"),
+            "model": r.data["model"],
+            "per_device_batch": r.data["per_device_batch"],
+            "compute_dtype": r.doc_args.get("compute_dtype"),
+            "step_time_s": r.data["step_time_s"],
+        }
+        for r in rows
+        if r.kind == "step" and r.data.get("devices") == 1 and exclusion_reason(r) is None
+    ]
+
+
+def file_digest(path: str) -> str:
+    with open(os.path.join(REPO, path), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+def calibrate(
+    paths: Sequence[str],
+    overlap: float,
+    overlap_source: str,
+    overhead_s: float,
+    overhead_source: str,
+) -> dict[str, Any]:
+    """The calibration document for the given benchmark JSONs."""
+    rows = load_rows(paths)
+    fit_rows, held = calibration_split(rows)
+    return {
+        "format": 1,
+        "intra": fit_intra(fit_rows),
+        "held_out_sizes": [r.row_id for r in held],
+        "excluded": [
+            {"row": r.row_id, "summary": r.summary(), "reason": exclusion_reason(r)}
+            for r in rows
+            if exclusion_reason(r)
+        ],
+        "compute": compute_rows(rows),
+        "files": [{"path": relpath(p), "sha256_16": file_digest(relpath(p))} for p in paths],
+        "fabrics": FABRICS,
+        "default_fabric": "ndr400_per_gpu",
+        "reference_intra": REFERENCE_INTRA,
+        "overlap": {"value": overlap, "source": overlap_source},
+        "step_overhead_s": {"value": overhead_s, "source": overhead_source},
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "jsons", nargs="*", help="benchmark JSONs (default: docs/benchmarks/*.json)"
+    )
+    parser.add_argument("--out", default=DEFAULT_OUT)
+    parser.add_argument(
+        "--overlap",
+        type=float,
+        default=0.0,
+        help="measured fraction of the communication hidden behind backward",
+    )
+    parser.add_argument(
+        "--overlap_source",
+        default="not measured yet: 0 until a profile shows collectives running during backward",
+    )
+    parser.add_argument("--step_overhead_s", type=float, default=0.0)
+    parser.add_argument("--step_overhead_source", default="not fitted (0)")
+    args = parser.parse_args(argv)
+    paths = args.jsons or sorted(glob.glob(os.path.join(REPO, "docs", "benchmarks", "*.json")))
+    doc = calibrate(
+        paths, args.overlap, args.overlap_source, args.step_overhead_s, args.step_overhead_source
+    )
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    intra = doc["intra"]
+    print(
+        f"intra-node: launch {intra['launch_s'] * 1e6:.1f} us, "
+        f"alpha {intra['alpha_s'] * 1e6:.2f} us,"
+        f" beta {intra['beta_bytes_per_s'] / 1e9:.1f} GB/s from {len(intra['rows'])} rows; "
+        f"{len(doc['excluded'])} rows excluded; wrote {relpath(args.out)}"
+    )
+    return doc
+
+
+if __name__ == "__main__":
+    main()

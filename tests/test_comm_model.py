@@ -1,0 +1,354 @@
+"""The communication model: its formulas by hand, its packing against `allreduce.plan_buckets`,
+what `resolve` picks where the answer is known, and the calibration fit.
+
+Every expected time below is written out from the alpha-beta formulas in the comment next to it;
+the model computes the same sums in float64, so they agree to rounding (rel 1e-12).
+"""
+
+import json
+import math
+import types
+
+import jax
+import numpy as np
+import pytest
+
+from jia_jax import allreduce
+from jia_jax import comm_model as cm
+from scripts import calibrate_comm, predict_scaling
+
+MIB = 1 << 20
+US = 1e-6
+GB = 1e9
+TIGHT = {"rel": 1e-12}
+
+
+def model(
+    intra=(2 * US, 100 * GB), inter=(20 * US, 10 * GB), launch=10 * US, algorithms=("ring",), **kw
+):
+    return cm.CommModel(cm.Link(*intra), cm.Link(*inter), launch, tuple(algorithms), **kw)
+
+
+def comm(strategy="auto", bucket=cm.AUTO_BYTES, crossover=cm.AUTO_BYTES, dtype="float32"):
+    return types.SimpleNamespace(
+        strategy=strategy, bucket_bytes=bucket, hybrid_crossover_bytes=crossover, dtype=dtype
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Formulas
+
+
+def test_ring_allreduce_inside_one_node():
+    # n = 4, B = 1e8: 10 us + 2*3 * 2 us + 2*3/4 * 1e8 / 1e11 = 10e-6 + 12e-6 + 1.5e-3.
+    assert cm.allreduce_s(1e8, 1, 4, model()) == pytest.approx(1.522e-3, **TIGHT)
+
+
+def test_ring_allreduce_across_nodes_uses_network_steps_and_the_node_share():
+    # 2 nodes x 4 GPUs, ring: 14 steps, 2 of them on the network; bandwidth min(100, 4 x 10) GB/s.
+    # 10 us + 12 * 2 us + 2 * 20 us + 2*7/8 * 1e8 / 4e10 = 74e-6 + 4.375e-3.
+    assert cm.allreduce_s(1e8, 2, 4, model()) == pytest.approx(74e-6 + 4.375e-3, **TIGHT)
+
+
+def test_tree_allreduce_when_faster_than_the_ring():
+    m = model(inter=(20 * US, 100 * GB), algorithms=("ring", "tree"))
+    # 64 nodes x 8 GPUs, B = 1e6, bandwidth min(100, 800) GB/s = 1e11.
+    # ring: 10 + (1022 - 126) * 2 + 126 * 20 = 4322 us, + 2*511/512 * 1e6 / 1e11 = 19.96 us.
+    ring = 4322 * US + 2 * 511 / 512 * 1e6 / 1e11
+    # tree: 10 + 2 * (7 * 2 + 6 * 20) = 278 us, + 2e6 / 1e11 = 20 us.
+    tree = 278 * US + 20 * US
+    assert cm.allreduce_s(1e6, 64, 8, m) == pytest.approx(min(ring, tree), **TIGHT)
+    assert cm.allreduce_s(1e6, 64, 8, model(inter=(20 * US, 100 * GB))) == pytest.approx(
+        ring, **TIGHT
+    )
+
+
+def test_reduce_scatter_and_hierarchical_by_stage():
+    m = model()
+    # reduce-scatter over 4: 10 + 3 * 2 us + 3/4 * 8e7 / 1e11 = 16e-6 + 6e-4.
+    assert cm.scatter_or_gather_s(8e7, 4, m.intra, m.launch_s) == pytest.approx(616e-6, **TIGHT)
+    # hierarchical on 3 nodes x 4 GPUs, B = 8e7: reduce-scatter + all-gather = 2 * 616 us; the
+    # 4 concurrent all-reduces of 2e7 bytes over 3 nodes, one GPU each (bandwidth 10 GB/s, all 4
+    # steps on the network): 10 + 4 * 20 us + 2*2/3 * 2e7 / 1e10 = 90e-6 + 2.6667e-3.
+    expected = 2 * 616e-6 + 90e-6 + 4 / 3 * 2e7 / 1e10
+    assert cm.hierarchical_s(8e7, 3, 4, m) == pytest.approx(expected, **TIGHT)
+
+
+def test_one_device_axes_cost_nothing():
+    m = model()
+    assert cm.allreduce_s(1e9, 1, 1, m) == 0.0
+    # 1 x n: no all-reduce across nodes, just the two stages inside the node.
+    assert cm.hierarchical_s(8e7, 1, 4, m) == pytest.approx(2 * 616e-6, **TIGHT)
+    # n x 1: no stage inside the node, the all-reduce over nodes is the flat one.
+    assert cm.hierarchical_s(8e7, 4, 1, m) == pytest.approx(cm.allreduce_s(8e7, 4, 1, m), **TIGHT)
+
+
+def test_hierarchical_bucket_pads_to_a_multiple_of_the_gpus():
+    m = model()
+    # 10 fp32 values over 4 GPUs are padded to 12 (48 bytes), as allreduce._hierarchical_sum does.
+    assert cm.bucket_s(10, 4, True, 2, 4, m) == pytest.approx(cm.hierarchical_s(48, 2, 4, m))
+    assert cm.bucket_s(10, 4, False, 2, 4, m) == pytest.approx(cm.allreduce_s(40, 2, 4, m))
+
+
+def test_hybrid_sends_small_buckets_hierarchical():
+    m = model()
+    buckets = [1000, 10**7]  # fp32: 4e3 and 4e7 bytes
+    expected = cm.hierarchical_s(4000, 2, 4, m) + cm.allreduce_s(4e7, 2, 4, m)
+    assert cm.plan_s("hybrid", buckets, 4, 1 * MIB, 2, 4, m) == pytest.approx(expected, **TIGHT)
+
+
+def test_step_time_counts_only_the_exposed_communication():
+    m = model(overlap=0.25, step_overhead_s=1e-3)
+    # 40 ms compute + (1 - 0.25) * 8 ms + 1 ms.
+    assert cm.step_s(0.040, 0.008, m, devices=8) == pytest.approx(0.047, **TIGHT)
+    assert cm.step_s(0.040, 0.008, m, devices=1) == 0.040
+
+
+def test_model_rejects_a_fraction_outside_0_1_and_unknown_algorithms():
+    with pytest.raises(ValueError, match="overlap"):
+        model(overlap=1.5)
+    with pytest.raises(ValueError, match="algorithms"):
+        model(algorithms=("tree",))
+
+
+# ---------------------------------------------------------------------------------------------
+# Packing: the same buckets as the trainer's plan
+
+
+def test_bucket_elements_matches_plan_buckets():
+    rng = np.random.default_rng(0)
+    for case in range(200):
+        n = int(rng.integers(1, 12))
+        shapes = [
+            tuple(int(d) for d in rng.integers(0, 40, size=rng.integers(0, 3))) for _ in range(n)
+        ]
+        tree = {f"p{i}": jax.ShapeDtypeStruct(s, np.float32) for i, s in enumerate(shapes)}
+        wire = ["float32", "bfloat16"][case % 2]
+        bucket_bytes = int(rng.integers(0, 600))
+        order = [int(i) for i in rng.permutation(n)]
+        plan = allreduce.plan_buckets(tree, bucket_bytes, wire, leaf_order=order)
+        leaves = jax.tree.leaves(tree)
+        sizes = [math.prod(leaves[i].shape) for i in order]
+        got = cm.bucket_elements(sizes, bucket_bytes, cm.WIRE_ITEMSIZE[wire])
+        assert got == list(plan.bucket_sizes()), (shapes, bucket_bytes, wire, order)
+
+
+def test_strategy_names_match_the_trainer():
+    assert cm.STRATEGIES == allreduce.STRATEGIES
+
+
+# ---------------------------------------------------------------------------------------------
+# resolve: synthetic calibrations with a known answer
+
+
+def test_one_node_picks_flat_whatever_the_links():
+    # 1 x n: hierarchical is reduce-scatter + all-gather, the same steps and bytes as the ring in
+    # two collectives, so it costs one more launch.
+    for intra in [(1 * US, 1 * GB), (50 * US, 500 * GB)]:
+        plan = cm.resolve(comm(), node=1, gpu=8, leaf_sizes=[10**6] * 5, model=model(intra=intra))
+        assert plan.strategy == "flat"
+
+
+def test_thin_network_on_two_nodes_picks_hierarchical():
+    m = model(intra=(2 * US, 200 * GB), inter=(10 * US, 1 * GB), algorithms=("ring", "tree"))
+    plan = cm.resolve(comm(), node=2, gpu=8, leaf_sizes=[10**7], model=m)
+    # 4e7 bytes. Flat: bandwidth min(200, 8 x 1) GB/s, 2*15/16 * 4e7 / 8e9 = 9.375 ms. Hierarchical
+    # puts 1/8 of the bytes on the network, where 2 nodes move 2*1/2 of it: 5e6 / 1e9 = 5 ms,
+    # plus 2 * 7/8 * 4e7 / 2e11 = 0.35 ms inside.
+    assert plan.strategy == "hierarchical"
+    assert plan.comm_s == pytest.approx(cm.hierarchical_s(4e7, 2, 8, m), **TIGHT)
+    assert plan.comm_s < 5.5e-3
+    assert cm.allreduce_s(4e7, 2, 8, m) > 9e-3
+
+
+def test_slow_ring_steps_inside_nodes_pick_hierarchical_on_a_ring_only_library():
+    # A flat ring over 64 x 8 GPUs makes 2 * 64 * 7 = 896 steps inside nodes, hierarchical 14.
+    m = model(intra=(100 * US, 100 * GB), inter=(5 * US, 100 * GB))
+    plan = cm.resolve(comm(), node=64, gpu=8, leaf_sizes=[1000] * 10, model=m)
+    assert plan.strategy == "hierarchical"
+
+
+def test_fast_network_with_trees_picks_flat():
+    # The tree crosses the network in log2(nodes) steps like hierarchical does, without the two
+    # extra collectives inside the node.
+    m = model(intra=(2 * US, 100 * GB), inter=(5 * US, 100 * GB), algorithms=("ring", "tree"))
+    plan = cm.resolve(comm(), node=64, gpu=8, leaf_sizes=[1000] * 10 + [10**7], model=m)
+    assert plan.strategy == "flat"
+
+
+def test_hybrid_wins_with_small_and_large_buckets():
+    # Ring only, 4 x 8 GPUs, network as fast per node as NVLink per GPU. Small buckets: the ring's
+    # 2*4*7 = 56 steps inside nodes cost more than hierarchical's 14 plus two launches; large
+    # buckets: hierarchical moves 2*7/8 + 2*3/4 = 3.25 B over links against the ring's 2*31/32 B.
+    m = model(intra=(5 * US, 100 * GB), inter=(5 * US, 12.5 * GB))
+    sizes = [2500] * 4 + [2.5e7]  # fp32 10 KB leaves, one 100 MB leaf
+    plan = cm.resolve(comm(bucket=0), node=4, gpu=8, leaf_sizes=sizes, model=m)
+    small_h, small_f = cm.bucket_s(2500, 4, True, 4, 8, m), cm.bucket_s(2500, 4, False, 4, 8, m)
+    large_h, large_f = cm.bucket_s(2.5e7, 4, True, 4, 8, m), cm.bucket_s(2.5e7, 4, False, 4, 8, m)
+    assert small_h < small_f and large_f < large_h
+    assert plan.strategy == "hybrid"
+    assert 1e4 < plan.hybrid_crossover_bytes <= 1e8
+    assert plan.comm_s == pytest.approx(4 * small_h + large_f, **TIGHT)
+
+
+def test_without_latency_bucket_size_does_not_matter():
+    m = model(intra=(0.0, 100 * GB), inter=(0.0, 100 * GB), launch=0.0)
+    sizes = [3 * MIB // 4] * 40
+    times = {
+        b: cm.plan_s("flat", cm.bucket_elements(sizes, b, 4), 4, 0, 2, 8, m) for b in cm.BUCKET_GRID
+    }
+    assert max(times.values()) == pytest.approx(min(times.values()), rel=1e-12)
+    # Ties go to the smallest bucket.
+    assert cm.resolve(comm("flat"), node=2, gpu=8, leaf_sizes=sizes, model=m).bucket_bytes == MIB
+
+
+def test_with_latency_and_no_overlap_one_bucket_wins():
+    sizes = [3 * MIB // 4] * 40  # 120 MiB of fp32
+    plan = cm.resolve(comm("flat"), node=2, gpu=8, leaf_sizes=sizes, model=model())
+    assert plan.buckets == 1 and plan.bucket_bytes == 128 * MIB
+
+
+def test_explicit_values_win():
+    m = model(intra=(2 * US, 100 * GB), inter=(5 * US, 100 * GB))
+    plan = cm.resolve(
+        comm("hierarchical", bucket=4 * MIB, crossover=2 * MIB),
+        node=2,
+        gpu=4,
+        leaf_sizes=[MIB // 4] * 40,
+        model=m,
+    )
+    assert (plan.strategy, plan.bucket_bytes, plan.hybrid_crossover_bytes) == (
+        "hierarchical",
+        4 * MIB,
+        2 * MIB,
+    )
+    assert plan.buckets == 10
+    expected = 10 * cm.hierarchical_s(4 * MIB, 2, 4, m)
+    assert plan.comm_s == pytest.approx(expected, **TIGHT)
+
+
+def test_a_marginally_faster_complex_strategy_is_not_taken():
+    # One host as 2 x 2 with launch < alpha: hierarchical's 3 launches + 4 steps beat the ring's
+    # 1 launch + 6 steps by 2 (alpha - launch) = 2 us of ~1 ms, under SIMPLER_MARGIN.
+    m = model(intra=(5 * US, 100 * GB), launch=4 * US).single_host()
+    assert cm.hierarchical_s(8e7, 2, 2, m) < cm.allreduce_s(8e7, 2, 2, m)
+    assert cm.resolve(comm(), node=2, gpu=2, leaf_sizes=[2 * 10**7], model=m).strategy == "flat"
+
+
+def test_one_device_has_nothing_to_reduce():
+    plan = cm.resolve(comm(), node=1, gpu=1, leaf_sizes=[10**6], compute_s=0.04, model=model())
+    assert (plan.strategy, plan.comm_s, plan.step_s) == ("xla", 0.0, 0.04)
+    assert plan.bucket_bytes > 0 and plan.hybrid_crossover_bytes >= 0  # valid config values
+
+
+def test_xla_strategy_is_not_planned_and_bad_dtype_is_rejected():
+    plan = cm.resolve(comm("xla"), node=2, gpu=4, leaf_sizes=[10**6], model=model())
+    assert plan.strategy == "xla" and plan.comm_s is None and plan.bucket_bytes > 0
+    with pytest.raises(ValueError, match="comm.dtype"):
+        cm.resolve(comm(dtype="int8"), node=2, gpu=4, leaf_sizes=[1], model=model())
+
+
+def test_step_time_and_summary_of_a_plan():
+    plan = cm.resolve(comm(), node=2, gpu=8, leaf_sizes=[10**6], compute_s=0.05, model=model())
+    assert plan.step_s == pytest.approx(0.05 + plan.comm_s, **TIGHT)
+    assert plan.strategy in plan.summary() and "1 buckets" in plan.summary()
+
+
+# ---------------------------------------------------------------------------------------------
+# The packaged calibration and the fit
+
+
+def test_packaged_calibration_loads_and_single_host_uses_nvlink_for_both_levels():
+    m = cm.load_model()
+    assert m.intra.beta_bytes_per_s > 0 and m.launch_s > 0 and 0.0 <= m.overlap <= 1.0
+    one = cm.load_model(single_host=True)
+    assert one.inter == one.intra == m.intra
+    with pytest.raises(ValueError, match="fabric"):
+        cm.load_model(fabric="carrier pigeon")
+
+
+def _allreduce_doc(rows, device_timed=False):
+    # The device-timing harness records its `--extra_iterations`.
+    args = {"hybrid_crossover_mib": 4.0, **({"extra_iterations": 8} if device_timed else {})}
+    env = {"device_kind": "test GPU", "device_count": 4}
+    return {"environment": env, "args": args, "results": rows}
+
+
+def _plain(n, nbytes, t, leaves=1):
+    return {
+        "dtype": "float32",
+        "mesh": f"1x{n}",
+        "payload": "flat",
+        "payload_bytes": nbytes,
+        "leaves": leaves,
+        "strategy": "plain",
+        "bucket_bytes": None,
+        "time_s": t,
+    }
+
+
+def test_fit_recovers_known_link_parameters(tmp_path):
+    launch, alpha, beta = 12 * US, 3 * US, 150 * GB
+
+    def t(n, b):
+        return launch + 2 * (n - 1) * alpha + 2 * (n - 1) / n * b / beta
+
+    sizes = [4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
+    rows = [_plain(n, b, t(n, b)) for n in (2, 4) for b in sizes]
+    path = tmp_path / "bench_allreduce_2and4.json"
+    path.write_text(json.dumps(_allreduce_doc(rows, device_timed=True)))
+    cal = calibrate_comm.calibrate([str(path)], 0.0, "none", 0.0, "none")
+    # Exact data, three unknowns, eight equations (alternate sizes held out: four fitted).
+    intra = cal["intra"]
+    assert intra["launch_s"] == pytest.approx(launch, rel=1e-6)
+    assert intra["alpha_s"] == pytest.approx(alpha, rel=1e-6)
+    assert intra["beta_bytes_per_s"] == pytest.approx(beta, rel=1e-6)
+    assert intra["launch_source"] == "fitted"
+    assert len(intra["rows"]) == 4 and len(cal["held_out_sizes"]) == 4
+
+
+def test_fit_on_one_gpu_count_holds_launch_and_excludes_dispatch_bound_rows(tmp_path):
+    alpha, beta = 4 * US, 200 * GB
+    launch = calibrate_comm.NCCL_BASE_LATENCY_S
+
+    def t(b):
+        return launch + 6 * alpha + 1.5 * b / beta
+
+    rows = [_plain(4, b, t(b)) for b in (16 * MIB, 256 * MIB)]
+    rows += [_plain(4, MIB, 1.5e-4), _plain(4, 100 * MIB, 4e-3, leaves=161)]
+    path = tmp_path / "host_timed.json"
+    path.write_text(json.dumps(_allreduce_doc(rows)))
+    cal = calibrate_comm.calibrate([str(path)], 0.0, "none", 0.0, "none")
+    assert cal["intra"]["launch_s"] == launch and cal["intra"]["launch_source"] != "fitted"
+    assert cal["intra"]["alpha_s"] == pytest.approx(alpha, rel=1e-6)
+    assert cal["intra"]["beta_bytes_per_s"] == pytest.approx(beta, rel=1e-6)
+    reasons = {e["row"].split("#")[1]: e["reason"] for e in cal["excluded"]}
+    assert set(reasons) == {"results[2]", "results[3]"}
+    assert all(r.startswith("host-dispatch bound") for r in reasons.values())
+    # The same rows timed on the device are sound.
+    path.write_text(json.dumps(_allreduce_doc(rows, device_timed=True)))
+    assert calibrate_comm.calibrate([str(path)], 0.0, "", 0.0, "")["excluded"] == []
+
+
+def test_predicted_allreduce_row_and_compact_row_ids():
+    m = model()
+    row = calibrate_comm.Row(
+        "x.json",
+        "results",
+        0,
+        "allreduce",
+        {**_plain(4, 64 * MIB, 1.0), "mesh": "2x2", "strategy": "hybrid", "bucket_bytes": 64 * MIB},
+        {"hybrid_crossover_mib": 128.0},
+        {},
+    )
+    # One bucket of 64 MiB, below the 128 MiB crossover: hierarchical.
+    assert predict_scaling.predict_allreduce(row, m) == pytest.approx(
+        cm.hierarchical_s(64 * MIB, 2, 2, m), **TIGHT
+    )
+    ids = [
+        "d/a.json#results[0]",
+        "d/a.json#results[1]",
+        "d/a.json#results[3]",
+        "d/b.json#variants[2]",
+    ]
+    assert predict_scaling.compact_ids(ids) == "`a.json` results[0–1, 3]; `b.json` variants[2]"

@@ -189,7 +189,12 @@ def exclusion_reason(row: Row) -> str | None:
 
 def calibration_split(rows: Sequence[Row]) -> tuple[list[Row], list[Row]]:
     """(fit rows, held-out plain rows): `plain` flat-buffer rows on 1 x n meshes, alternate sizes
-    held out where a file has four or more sizes."""
+    held out where a file has four or more sizes.
+
+    Device-timed rows, where there are any, are the only ones fitted: a host-timed time carries
+    part of the host's dispatch, which would inflate the fitted latency; the host-timed plain rows
+    are then validated like the others.
+    """
     plain = [
         r
         for r in rows
@@ -198,13 +203,15 @@ def calibration_split(rows: Sequence[Row]) -> tuple[list[Row], list[Row]]:
         and r.mesh()[0] == 1
         and exclusion_reason(r) is None
     ]
-    fit, held = [], []
-    for file in sorted({r.file for r in plain}):
-        mine = [r for r in plain if r.file == file]
+    device = [r for r in plain if not host_timed(r)]
+    candidates = device or plain
+    fit = []
+    for file in sorted({r.file for r in candidates}):
+        mine = [r for r in candidates if r.file == file]
         sizes = sorted({r.data["payload_bytes"] for r in mine})
         kept = set(sizes[::2]) if len(sizes) >= 4 else set(sizes)
         fit += [r for r in mine if r.data["payload_bytes"] in kept]
-        held += [r for r in mine if r.data["payload_bytes"] not in kept]
+    held = [r for r in plain if r not in fit]
     return fit, held
 
 
@@ -262,6 +269,7 @@ def fit_intra(rows: Sequence[Row]) -> dict[str, Any]:
                 "payload_bytes": r.data["payload_bytes"],
                 "measured_s": r.data["time_s"],
                 "fitted_s": float(p),
+                "host_timed": host_timed(r),
             }
             for r, p in zip(rows, predicted)
         ],
@@ -302,7 +310,7 @@ def calibrate(
     return {
         "format": 1,
         "intra": fit_intra(fit_rows),
-        "held_out_sizes": [r.row_id for r in held],
+        "held_out_plain": [r.row_id for r in held],
         "excluded": [
             {"row": r.row_id, "summary": r.summary(), "reason": exclusion_reason(r)}
             for r in rows

@@ -166,6 +166,10 @@ def validation(rows: Sequence[cc.Row], cal: dict[str, Any]) -> tuple[list[dict],
             if not base:
                 skipped.append({"row": row, "reason": "no 1x1 row of the same run for compute"})
                 continue
+            if row.data["strategy"] not in ("xla", *cm.STRATEGIES):
+                reason = f"strategy {row.data['strategy']!r} with no resolved plan in the row"
+                skipped.append({"row": row, "reason": reason})
+                continue
             comm = predict_step_comm(row, model)
             entry.update(
                 measured_s=row.data["step_time_s"],
@@ -491,13 +495,13 @@ host the node axis is NVLink, so 2x2 meshes use the intra-node link for both lev
 {stats["step"] * 100:.1f}%, the communication part of the step rows alone
 {stats["step_comm"] * 100:.0f}%.
 
-{validation_notes(entries, rows)}{skipped_text}
+{validation_notes(entries, rows, any(r["host_timed"] for r in cal["intra"]["rows"]))}{skipped_text}
 """,
         stats,
     )
 
 
-def validation_notes(entries: list[dict], rows: Sequence[cc.Row]) -> str:
+def validation_notes(entries: list[dict], rows: Sequence[cc.Row], host_timed_fit: bool) -> str:
     """Where the errors come from, with the numbers read off the rows."""
     worst = sorted(entries, key=lambda e: -abs(e["error"]))[:3]
     worst_text = "; ".join(f"{e['row'].summary()} ({pct(e['error'])})" for e in worst)
@@ -515,7 +519,7 @@ def validation_notes(entries: list[dict], rows: Sequence[cc.Row]) -> str:
         key = (e["row"].file, d.get("payload"), d.get("dtype"), d.get("mesh"))
         if d.get("strategy") == "xla" and key in plain and d["time_s"] > 1.5 * plain[key]:
             slow_xla.append(f"{e['row'].summary()} ({d['time_s'] / plain[key]:.1f}x)")
-    bucket_text = bucket_latency_note(entries)
+    bucket_text = bucket_latency_note(entries, host_timed_fit)
     return (
         "Where the errors come from. The step rows are close because compute dominates them; "
         f"their communication part alone is the difference of two noisy medians ({base_text}). "
@@ -535,7 +539,7 @@ def validation_notes(entries: list[dict], rows: Sequence[cc.Row]) -> str:
     )
 
 
-def bucket_latency_note(entries: list[dict]) -> str:
+def bucket_latency_note(entries: list[dict], host_timed_fit: bool) -> str:
     """Measured vs predicted step difference between the smallest and largest bucket size of the
     same strategy, model and mesh in one run: what each extra collective really costs."""
     groups: dict[tuple, list[dict]] = {}
@@ -561,13 +565,18 @@ def bucket_latency_note(entries: list[dict]) -> str:
         )
     if not notes:
         return ""
-    verdict = (
-        " The fitted fixed cost per collective (launch + alpha) comes from host-timed rows and "
-        "carries part of the host's dispatch, so it overcharges small buckets inside one compiled "
-        "step: "
-        if all(overcharged)
-        else " Small against large buckets in the same run: "
-    )
+    if all(overcharged):
+        cause = (
+            " (it comes from host-timed rows, which carry part of the host's dispatch)"
+            if host_timed_fit
+            else ""
+        )
+        verdict = (
+            " The fitted fixed cost per collective (launch + alpha) overcharges small buckets "
+            f"inside one compiled step{cause}: "
+        )
+    else:
+        verdict = " Small against large buckets in the same run: "
     return verdict + "; ".join(notes) + "."
 
 

@@ -304,7 +304,7 @@ def test_fit_recovers_known_link_parameters(tmp_path):
     assert intra["alpha_s"] == pytest.approx(alpha, rel=1e-6)
     assert intra["beta_bytes_per_s"] == pytest.approx(beta, rel=1e-6)
     assert intra["launch_source"] == "fitted"
-    assert len(intra["rows"]) == 4 and len(cal["held_out_sizes"]) == 4
+    assert len(intra["rows"]) == 4 and len(cal["held_out_plain"]) == 4
 
 
 def test_fit_on_one_gpu_count_holds_launch_and_excludes_dispatch_bound_rows(tmp_path):
@@ -328,6 +328,29 @@ def test_fit_on_one_gpu_count_holds_launch_and_excludes_dispatch_bound_rows(tmp_
     # The same rows timed on the device are sound.
     path.write_text(json.dumps(_allreduce_doc(rows, device_timed=True)))
     assert calibrate_comm.calibrate([str(path)], 0.0, "", 0.0, "")["excluded"] == []
+
+
+def test_device_timed_rows_are_fitted_alone(tmp_path):
+    alpha, beta = 4 * US, 200 * GB
+    launch = calibrate_comm.NCCL_BASE_LATENCY_S
+
+    def t(n, b):
+        return launch + 2 * (n - 1) * alpha + 2 * (n - 1) / n * b / beta
+
+    sizes = (16 * MIB, 256 * MIB)
+    # Host-timed 4-GPU rows 50 us slow (dispatch); exact device-timed 2-GPU rows.
+    host = tmp_path / "host.json"
+    host.write_text(json.dumps(_allreduce_doc([_plain(4, b, t(4, b) + 5e-5) for b in sizes])))
+    device = tmp_path / "device.json"
+    rows = [{**_plain(2, b, t(2, b)), "call_time_s": 1.0} for b in sizes]
+    device.write_text(json.dumps(_allreduce_doc(rows)))
+    cal = calibrate_comm.calibrate([str(host), str(device)], 0.0, "", 0.0, "")
+    assert {r["row"].split("#")[0] for r in cal["intra"]["rows"]} == {
+        calibrate_comm.relpath(device)
+    }
+    assert cal["intra"]["alpha_s"] == pytest.approx(alpha, rel=1e-6)
+    assert cal["intra"]["beta_bytes_per_s"] == pytest.approx(beta, rel=1e-6)
+    assert len(cal["held_out_plain"]) == 2  # the host-timed rows, now validated
 
 
 def test_predicted_allreduce_row_and_compact_row_ids():

@@ -128,8 +128,11 @@ def pack(tree: Any, plan: BucketPlan) -> list[jax.Array]:
     ]
 
 
-def unpack(buckets: list[jax.Array], plan: BucketPlan) -> Any:
-    """Inverse of `pack`: rebuilds the tree with the original shapes and dtypes."""
+def unpack(buckets: list[jax.Array], plan: BucketPlan, scale: float | None = None) -> Any:
+    """Inverse of `pack`: rebuilds the tree with the original shapes and dtypes.
+
+    With `scale`, each leaf is multiplied by it in fp32 before the cast back to its dtype.
+    """
     if len(buckets) != len(plan.buckets):
         raise ValueError(f"Expected {len(plan.buckets)} buckets, got {len(buckets)}.")
     # Zero-size leaves are in no bucket; every other entry is filled below.
@@ -140,6 +143,8 @@ def unpack(buckets: list[jax.Array], plan: BucketPlan) -> Any:
     for flat, segments in zip(buckets, plan.buckets):
         for s in segments:
             piece = jax.lax.slice_in_dim(flat, s.offset, s.offset + s.size)
+            if scale is not None:
+                piece = piece.astype(jnp.float32) * scale
             leaves[s.leaf] = piece.reshape(plan.shapes[s.leaf]).astype(plan.dtypes[s.leaf])
     return plan.treedef.unflatten(leaves)
 
@@ -152,6 +157,11 @@ def _hierarchical_sum(x: jax.Array, node_axis: str, gpu_axis: str) -> jax.Array:
     # Reduce-scatter inside the node, all-reduce of 1/gpus of the bytes across nodes, all-gather
     # inside the node: Horovod's form of the paper's reduce -> all-reduce -> broadcast.
     gpus = jax.lax.axis_size(gpu_axis)
+    if gpus == 1 or jax.lax.axis_size(node_axis) == 1:
+        # One level has a single member: the three stages move the same bytes as one all-reduce
+        # over the other level, which NCCL runs as one kernel instead of three (measured in
+        # docs/benchmarks.md: two launches and a dependency fewer per bucket).
+        return jax.lax.psum(x, node_axis if gpus == 1 else gpu_axis)
     pad = -x.shape[0] % gpus  # Reduce-scatter needs equal shards.
     padded = jnp.pad(x, (0, pad)) if pad else x
     shard = jax.lax.psum_scatter(padded, gpu_axis, scatter_dimension=0, tiled=True)
@@ -207,12 +217,13 @@ def reduce_gradients(
 
     plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order)
     devices = jax.lax.axis_size((node_axis, gpu_axis))
-    # Divide in fp32 before the cast to the wire dtype, so the sum on the wire is bounded by the
-    # largest per-device gradient: with fp16 and a loss scale, summing first can overflow to inf
-    # (a false overflow that skips the step) once many devices add up. Pre-dividing can only
-    # underflow tiny entries, which loss scaling keeps rare and which cost far less than an inf.
-    scaled = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32) / devices, grads)
-    buckets = pack(scaled, plan)
+    if divide_before_sum(plan.wire_dtype):
+        # fp16's range is small: divide in fp32 before the cast, so the sum on the wire is bounded
+        # by the largest per-device gradient; with a loss scale, summing first can overflow to inf
+        # (a false overflow that skips the step) once many devices add up. Pre-dividing can only
+        # underflow tiny entries, which loss scaling keeps rare and which cost far less than an inf.
+        grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32) / devices, grads)
+    buckets = pack(grads, plan)
 
     reduced = []
     for flat, nbytes in zip(buckets, plan.bucket_nbytes()):
@@ -224,5 +235,13 @@ def reduce_gradients(
         reduce = _hierarchical_sum if hierarchical else _flat_sum
         reduced.append(reduce(flat, node_axis, gpu_axis))
 
-    # The plan was made from `grads`, so `unpack` restores each leaf's own dtype, not `scaled`'s fp32.
-    return unpack(reduced, plan)
+    # The plan was made from `grads`' own dtypes, so `unpack` restores them. fp32 and bf16 share
+    # fp32's exponent range, so their sums cannot overflow where the gradients did not: they are
+    # divided here, where the division fuses into the slices' consumers (no pass of its own).
+    scale = None if divide_before_sum(plan.wire_dtype) else 1.0 / devices
+    return unpack(reduced, plan, scale=scale)
+
+
+def divide_before_sum(wire_dtype: Any) -> bool:
+    """Whether a mean in `wire_dtype` must divide each addend first (fp16's range) or may sum."""
+    return jnp.finfo(jnp.dtype(wire_dtype)).maxexp < jnp.finfo(jnp.float32).maxexp

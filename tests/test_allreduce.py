@@ -370,3 +370,72 @@ def test_plan_follows_the_given_leaf_order_and_rejects_a_bad_one():
     assert [b[0].leaf for b in plan.buckets] == [1, 2, 0]
     with pytest.raises(ValueError, match="permutation"):
         allreduce.plan_buckets(tree, bucket_bytes=0, wire_dtype="float32", leaf_order=[0, 0, 1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Degenerate meshes and where the division happens
+
+
+@pytest.mark.parametrize("shape", [(1, 8), (8, 1)])
+@pytest.mark.parametrize("strategy", ["hierarchical", "hybrid"])
+def test_one_level_meshes_reduce_each_bucket_with_one_all_reduce(shape, strategy):
+    # With a single node (or a single GPU per node) reduce-scatter -> all-reduce -> all-gather
+    # moves the bytes of one all-reduce in three launches; the strategy must issue just that one.
+    mesh = Mesh(np.array(jax.devices()).reshape(shape), ("node", "gpu"))
+    wire = "float32"
+    plan = allreduce.plan_buckets(_abstract_grads(), BUCKET_BYTES, wire)
+
+    def per_device(g):
+        return allreduce.reduce_gradients(
+            g,
+            strategy=strategy,
+            bucket_bytes=BUCKET_BYTES,
+            wire_dtype=wire,
+            hybrid_crossover_bytes=CROSSOVER_BYTES,
+        )
+
+    fn = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P()))
+    pre = _collectives(fn.lower(_abstract_grads()).as_text(dialect="hlo"))
+    assert Counter(op for op, _, _, _ in pre) == Counter({"all-reduce": len(plan.buckets)})
+    assert all(groups == ALL_DEVICES for _, groups, _, _ in pre), pre
+
+    grads = per_device_grads()
+    stacked = jax.jit(
+        jax.shard_map(
+            lambda s: jax.tree.map(lambda x: x[None], per_device(jax.tree.map(lambda x: x[0], s))),
+            mesh=mesh,
+            in_specs=BATCH,
+            out_specs=BATCH,
+        )
+    )(grads)
+    for out, inp in zip(jax.tree.leaves(stacked), jax.tree.leaves(grads)):
+        ref = np.asarray(inp, np.float64).mean(axis=0)
+        # 7 additions of same-sign terms in fp32, the division by 8 exact, one cast to the leaf
+        # dtype: relative error <= 7 u_f32 + u_leaf.
+        rtol = 7 * UNIT_ROUNDOFF[F32] + UNIT_ROUNDOFF[np.dtype(inp.dtype)]
+        np.testing.assert_allclose(np.asarray(out[0], np.float64), ref, rtol=rtol, atol=0)
+
+
+@pytest.mark.parametrize("wire", WIRE_DTYPES)
+def test_the_mean_of_large_fp16_gradients_does_not_overflow(mesh, wire):
+    # 8 devices x 40,960 sums to 327,680 > fp16's 65,504: an fp16 wire must divide first; fp32 and
+    # bf16 wires sum (their range is fp32's) and divide after. Either way the mean is 40,960.
+    grads = {"w": np.full((8, 16), 40960.0, np.float16)}
+
+    def per_device(stacked):
+        mean = allreduce.reduce_gradients(
+            {"w": stacked["w"][0]},
+            strategy="flat",
+            bucket_bytes=BUCKET_BYTES,
+            wire_dtype=wire,
+            hybrid_crossover_bytes=CROSSOVER_BYTES,
+        )
+        return {"w": mean["w"][None]}
+
+    out = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=BATCH, out_specs=BATCH))(grads)
+    assert allreduce.divide_before_sum(wire) == (wire == "float16")
+    # Every value on the way is exact in every wire dtype: 40,960 = 5 * 2^13, the partial sums
+    # k * 40,960 (k <= 8) need at most 6 significant bits, the pre-divided 5,120 and its partial
+    # sums are multiples of 1,024 below 65,504. So the mean must be exact, and an inf (a sum that
+    # overflowed) or a halved value (a contribution lost) is caught.
+    np.testing.assert_array_equal(np.asarray(out["w"], np.float64), 40960.0)

@@ -1,0 +1,219 @@
+r"""Where the time of the trainer's step goes: a `jax.profiler` trace, summarised, and a picture.
+
+For each `--cases` entry (`model:mesh:strategy:per_device_batch[:wire dtype]`, e.g.
+`resnet50:1x2:hierarchical:64`) this builds the trainer's own step (as `scripts/bench_step` does),
+compiles it, times it synced and queued, traces `--trace_steps` queued steps and reports per GPU:
+busy time by kernel kind, collective time overlapped with compute or exposed, idle time (the
+device waiting for the host), kernels per step, the top kernels, and where the compiled
+schedule places each collective's start and done among the compute instructions. With
+`--png`, the first case's timeline (one step, every GPU, one lane per stream) is drawn.
+
+  python -m scripts.profile_step --cases=resnet50:1x1:xla:64,resnet50:1x2:hierarchical:64 \
+      --out=/tmp/profile.json --png=/tmp/profile.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from jia_jax import profile_trace, train
+from scripts import bench_allreduce, bench_step
+
+# `%name = <shape> all-reduce-start(` (op name right before its parenthesis, never an operand).
+_ASYNC = re.compile(r"^\s*(?:ROOT )?%?(\S+) = .*?\b(all-reduce|reduce-scatter|all-gather)-(start|done)\(")
+_ASYNC_WRAPPED = re.compile(
+    r"^\s*(?:ROOT )?%?(\S+) = .*?\basync-(start|done)\(.*?(reduce-scatter|all-gather|all-reduce)"
+)
+_COMPUTE = re.compile(r"^\s*(?:ROOT )?%?\S+ = .*?\b(fusion|custom-call|convolution)\(")
+
+
+def collective_schedule(hlo_text: str) -> list[dict[str, Any]]:
+    """Each async collective in the entry computation's schedule, and the compute between.
+
+    The optimized HLO lists the entry computation's instructions in execution order; a
+    collective overlaps compute only if fusions / custom calls (cuDNN convolutions, GEMMs) are
+    scheduled between its start and its done.
+    """
+    entry = hlo_text[hlo_text.find("\nENTRY") :]
+    entry = entry[: entry.find("\n}\n")]
+    starts: dict[str, int] = {}
+    out, compute_seen = [], 0
+    for line in entry.splitlines():
+        if _COMPUTE.match(line):
+            compute_seen += 1
+            continue
+        m = _ASYNC.match(line)
+        if m:
+            name, op, phase = m.group(1), m.group(2), m.group(3)
+        else:
+            w = _ASYNC_WRAPPED.match(line)
+            if not w:
+                continue
+            name, phase, op = w.group(1), w.group(2), w.group(3)
+        if phase == "start":
+            starts[name] = compute_seen
+        else:
+            operands = re.findall(r"%([\w.\-]+)", line[line.find("done(") :])
+            begun = starts.get(operands[0] if operands else "", compute_seen)
+            out.append(
+                {"op": op, "start_after_compute": begun, "compute_overlapped": compute_seen - begun}
+            )
+    return out
+
+
+def parse_case(text: str) -> dict[str, Any]:
+    """`model:mesh:strategy:batch[:wire[:bucket MiB]]` -> its fields."""
+    parts = text.split(":")
+    if len(parts) not in (4, 5, 6):
+        raise ValueError(
+            f"case {text!r} is not model:mesh:strategy:per_device_batch[:wire[:bucket_mib]]"
+        )
+    model, mesh, strategy, batch = parts[:4]
+    return {
+        "model": model,
+        "mesh": mesh,
+        "strategy": strategy,
+        "per_device_batch": int(batch),
+        "wire": parts[4] if len(parts) >= 5 and parts[4] else None,
+        "bucket_mib": float(parts[5]) if len(parts) == 6 else None,
+    }
+
+
+def time_step(compiled, state, batch, steps: int, queued: bool) -> tuple[Any, float]:
+    """Median step time: synced (wait every step) or queued (one step in flight ahead)."""
+    samples = []
+    if queued:
+        jax.block_until_ready(state)
+        start = time.perf_counter()
+        prev = None
+        for _ in range(steps):
+            state, metrics = compiled(state, batch)
+            if prev is not None:
+                jax.block_until_ready(prev)  # as the loop does: fetch step t-1 after t is queued
+            prev = metrics
+        jax.block_until_ready(state)
+        return state, (time.perf_counter() - start) / steps
+    for _ in range(steps):
+        start = time.perf_counter()
+        state, metrics = compiled(state, batch)
+        jax.block_until_ready(state)
+        samples.append(time.perf_counter() - start)
+    return state, statistics.median(samples)
+
+
+def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Compiles, times and traces one case; returns its row with per-device summaries."""
+    devices = jax.devices()
+    node, gpu = (int(v) for v in case["mesh"].split("x"))
+    bench_args = argparse.Namespace(
+        model_width=args.model_width,
+        small_inputs=args.small_inputs,
+        image_size=args.image_size,
+        per_device_batch=case["per_device_batch"],
+        compute_dtype="bfloat16",
+        comm_dtype=case["wire"],
+        hybrid_crossover_mib=None,
+    )
+    bcase = bench_step.Case(
+        case["model"], "1x1", case["strategy"], case["bucket_mib"] or args.bucket_mib
+    )
+    config = bench_step.make_config(bcase, bench_args, node, gpu)
+    setup = bench_step.build_setup(config, devices)
+    state = setup["init"]()
+    step = train.make_train_step(setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"])
+    start = time.perf_counter()
+    compiled = step.lower(state, setup["batch"]).compile()
+    row: dict[str, Any] = {**case, "compile_s": time.perf_counter() - start}
+    row["schedule"] = collective_schedule(compiled.as_text())
+    batch = setup["batch"]
+    for _ in range(3):
+        state, _ = compiled(state, batch)
+    state, row["synced_step_s"] = time_step(compiled, state, batch, args.steps, queued=False)
+    state, row["queued_step_s"] = time_step(compiled, state, batch, args.steps, queued=True)
+    log_dir = tempfile.mkdtemp(prefix="jia_jax_trace_")
+    jax.block_until_ready(state)
+    with jax.profiler.trace(log_dir):
+        state, _ = time_step(compiled, state, batch, args.trace_steps, queued=True)
+    kernels = profile_trace.load_kernels(log_dir)
+    row["devices"] = {
+        dev: {
+            **profile_trace.summarize(ks, args.trace_steps),
+            "top": profile_trace.top_kernels(ks, args.trace_steps),
+        }
+        for dev, ks in kernels.items()
+    }
+    row["trace_dir"] = log_dir
+    row["kernels"] = {
+        dev: [(k.name[:80], k.start_us, k.end_us, k.stream, k.kind) for k in ks]
+        for dev, ks in kernels.items()
+    }
+    return row
+
+
+def format_rows(rows: Sequence[dict[str, Any]]) -> str:
+    """One line per case and device: the step's time split."""
+    lines = [
+        f"{'case':<36}{'dev':>4}{'sync ms':>9}{'queue ms':>9}{'span':>8}{'idle':>7}{'conv':>7}"
+        f"{'fusion':>8}{'cat/sl':>7}{'coll':>7}{'exposed':>8}{'kern':>6}"
+    ]
+    for r in rows:
+        name = ":".join(
+            str(r[k] or "") for k in ("model", "mesh", "strategy", "per_device_batch", "wire")
+        ) + (f":{r['bucket_mib']:g}" if r.get("bucket_mib") else "")
+        if "error" in r:
+            lines.append(f"{name:<36} {r['error'][:150]}")
+            continue
+        for dev, d in sorted(r["devices"].items()):
+            lines.append(
+                f"{name:<36}{dev[-1]:>4}{r['synced_step_s'] * 1e3:>9.2f}"
+                f"{r['queued_step_s'] * 1e3:>9.2f}{d['span_us'] / 1e3:>8.2f}{d['idle_us'] / 1e3:>7.2f}"
+                f"{d['busy_conv/gemm_us'] / 1e3:>7.2f}{d['busy_fusion_us'] / 1e3:>8.2f}"
+                f"{d['busy_concat/slice_us'] / 1e3:>7.2f}{d['busy_collective_us'] / 1e3:>7.2f}"
+                f"{d['collective_exposed_us'] / 1e3:>8.2f}{d['kernels_per_step']:>6.0f}"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", required=True, help="comma-separated model:mesh:strategy:batch[:wire]")
+    parser.add_argument("--bucket_mib", type=float, default=16.0)
+    parser.add_argument("--image_size", type=int, default=224)
+    parser.add_argument("--model_width", type=int, default=None, help="tiny models for CPU runs")
+    parser.add_argument("--small_inputs", action="store_true")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--trace_steps", type=int, default=5)
+    parser.add_argument("--out", default="profile_step.json")
+    args = parser.parse_args(argv)
+    doc: dict[str, Any] = {"environment": bench_allreduce.environment(), "args": vars(args)}
+    rows: list[dict[str, Any]] = []
+    all_kernels: dict[str, Any] = {}
+    for text in args.cases.split(","):
+        case = parse_case(text)
+        try:
+            rows.append(profile_case(case, args))
+        except Exception as e:  # pylint: disable=broad-except
+            rows.append({**case, "error": f"{type(e).__name__}: {e}"[:2000]})
+        # Kernel lists go to their own file: the picture is drawn from them, the summary stays small.
+        all_kernels[text] = rows[-1].pop("kernels", None)
+        with gzip.open(f"{args.out}.kernels.json.gz", "wt") as f:
+            json.dump(all_kernels, f)
+        doc["results"] = rows
+        bench_allreduce.write_json(args.out, doc)
+        print(format_rows(rows[-1:]), flush=True)
+    print(format_rows(rows))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -171,19 +171,27 @@ def exclusion_reason(row: Row) -> str | None:
     d = row.data
     if "error" in d or "skipped" in d:
         return f"not measured ({d.get('error') or d.get('skipped')})"[:120]
-    if row.kind == "allreduce" and host_timed(row):
-        if d.get("leaves", 1) > 1:
+    if row.kind == "allreduce":
+        tree = d.get("leaves", 1) > 1 and d["strategy"] != "plain"  # `plain` is one flat buffer
+        if host_timed(row) and tree:
             return (
                 f"host-dispatch bound: {d['leaves']} leaves x "
                 f"{row.environment.get('device_count')} devices passed as separate jit arguments "
                 "and outputs; every strategy takes about the same time, several times one psum "
                 "of the same bytes"
             )
-        if d["payload_bytes"] < DISPATCH_BOUND_BYTES:
+        if host_timed(row) and d["payload_bytes"] < DISPATCH_BOUND_BYTES:
             return (
                 f"host-dispatch bound: below {DISPATCH_BOUND_BYTES / MIB:g} MiB a host-timed call "
                 "costs its dispatch, whatever the strategy"
             )
+        if tree and d["strategy"] == "xla":
+            return (
+                f"'xla' on a tree of {d['leaves']} leaves: how XLA combined their all-reduces is "
+                "not recorded in the row"
+            )
+        if d["time_s"] <= 0:
+            return "non-positive device time: the timing noise exceeds the reduction"
     return None
 
 

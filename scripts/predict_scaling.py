@@ -98,17 +98,16 @@ def predict_allreduce(row: cc.Row, model: cm.CommModel) -> float:
     """Predicted seconds of one bench_allreduce row."""
     d, args = row.data, row.doc_args
     node, gpu = row.mesh()
+    if d["strategy"] in ("plain", "xla"):
+        # `plain` is one psum of a flat buffer of the payload's bytes; `xla` is validated on flat
+        # buffers only (one leaf: one all-reduce).
+        return cm.allreduce_s(d["payload_bytes"], node, gpu, model)
     itemsize = cm.WIRE_ITEMSIZE[d["dtype"]]
     if d["payload"] == args.get("tree_model"):
         # bench_allreduce buckets the tree in reverse `tree_leaves` order (no leaf_order).
         sizes = list(reversed(model_shapes(d["payload"], args.get("model_width")).tree))
     else:
         sizes = [d["payload_bytes"] // itemsize]
-    if d["strategy"] in ("plain", "xla"):
-        # Flat buffers: one leaf, one all-reduce either way.
-        return cm.xla_s(
-            sum(sizes) * itemsize, 1 if len(sizes) == 1 else len(sizes), node, gpu, model
-        )
     buckets = cm.bucket_elements(sizes, d["bucket_bytes"], itemsize)
     crossover = int(args.get("hybrid_crossover_mib", 4.0) * cc.MIB)
     return cm.plan_s(d["strategy"], buckets, itemsize, crossover, node, gpu, model)

@@ -315,7 +315,10 @@ def test_fit_on_one_gpu_count_holds_launch_and_excludes_dispatch_bound_rows(tmp_
         return launch + 6 * alpha + 1.5 * b / beta
 
     rows = [_plain(4, b, t(b)) for b in (16 * MIB, 256 * MIB)]
-    rows += [_plain(4, MIB, 1.5e-4), _plain(4, 100 * MIB, 4e-3, leaves=161)]
+    tree = {**_plain(4, 100 * MIB, 4e-3, leaves=161), "strategy": "flat", "bucket_bytes": MIB}
+    rows += [_plain(4, MIB, 1.5e-4), tree, {**tree, "strategy": "xla", "bucket_bytes": None}]
+    # `plain` of a tree payload is one psum of a flat buffer of its bytes: sound, and fitted.
+    rows.append(_plain(4, 64 * MIB, t(64 * MIB), leaves=161))
     path = tmp_path / "host_timed.json"
     path.write_text(json.dumps(_allreduce_doc(rows)))
     cal = calibrate_comm.calibrate([str(path)], 0.0, "none", 0.0, "none")
@@ -323,11 +326,19 @@ def test_fit_on_one_gpu_count_holds_launch_and_excludes_dispatch_bound_rows(tmp_
     assert cal["intra"]["alpha_s"] == pytest.approx(alpha, rel=1e-6)
     assert cal["intra"]["beta_bytes_per_s"] == pytest.approx(beta, rel=1e-6)
     reasons = {e["row"].split("#")[1]: e["reason"] for e in cal["excluded"]}
-    assert set(reasons) == {"results[2]", "results[3]"}
+    assert set(reasons) == {"results[2]", "results[3]", "results[4]"}
     assert all(r.startswith("host-dispatch bound") for r in reasons.values())
-    # The same rows timed on the device are sound.
+    assert len(cal["intra"]["rows"]) == 3
+    # Timed on the device, the small and the bucketed tree rows are sound; 'xla' on a tree is not
+    # (XLA's combining is not recorded), nor is a difference of times that came out negative.
+    rows[0] = {**rows[0], "time_s": -1e-5}
     path.write_text(json.dumps(_allreduce_doc(rows, device_timed=True)))
-    assert calibrate_comm.calibrate([str(path)], 0.0, "", 0.0, "")["excluded"] == []
+    reasons = {
+        e["row"].split("#")[1]: e["reason"]
+        for e in calibrate_comm.calibrate([str(path)], 0.0, "", 0.0, "")["excluded"]
+    }
+    assert set(reasons) == {"results[0]", "results[4]"}
+    assert reasons["results[0]"].startswith("non-positive") and "xla" in reasons["results[4]"]
 
 
 def test_device_timed_rows_are_fitted_alone(tmp_path):

@@ -86,4 +86,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval_every_steps = 5000
     config.checkpoint_every_steps = 5000
     config.checkpoint_keep = 3
+    # Resuming a checkpoint with a config that changes the run's maths (jia_jax/recipe.py,
+    # FREE_ON_RESUME) stops with the differences; True resumes anyway.
+    config.allow_config_change = False
     return config

@@ -2,9 +2,10 @@
 
 A checkpoint holds two items: ``state``, any pytree of (sharded or replicated) `jax.Array`s
 (params, optimizer state, batch stats, loss scale, RNG key data, step), and ``meta``, a JSON dict
-(config, data-iterator position, seed). Saves are asynchronous and atomic (orbax writes to a
-temporary directory and renames it when every process has finished); the newest
-``max_to_keep`` are kept.
+(the run's config and device count, step, seed). Saves are asynchronous and atomic (orbax writes
+to a temporary directory and renames it when every process has finished); the newest
+``max_to_keep`` are kept. A save that cannot be written (disk full) raises
+`CheckpointWriteError` and leaves the committed checkpoints as they were.
 
 Typical use in the training loop::
 
@@ -23,10 +24,11 @@ Typical use in the training loop::
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import types
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Self
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +47,7 @@ _META = "meta"
 _CORRUPT_DIR = "corrupt"
 # How many differences a mismatch error lists before summarising the rest.
 _MAX_LISTED_DIFFERENCES = 10
-# Tensorstore errors embed their whole spec; the start says what went wrong.
+# Tensorstore errors embed their whole spec; the start says what failed, the end the OS's reason.
 _MAX_ERROR_CHARS = 400
 
 
@@ -55,6 +57,10 @@ class CheckpointMismatchError(ValueError):
 
 class NoReadableCheckpointError(RuntimeError):
     """Every checkpoint in the directory failed to load."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, directory not writable)."""
 
 
 class _UnreadableCheckpointError(RuntimeError):
@@ -92,6 +98,8 @@ class Checkpointer:
                 _META: ocp.JsonCheckpointHandler(),
             },
         )
+        # The step of the save still being written, named if writing it fails.
+        self._writing: int | None = None
 
     @property
     def directory(self) -> epath.Path:
@@ -101,6 +109,17 @@ class Checkpointer:
     def all_steps(self) -> Sequence[int]:
         """Steps of the committed checkpoints, ascending."""
         return sorted(self._manager.all_steps())
+
+    def should_save(self, step: int, *, force: bool = False) -> bool:
+        """Whether `save(step, ..., force=force)` would write a checkpoint.
+
+        Lets the caller do its checks before a save (e.g. that the state is finite) only at the
+        steps that save.
+        """
+        if force:
+            return step not in self._manager.all_steps()
+        # Orbax would also save the first step of a run whatever the interval; we don't.
+        return step % self._save_every_steps == 0
 
     def save(
         self, step: int, state: PyTree, meta: Mapping[str, Any], *, force: bool = False
@@ -119,19 +138,21 @@ class Checkpointer:
 
         Returns:
           Whether a save was started (False off the save interval, or if `step` is saved already).
+
+        Raises:
+          CheckpointWriteError: This save or the previous one could not be written.
         """
-        if force and step in self._manager.all_steps():
+        if not self.should_save(step, force=force):
             return False
-        # Orbax would also save the first step of a run whatever the interval; we don't.
-        if not force and step % self._save_every_steps:
-            return False
-        return self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                **{_STATE: ocp.args.StandardSave(state), _META: ocp.args.JsonSave(dict(meta))}
-            ),
-            force=force,
+        self.wait()
+        args = ocp.args.Composite(
+            **{_STATE: ocp.args.StandardSave(state), _META: ocp.args.JsonSave(dict(meta))}
         )
+        self._writing = step
+        with self._naming_write_errors():
+            started = self._manager.save(step, args=args, force=force)
+        self._writing = step if started else None
+        return started
 
     def restore_latest(self, abstract_state: PyTree) -> tuple[int, PyTree, dict] | None:
         """Restores the newest readable checkpoint onto the shardings of `abstract_state`.
@@ -154,30 +175,11 @@ class Checkpointer:
         _check_has_shardings(abstract_state)
         unreadable = []
         for step in sorted(self._manager.all_steps(), reverse=True):
-            error = None
-            try:
-                restored = self._restore(step, abstract_state)
-            except CheckpointMismatchError:
-                raise
-            except Exception as e:  # Any read failure makes the checkpoint "unreadable".
-                error = e
+            restored, reason = _try_restore(self._manager, step, abstract_state)
             # Every process must resume from the same step, even if only one failed to read.
-            if not any_process(error is not None):
+            if not any_process(reason is not None):
                 return step, restored[_STATE], dict(restored[_META])
-            reason = (
-                f"{type(error).__name__}: {str(error)[:_MAX_ERROR_CHARS]}"
-                if error is not None
-                else "it failed to load on another process"
-            )
-            quarantined = self._quarantine(step)
-            logging.warning(
-                "Checkpoint at step %d in %s is unreadable (%s); moved it to %s and trying the "
-                "previous checkpoint.",
-                step,
-                self._directory,
-                reason,
-                quarantined,
-            )
+            _quarantine(self._manager, step, reason or "it failed to load on another process")
             unreadable.append(step)
         if unreadable:
             # Starting over silently would throw a run away, e.g. on a bug in our restore path.
@@ -189,60 +191,139 @@ class Checkpointer:
         return None
 
     def wait(self) -> None:
-        """Blocks until the pending save is committed; raises its error if it failed."""
-        self._manager.wait_until_finished()
+        """Blocks until the pending save is committed.
+
+        Raises:
+          CheckpointWriteError: The pending save could not be written.
+        """
+        with self._naming_write_errors():
+            self._manager.wait_until_finished()
+        self._writing = None
 
     def close(self) -> None:
         """Waits for the pending save and releases orbax's resources."""
-        self._manager.close()
+        with self._naming_write_errors():
+            self._manager.close()
+        self._writing = None
 
-    def __enter__(self) -> Checkpointer:
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        # Already failing (perhaps on this very save): report that error, not a second one.
+        try:
+            self.close()
+        except Exception as error:  # noqa: BLE001 (a consequence of the first error: logged only)
+            logging.warning(
+                "While stopping on an error, closing the checkpointer failed: %s", error
+            )
 
-    def _restore(self, step: int, abstract_state: PyTree) -> Mapping[str, Any]:
-        self._check_matches(step, abstract_state)
-        return self._manager.restore(
+    @contextlib.contextmanager
+    def _naming_write_errors(self) -> Iterator[None]:
+        """Turns a failure to write the save of `self._writing` into a `CheckpointWriteError`."""
+        try:
+            yield
+        except Exception as error:
+            step, self._writing = self._writing, None
+            if step is None:
+                raise
+            # Orbax commits by renaming a finished save, and deletes old ones only after that.
+            # Its step list already counts the failed save in and the oldest out: read the disk.
+            self._manager.reload()
+            kept = self.all_steps()
+            resume = f"step {kept[-1]}" if kept else "step 0 (no checkpoint was committed)"
+            raise CheckpointWriteError(
+                f"Could not write the checkpoint of step {step} to {self._directory}: "
+                f"{_error_summary(error)}\nThe committed checkpoints {kept} are intact. If the "
+                "disk is full or the directory not writable, free space (or fix the permissions) "
+                f"and rerun with the same --workdir to resume from {resume}."
+            ) from error
+
+
+def _error_summary(error: BaseException) -> str:
+    text = str(error)
+    if len(text) > _MAX_ERROR_CHARS:
+        half = _MAX_ERROR_CHARS // 2
+        text = f"{text[:half]} ... {text[-half:]}"
+    return f"{type(error).__name__}: {text}"
+
+
+# Restore with fallback: each step is read on its own; one that fails is set aside.
+
+
+def _try_restore(
+    manager: ocp.CheckpointManager, step: int, abstract_state: PyTree
+) -> tuple[Mapping[str, Any] | None, str | None]:
+    """``(restored, None)``, or ``(None, why)`` if the checkpoint of `step` cannot be read.
+
+    Raises:
+      CheckpointMismatchError: It is readable but holds another state (not a damaged file).
+    """
+    try:
+        _check_layout(manager, step, abstract_state)
+        restored = manager.restore(
             step,
             args=ocp.args.Composite(
                 **{_STATE: ocp.args.StandardRestore(abstract_state), _META: ocp.args.JsonRestore()}
             ),
         )
+    except CheckpointMismatchError:
+        raise
+    except Exception as error:  # noqa: BLE001 (any read failure makes it "unreadable")
+        return None, _error_summary(error)
+    return restored, None
 
-    def _check_matches(self, step: int, abstract_state: PyTree) -> None:
-        metadata = self._manager.metadata(step).item_metadata[_STATE]
-        if metadata is None:
-            raise _UnreadableCheckpointError(f"no readable array metadata for step {step}")
-        # Older orbax versions return the tree itself, newer ones wrap it.
-        stored = _flat_shapes(getattr(metadata, "tree", metadata))
-        # Flattened by key path, named as orbax names the stored arrays. (Not via serialize_tree:
-        # it fails on sequences that hold a leafless node first, e.g. optax's EmptyState.)
-        expected = _flat_shapes(abstract_state)
-        differences = _describe_differences(stored, expected)
-        if differences:
-            raise CheckpointMismatchError(
-                f"The checkpoint at step {step} in {self._directory} does not match the training "
-                "state of this config (another model, optimizer or precision setting?):\n  "
-                + "\n  ".join(differences)
-                + "\nTo start a new run with this config, use a new --workdir. To resume this run, "
-                "use the config it was saved with (stored in the checkpoint's meta/metadata file)."
-            )
 
-    def _quarantine(self, step: int) -> epath.Path:
-        corrupt_dir = self._directory / _CORRUPT_DIR
-        destination = corrupt_dir / str(step)
-        copy = 1
-        while destination.exists():
-            destination = corrupt_dir / f"{step}_{copy}"
-            copy += 1
-        if jax.process_index() == 0:
-            corrupt_dir.mkdir(parents=True, exist_ok=True)
-            (self._directory / str(step)).rename(destination)
-        ocp.multihost.sync_global_processes(f"jia_jax_checkpoint_quarantine_{step}")
-        self._manager.reload()
-        return destination
+def _quarantine(manager: ocp.CheckpointManager, step: int, reason: str) -> None:
+    """Moves the checkpoint of `step` to ``corrupt/`` (kept for inspection, out of the way of the
+    resumed run's own save of that step) and logs why. A collective over processes."""
+    directory = epath.Path(manager.directory)
+    corrupt_dir = directory / _CORRUPT_DIR
+    destination = corrupt_dir / str(step)
+    copy = 1
+    while destination.exists():
+        destination = corrupt_dir / f"{step}_{copy}"
+        copy += 1
+    if jax.process_index() == 0:
+        corrupt_dir.mkdir(parents=True, exist_ok=True)
+        (directory / str(step)).rename(destination)
+    ocp.multihost.sync_global_processes(f"jia_jax_checkpoint_quarantine_{step}")
+    manager.reload()
+    logging.warning(
+        "Checkpoint at step %d in %s is unreadable (%s); moved it to %s and trying the "
+        "previous checkpoint.",
+        step,
+        directory,
+        reason,
+        destination,
+    )
+
+
+# Array layout: the checkpoint must hold the arrays (names, shapes, dtypes) of the state.
+
+
+def _check_layout(manager: ocp.CheckpointManager, step: int, abstract_state: PyTree) -> None:
+    """Raises `CheckpointMismatchError` listing the arrays that differ (read from metadata only)."""
+    metadata = manager.metadata(step).item_metadata[_STATE]
+    if metadata is None:
+        raise _UnreadableCheckpointError(f"no readable array metadata for step {step}")
+    # Older orbax versions return the tree itself, newer ones wrap it.
+    stored = _flat_shapes(getattr(metadata, "tree", metadata))
+    # Flattened by key path, named as orbax names the stored arrays. (Not via serialize_tree:
+    # it fails on sequences that hold a leafless node first, e.g. optax's EmptyState.)
+    expected = _flat_shapes(abstract_state)
+    differences = _describe_differences(stored, expected)
+    if differences:
+        raise CheckpointMismatchError(
+            f"The checkpoint at step {step} in {manager.directory} does not match the training "
+            "state of this config (another model, optimizer or precision setting?):\n  "
+            + "\n  ".join(differences)
+            + "\nTo start a new run with this config, use a new --workdir. To resume this run, "
+            "use the config it was saved with (stored in the checkpoint's meta/metadata file)."
+        )
 
 
 def _check_has_shardings(abstract_state: PyTree) -> None:
@@ -338,7 +419,7 @@ class PreemptionHandler:
         for sig in list(self._previous):
             signal.signal(sig, self._pop_previous(sig))
 
-    def __enter__(self) -> PreemptionHandler:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

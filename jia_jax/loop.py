@@ -20,11 +20,16 @@ from jia_jax import metrics as metrics_lib
 from jia_jax import models
 from jia_jax import optimizers
 from jia_jax import precision
+from jia_jax import recipe
 from jia_jax import schedules
 from jia_jax import train
 
 # How often all processes agree on whether a preemption signal arrived (one tiny collective).
 _PREEMPTION_POLL_STEPS = 4
+_DIVERGED_HINT = (
+    "Nothing was saved for this step: the newest checkpoint is the last finite state. Try a lower "
+    "optimizer.learning_rate or a longer optimizer.warmup_epochs."
+)
 
 
 def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
@@ -96,6 +101,32 @@ def evaluate(eval_step, state: train.TrainState, data: input_pipeline.Input) -> 
     }
 
 
+def _resume_or_start(
+    ckpt: checkpoint.Checkpointer, trainer: Trainer, config: ml_collections.ConfigDict, devices: int
+) -> tuple[int, train.TrainState]:
+    """``(step, state)`` of the newest checkpoint, checked to belong to this run; else a new one."""
+    restored = ckpt.restore_latest(trainer.abstract_state)
+    if restored is None:
+        return 0, trainer.init_state()
+    step, state, meta = restored
+    recipe.check_resume(
+        meta,
+        recipe.of_run(config.to_json(), devices),
+        allow_change=config.allow_config_change,
+        step=step,
+        directory=str(ckpt.directory),
+    )
+    # One saved before saves were checked may hold a diverged state: never train on (or score) it.
+    metrics_lib.check_state_finite(
+        step,
+        state,
+        f"Move {ckpt.directory / str(step)} away to resume from the checkpoint before it, or use "
+        "a new --workdir.",
+    )
+    logging.info("resumed from the checkpoint of step %d in %s", step, ckpt.directory)
+    return step, state
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     """Trains `config` in `workdir`, resuming from its latest checkpoint if there is one.
 
@@ -125,21 +156,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     writer = metrics_lib.MetricsWriter(workdir)
     preemption = checkpoint.PreemptionHandler()
     with ckpt, writer, preemption:
-        restored = ckpt.restore_latest(trainer.abstract_state)
-        if restored is None:
-            start_step, state = 0, trainer.init_state()
-        else:
-            start_step, state, _ = restored
-            logging.info("resumed from the checkpoint of step %d in %s", start_step, ckpt.directory)
+        start_step, state = _resume_or_start(ckpt, trainer, config, mesh.devices.size)
 
         def save(step: int, force: bool = False) -> None:
+            if not ckpt.should_save(step, force=force):
+                return
+            # Commit only what was checked finite: this step's loss (the save waits for the step
+            # anyway), then the state itself, which fp16 keeps finite by skipping steps.
+            log(pending.flush())
+            metrics_lib.check_state_finite(step, state, _DIVERGED_HINT)
             # The data position is the step: every train stream is a pure function of (seed, step).
-            ckpt.save(
-                step,
-                state,
-                {"step": step, "seed": config.seed, "config": config.to_json()},
-                force=force,
-            )
+            meta = {
+                "step": step,
+                "seed": config.seed,
+                "config": config.to_json(),
+                "num_devices": mesh.devices.size,
+            }
+            ckpt.save(step, state, meta, force=force)
 
         progress = metrics_lib.ProgressMeter(
             total_steps=steps, start_step=start_step, global_batch_size=config.global_batch_size
@@ -153,10 +186,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         results: dict[str, float] = {}
 
         def log(fetched: tuple[int, dict[str, float]] | None) -> None:
-            # `fetched` holds the metrics of the step *before* the one just dispatched.
+            # `fetched`: a step's metrics, one step late (or at a save, the step just done).
             if fetched is None:
                 return
-            step, values = fetched[0] + 1, fetched[1]
+            step, values = fetched
             if step % config.log_every_steps and step != steps:
                 return
             throughput = progress.measure(step)
@@ -170,7 +203,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             state, device_metrics = train_step(state, next(batches))
             done = step + 1
             # Fetching the previous step's scalars every step keeps at most two steps in flight.
-            log(pending.push(step, device_metrics))
+            log(pending.push(done, device_metrics))
             if done % _PREEMPTION_POLL_STEPS == 0 and preemption.agreed_stop():
                 save(done, force=True)
                 logging.warning(

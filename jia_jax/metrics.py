@@ -26,18 +26,21 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tensorboardX
 from etils import epath
 
 HostMetrics = tuple[int, dict[str, float]]
+# How many non-finite leaves an error names before counting the rest.
+_MAX_LISTED_LEAVES = 5
 
 
 class NonFiniteLossError(FloatingPointError):
-    """A metric that must stay finite (the loss) became inf or NaN."""
+    """Training diverged: the loss, or the state about to be checkpointed, holds inf or NaN."""
 
 
 def check_finite(step: int, metrics: Mapping[str, float], keys: Sequence[str]) -> None:
@@ -54,8 +57,47 @@ def check_finite(step: int, metrics: Mapping[str, float], keys: Sequence[str]) -
         raise NonFiniteLossError(
             f"Training diverged at step {step}: {values}. Try a lower optimizer.learning_rate "
             "or a longer optimizer.warmup_epochs; with precision.compute='float16' check the "
-            "loss scale settings. Rerunning with the same --workdir resumes from the last "
-            "checkpoint."
+            "loss scale settings. No checkpoint was saved from this step on: rerunning with the "
+            "same --workdir resumes from the newest one."
+        )
+
+
+@jax.jit
+def _finite_per_leaf(leaves: list[jax.Array]) -> jax.Array:
+    return jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves])
+
+
+def non_finite_leaves(tree: Any) -> list[str]:
+    """Paths of the floating-point leaves of `tree` holding an inf or NaN.
+
+    Reduced on the devices; only one bool per leaf comes to the host.
+    """
+    named = [
+        (jax.tree_util.keystr(path), leaf)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+        if jnp.issubdtype(leaf.dtype, jnp.inexact)
+    ]
+    if not named:
+        return []
+    finite = np.asarray(_finite_per_leaf([leaf for _, leaf in named]))
+    return [name for (name, _), ok in zip(named, finite, strict=True) if not ok]
+
+
+def check_state_finite(step: int, state: Any, hint: str) -> None:
+    """Raises `NonFiniteLossError` naming `step` and the leaves if `state` holds an inf or NaN.
+
+    Args:
+      step: The step `state` belongs to.
+      state: Pytree of arrays (e.g. the train state about to be saved).
+      hint: What the user can do, appended to the message.
+    """
+    bad = non_finite_leaves(state)
+    if bad:
+        listed = ", ".join(bad[:_MAX_LISTED_LEAVES])
+        if len(bad) > _MAX_LISTED_LEAVES:
+            listed += f" and {len(bad) - _MAX_LISTED_LEAVES} more"
+        raise NonFiniteLossError(
+            f"Training diverged by step {step}: the state holds inf or NaN in {listed}. {hint}"
         )
 
 
@@ -123,7 +165,7 @@ def format_duration(seconds: float) -> str:
     """Formats seconds as ``H:MM:SS`` (``Nd H:MM:SS`` past a day; ``?`` if unknown)."""
     if not math.isfinite(seconds):
         return "?"
-    minutes, secs = divmod(int(round(seconds)), 60)
+    minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     days, hours = divmod(hours, 24)
     clock = f"{hours}:{minutes:02d}:{secs:02d}"
@@ -207,7 +249,7 @@ class MetricsWriter:
         if self._writer is not None:
             self._writer.close()
 
-    def __enter__(self) -> MetricsWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

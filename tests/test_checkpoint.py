@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import jax
@@ -269,3 +271,71 @@ def test_multiprocess_fallback_restore_and_stop_agreement(tmp_path):
     )
     for i, out in enumerate(outputs):
         assert f"OK {i}" in out, out[-3000:]
+
+
+# Run in a child process: the file-size limit it sets would also break pytest's own files.
+DISK_FULL_SCRIPT = """
+import resource
+import signal
+import sys
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jia_jax import checkpoint
+from tests.test_checkpoint import big_state
+
+mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("node", "gpu"))
+sharding = NamedSharding(mesh, P(("node", "gpu")))
+ckpt = checkpoint.Checkpointer(sys.argv[1], max_to_keep=2, save_every_steps=1)
+for step in (1, 2):
+    ckpt.save(step, {"w": jax.device_put(big_state(step), sharding)}, {"step": step})
+ckpt.wait()
+# From here no file may grow past the limit: a write fails as on a full disk (EFBIG, not ENOSPC),
+# deep in tensorstore's C++ writer, wherever orbax happens to be in the save.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    with ckpt:
+        ckpt.save(3, {"w": jax.device_put(big_state(3), sharding)}, {"step": 3})
+        ckpt.wait()
+except checkpoint.CheckpointWriteError as error:
+    print("WRITE ERROR:", error)
+"""
+
+
+def big_state(step):
+    """1 MiB of incompressible floats: more than the child's file-size limit."""
+    return np.random.default_rng(step).standard_normal((256, 1024)).astype(np.float32)
+
+
+def test_failed_write_names_the_directory_and_keeps_committed_checkpoints(mesh, tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(mp_util.REPO_ROOT), JAX_PLATFORMS="cpu")
+    child = subprocess.run(
+        [sys.executable, "-c", DISK_FULL_SCRIPT, str(tmp_path)],
+        check=False,
+        cwd=mp_util.REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    message = child.stdout.partition("WRITE ERROR:")[2]
+    assert f"checkpoint of step 3 to {tmp_path}:" in message, child.stdout + child.stderr[-3000:]
+    assert "File too large" in message  # the OS's own words
+    assert "checkpoints [1, 2] are intact" in message and "resume from step 2" in message
+
+    # Keep-2 did not delete step 1 for the failed step 3, and step 2 restores bitwise.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.isdigit()) == ["1", "2"]
+    sharding = NamedSharding(mesh, P())
+    abstract = {"w": jax.ShapeDtypeStruct((256, 1024), np.float32, sharding=sharding)}
+    with checkpoint.Checkpointer(tmp_path, max_to_keep=2, save_every_steps=1) as ckpt:
+        step, state, meta = ckpt.restore_latest(abstract)
+        assert (step, meta) == (2, {"step": 2})
+        assert_bitwise_equal(state, {"w": big_state(2)})
+        # With space again, the rerun saves step 3 over the failed save's leftovers.
+        assert ckpt.save(3, {"w": jax.device_put(big_state(3), sharding)}, {"step": 3})
+        ckpt.wait()
+        assert ckpt.all_steps() == [2, 3]

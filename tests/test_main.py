@@ -2,9 +2,13 @@
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from configs import digits
@@ -65,3 +69,32 @@ def test_bad_config_fails_naming_the_field(tmp_path, field, value):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         loop.train_and_evaluate(config, str(tmp_path))
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_bf16_divergence_stops_naming_the_step_and_keeps_the_last_finite_checkpoint(tmp_path):
+    result = run_main(
+        "--config=configs/digits.py",
+        f"--workdir={tmp_path}",
+        "--config.precision.compute=bfloat16",
+        "--config.model.width=4",
+        "--config.data.image_size=8",
+        "--config.total_steps=4",
+        "--config.checkpoint_every_steps=1",
+        "--config.checkpoint_keep=10",
+        "--config.log_every_steps=1",
+        "--config.optimizer.base_learning_rate=1e8",
+        "--config.optimizer.warmup_epochs=0",
+    )
+    assert result.returncode != 0, result.stderr[-3000:]
+    match = re.search(r"NonFiniteLossError: Training diverged (at|by) step (\d+)", result.stderr)
+    assert match, result.stderr[-3000:]
+    diverged = int(match.group(2))
+    assert diverged <= 4 and "final eval" not in result.stderr
+    directory = tmp_path / "checkpoints"
+    saved = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+    # A checkpoint every step: the newest is the step before the one named, and it is finite.
+    assert saved and saved[-1] == diverged - 1, (saved, match.group(0))
+    with ocp.StandardCheckpointer() as reader:
+        state = reader.restore(directory / str(saved[-1]) / "state")
+    leaves = jax.tree.leaves(state)
+    assert leaves and all(np.isfinite(np.asarray(leaf)).all() for leaf in leaves)

@@ -107,3 +107,25 @@ def test_progress_meter_and_line_use_interval_rates():
     assert second == metrics.Throughput(10.0, 10.0 * 256, (1000 - 100) / 10.0)
     line = metrics.format_progress(50, 1000, {"loss": 2.34567, "lr": 0.1}, first)
     assert line == "step   50/1000 | loss 2.346 | lr 0.1 | 1280.0 img/s | ETA 0:03:10"
+
+
+def test_non_finite_leaves_names_float_leaves_with_inf_or_nan():
+    tree = {
+        "params": {"w": jnp.ones((3, 4)), "b": jnp.array([0.0, jnp.nan])},
+        "stats": (jnp.array([1.0, -jnp.inf], jnp.bfloat16), jnp.float32(-1e30)),
+        "step": jnp.int32(7),  # integers cannot be non-finite and are skipped
+    }
+    assert metrics.non_finite_leaves(tree) == ["['params']['b']", "['stats'][0]"]
+    assert metrics.non_finite_leaves({"w": jnp.full(4, 3.0e38), "n": jnp.int32(1)}) == []
+
+
+def test_state_check_names_the_step_leaves_and_hint():
+    finite = {"w": jnp.zeros(2)}
+    metrics.check_state_finite(3, finite, "unused")
+    state = {f"w{i}": jnp.full(2, jnp.nan) for i in range(7)}
+    with pytest.raises(metrics.NonFiniteLossError) as info:
+        metrics.check_state_finite(12, state, "Do X.")
+    assert str(info.value) == (
+        "Training diverged by step 12: the state holds inf or NaN in "
+        "['w0'], ['w1'], ['w2'], ['w3'], ['w4'] and 2 more. Do X."
+    )

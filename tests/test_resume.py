@@ -26,6 +26,8 @@ import pytest
 from configs import digits
 from jia_jax import checkpoint
 from jia_jax import loop
+from jia_jax import metrics
+from jia_jax import recipe
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOTAL_STEPS = 12
@@ -238,13 +240,7 @@ def test_checkpoint_of_another_model_fails_clearly_and_is_untouched(reference, t
     workdir = tmp_path / "run"
     shutil.copytree(reference, workdir)
     before = file_digests(workdir / "checkpoints")
-    config = digits.get_config()
-    for name, value in {**OVERRIDES, "total_steps": TOTAL_STEPS, "model.width": 8}.items():
-        *parents, field = name.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        node[field] = value
+    config = configured({**OVERRIDES, "total_steps": TOTAL_STEPS, "model.width": 8})
 
     # In this process: the run stops before it compiles anything.
     with pytest.raises(checkpoint.CheckpointMismatchError) as info:
@@ -257,3 +253,70 @@ def test_checkpoint_of_another_model_fails_clearly_and_is_untouched(reference, t
     ), message
     assert "new --workdir" in message
     assert file_digests(workdir / "checkpoints") == before
+
+
+def configured(overrides):
+    """The digits config with `overrides` ({"a.b": value}) applied, as the CLI would."""
+    config = digits.get_config()
+    for name, value in overrides.items():
+        *parents, field = name.split(".")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        node[field] = value
+    return config
+
+
+def test_changed_recipe_stops_before_training_unless_allowed(reference, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir)
+    before = file_digests(workdir / "checkpoints")
+    # A doubled learning rate: the same arrays, another run. The mesh may change freely.
+    changed = {
+        **OVERRIDES,
+        "total_steps": TOTAL_STEPS,
+        "optimizer.base_learning_rate": 0.8,
+        "mesh.node": 4,
+        "mesh.gpu": 2,
+    }
+    with pytest.raises(recipe.ConfigChangedError) as info:
+        loop.train_and_evaluate(configured(changed), str(workdir))
+    assert re.findall(r"\n  (.*)", str(info.value)) == [
+        "optimizer.base_learning_rate: 0.4 -> 0.8",
+        "optimizer.learning_rate: 0.1 -> 0.2",
+    ]
+    assert file_digests(workdir / "checkpoints") == before
+
+    # Opted in, it resumes; the checkpoint is the last step's, so it only evaluates.
+    results = loop.train_and_evaluate(
+        configured({**changed, "allow_config_change": True}), str(workdir)
+    )
+    assert results["eval/examples"] == 360  # the digits test split, each example once
+    assert file_digests(workdir / "checkpoints") == before
+
+
+def test_divergence_never_checkpoints_a_non_finite_state(tmp_path):
+    """Regression: a NaN state landing on a checkpoint step (here the last step) was saved before
+    its loss was checked; the rerun then evaluated NaN parameters and exited 0."""
+    config = configured(
+        {
+            **OVERRIDES,
+            "total_steps": 3,
+            "checkpoint_every_steps": 1,
+            "optimizer.base_learning_rate": 1e8,
+            "optimizer.warmup_epochs": 0.0,
+        }
+    )
+    with pytest.raises(metrics.NonFiniteLossError, match=r"diverged (at|by) step \d+") as info:
+        loop.train_and_evaluate(config, str(tmp_path))
+    diverged = int(re.search(r"step (\d+)", str(info.value)).group(1))
+    saved = checkpoint_steps(tmp_path)
+    # Every step saves, so the newest checkpoint is the step before the one named.
+    assert saved and saved[-1] == diverged - 1, (saved, str(info.value))
+    for step in saved:
+        state = read_state(tmp_path, step)
+        assert all(np.isfinite(array).all() for array in state.values()), step
+
+    # The rerun resumes from that last finite state, and diverges again: no silent exit 0.
+    with pytest.raises(metrics.NonFiniteLossError):
+        loop.train_and_evaluate(config, str(tmp_path))

@@ -1,0 +1,121 @@
+"""The recipe a checkpoint belongs to, and the check that a resumed run still follows it.
+
+The training loop stores the run's config (as JSON) and device count in each checkpoint's meta.
+On resume, `check_resume` compares them with the new run's and stops with the differences
+(old -> new), unless the user opts in with ``allow_config_change``::
+
+  current = of_run(config.to_json(), num_devices=mesh.devices.size)
+  check_resume(meta, current, allow_change=config.allow_config_change, step=step, directory=d)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from absl import logging
+
+# Fields a resumed run may change without `allow_config_change`: they choose where the run
+# executes and what it logs, evaluates or keeps, not the states it computes. Anything else that
+# differs, a field the checkpoint's run did not have included, stops the run. In particular:
+# - `total_steps` / `num_epochs` are compared: the learning-rate schedule (end of warmup, decay)
+#   is a function of the total step count, so a longer run differs from its very first steps.
+# - `mesh.*` may change: with the same device count, every mesh gives the k-th device the k-th
+#   slice of each batch, hence the same BatchNorm batches and the same mean gradient (up to the
+#   order of fp32 additions). The device count itself is compared (``num_devices``): it sets the
+#   per-device BatchNorm batch.
+# - `comm` strategy, buckets and crossover may change: every strategy computes the same mean (up
+#   to summation order). `comm.dtype`, the precision on the wire, is compared.
+FREE_ON_RESUME = (
+    "allow_config_change",
+    "log_every_steps",
+    "eval_every_steps",
+    "eval_batch_size",
+    "checkpoint_every_steps",
+    "checkpoint_keep",
+    "data.data_dir",
+    "data.num_workers",
+    "distributed.*",
+    "mesh.*",
+    "comm.strategy",
+    "comm.bucket_bytes",
+    "comm.hybrid_crossover_bytes",
+)
+_MISSING = object()
+
+
+class ConfigChangedError(ValueError):
+    """The config differs from the one the checkpoint's run was trained with."""
+
+
+def of_run(config_json: str, num_devices: int) -> dict[str, Any]:
+    """A run's recipe as ``{dotted.name: value}``: its config (as JSON) and its device count."""
+    return {**_flatten(json.loads(config_json)), "num_devices": num_devices}
+
+
+def changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``name: old -> new`` for each field of two recipes that differs, but `FREE_ON_RESUME`."""
+
+    def show(recipe: Mapping[str, Any], name: str) -> str:
+        return repr(recipe[name]) if name in recipe else "(absent)"
+
+    return [
+        f"{name}: {show(saved, name)} -> {show(current, name)}"
+        for name in sorted(saved.keys() | current.keys())
+        if saved.get(name, _MISSING) != current.get(name, _MISSING)
+        and not any(fnmatch.fnmatchcase(name, free) for free in FREE_ON_RESUME)
+    ]
+
+
+def check_resume(
+    meta: Mapping[str, Any],
+    current: Mapping[str, Any],
+    *,
+    allow_change: bool,
+    step: int,
+    directory: str,
+) -> None:
+    """Stops a resume whose recipe differs from the checkpoint's, unless `allow_change`.
+
+    Args:
+      meta: The restored checkpoint's meta (``config`` as JSON, ``num_devices``).
+      current: `of_run` of the run that resumes.
+      allow_change: Resume anyway (the differences are logged as a warning).
+      step: The checkpoint's step, for the message.
+      directory: The checkpoint directory, for the message.
+
+    Raises:
+      ConfigChangedError: The recipes differ and `allow_change` is False.
+    """
+    saved = _flatten(json.loads(meta.get("config", "{}")))
+    if "num_devices" in meta:
+        saved["num_devices"] = meta["num_devices"]
+    listed = changes(saved, current)
+    if not listed:
+        return
+    listing = "\n  " + "\n  ".join(listed)
+    if allow_change:
+        logging.warning(
+            "Resuming the checkpoint of step %d with a changed config (allow_config_change):%s",
+            step,
+            listing,
+        )
+        return
+    raise ConfigChangedError(
+        f"The config differs from the one the checkpoint of step {step} in {directory} was "
+        f"trained with (old -> new):{listing}\nTo resume that run, use its config (stored in "
+        "the checkpoint's meta). To continue from it with these changes anyway, pass "
+        "--config.allow_config_change=True. To start a new run, use a new --workdir."
+    )
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -5,9 +5,10 @@ calibration the trainer loads (`jia_jax/comm_calibration.json`):
 
   * intra-node link (`launch_s`, `alpha_s`, `beta_bytes_per_s`): weighted least squares (relative
     error, non-negative parameters) of `launch + 2(n-1) alpha + 2(n-1)/n B / beta` on the `plain`
-    rows (one psum of a flat buffer) of 1 x n meshes. Where the rows span one GPU count only,
-    launch and alpha cannot be told apart, and `launch_s` is held at NCCL's published base latency.
-    With four or more buffer sizes in a file, every other size is held out for validation;
+    rows (one psum of a flat buffer) of 1 x n meshes; only the device-timed ones where a file has
+    them (`host_timed`). Where the rows span one GPU count only, launch and alpha cannot be told
+    apart, and `launch_s` is held at NCCL's published base latency. With four or more buffer sizes
+    in a file, every other size is held out for validation;
   * compute: every 1x1 row of a bench_step JSON (step time on one device, recorded as is);
   * inter-node fabrics and reference hardware: published figures (`FABRICS`, `REFERENCE_INTRA`,
     each with its source), until a multi-node run exists;

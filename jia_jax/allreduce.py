@@ -242,6 +242,25 @@ def reduce_gradients(
     return unpack(reduced, plan, scale=scale)
 
 
+def stacked_mean(grads: Any, wire_dtype: Any) -> Any:
+    """Mean over the leading (device) axis of each leaf, summed in `wire_dtype`.
+
+    `comm.strategy='xla'`: written as array code on per-device values stacked along a sharded
+    axis, so XLA places and combines the all-reduces. Divides before or after the sum as
+    `reduce_gradients` does (before for fp16, whose range a sum over many devices can overflow).
+    """
+    wire = jnp.dtype(wire_dtype)
+    first = divide_before_sum(wire)
+
+    def mean(g: jax.Array) -> jax.Array:
+        n = g.shape[0]
+        addends = (g.astype(jnp.float32) / n if first else g).astype(wire)
+        total = jnp.sum(addends, axis=0)
+        return (total if first else total.astype(jnp.float32) / n).astype(g.dtype)
+
+    return jax.tree_util.tree_map(mean, grads)
+
+
 def divide_before_sum(wire_dtype: Any) -> bool:
     """Whether a mean in `wire_dtype` must divide each addend first (fp16's range) or may sum."""
     return jnp.finfo(jnp.dtype(wire_dtype)).maxexp < jnp.finfo(jnp.float32).maxexp

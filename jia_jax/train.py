@@ -87,37 +87,14 @@ def _cast_floats(tree: Any, dtype: jnp.dtype) -> Any:
     )
 
 
-def make_train_step(
-    model: nn.Module,
-    tx: optax.GradientTransformation,
-    learning_rate: optax.Schedule,
-    config: ml_collections.ConfigDict,
-    mesh: Mesh,
-) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
-    """Returns the jitted `step(state, batch) -> (state, metrics)`; `state` is donated.
+def _grads_fn(model: nn.Module, compute: jnp.dtype, smoothing: float):
+    """`(low_params, batch_stats, scale, batch, key) -> (grads, new_stats, metrics)` of one batch.
 
-    Args:
-      model: the flax module, built with the compute dtype.
-      tx: the optimizer (runs in fp32 on the reduced, unscaled gradients).
-      learning_rate: the schedule, only for logging it.
-      config: the run config (`precision`, `loss`, `comm` blocks and `microbatch_size` are read).
-      mesh: the ("node", "gpu") mesh.
+    Gradients are taken with respect to the compute-dtype copy of the parameters, so they come
+    out in that dtype (what the paper sends over the wire) instead of being upcast in backward.
     """
-    compute = precision.compute_dtype(config.precision.compute)
-    dynamic_scale = precision.needs_loss_scaling(compute)
-    ls_cfg = config.precision.loss_scale
-    comm = config.comm
-    smoothing = config.loss.label_smoothing
-    num_devices = mesh.devices.size
-    if comm.strategy not in ("xla", *allreduce.STRATEGIES):
-        raise ValueError(
-            f"comm.strategy={comm.strategy!r} is not one of {('xla', *allreduce.STRATEGIES)}."
-        )
-    wire_dtype = jnp.dtype(comm.dtype)
-    xla_reduces = comm.strategy == "xla"
-    microbatch = config.microbatch_size
 
-    def local_grads(low_params, batch_stats, scale, batch, key):
+    def grads(low_params, batch_stats, scale, batch, key):
         def scaled_loss(p):
             logits, new_vars = model.apply(
                 {"params": p, "batch_stats": batch_stats},
@@ -129,19 +106,26 @@ def make_train_step(
             loss = jnp.mean(loss_lib.cross_entropy(logits, batch["label"], smoothing))
             return loss * scale, (loss, logits, new_vars["batch_stats"])
 
-        grads, (loss, logits, new_stats) = jax.grad(scaled_loss, has_aux=True)(low_params)
+        g, (loss, logits, new_stats) = jax.grad(scaled_loss, has_aux=True)(low_params)
         metrics = {"loss": loss, "top1": jnp.mean(loss_lib.topk_correct(logits, batch["label"], 1))}
-        return grads, new_stats, metrics
+        return g, new_stats, metrics
 
-    def accumulated_grads(low_params, batch_stats, scale, batch, key):
-        """Gradient accumulation over microbatches: a 64K global batch on a handful of GPUs.
+    return grads
 
-        Each microbatch is one BatchNorm batch; the running statistics advance once per microbatch,
-        as they would over the same images split across more devices.
-        """
+
+def _accumulate(grads_fn, microbatch: int, num_devices: int):
+    """Wraps `grads_fn` to accumulate gradients over microbatches of `microbatch` images.
+
+    A 64K global batch on a handful of GPUs: each microbatch is one BatchNorm batch, as it would
+    be on a device of its own. The running statistics take one momentum step towards the mean of
+    the microbatches' statistics, exactly what that many devices followed by a `pmean` compute:
+    every microbatch starts from the same running averages, and their updates are averaged.
+    """
+
+    def accumulated(low_params, batch_stats, scale, batch, key):
         per_device_batch = batch["label"].shape[0]
         if not microbatch or microbatch >= per_device_batch:
-            return local_grads(low_params, batch_stats, scale, batch, key)
+            return grads_fn(low_params, batch_stats, scale, batch, key)
         if per_device_batch % microbatch:
             raise ValueError(
                 f"microbatch_size={microbatch} must divide the per-device batch "
@@ -150,52 +134,70 @@ def make_train_step(
         steps = per_device_batch // microbatch
         micro = jax.tree.map(lambda x: x.reshape(steps, microbatch, *x.shape[1:]), batch)
 
-        def body(carry, xs):
-            total, stats = carry
+        def body(total, xs):
             mb, mb_key = xs
-            grads, stats, metrics = local_grads(low_params, stats, scale, mb, mb_key)
-            return (
-                jax.tree.map(lambda t, g: t + g.astype(jnp.float32), total, grads),
-                stats,
-            ), metrics
+            g, stats, metrics = grads_fn(low_params, batch_stats, scale, mb, mb_key)
+            return jax.tree.map(lambda t, x: t + x.astype(jnp.float32), total, g), (stats, metrics)
 
         zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), low_params)
         keys = jax.random.split(key, steps)
-        (total, new_stats), metrics = jax.lax.scan(body, (zeros, batch_stats), (micro, keys))
+        total, (stats, metrics) = jax.lax.scan(body, zeros, (micro, keys))
         # Back to the compute dtype: the wire carries what a single pass would have produced.
-        grads = jax.tree.map(lambda t, p: (t / steps).astype(p.dtype), total, low_params)
-        return grads, new_stats, jax.tree.map(jnp.mean, metrics)
+        g = jax.tree.map(lambda t, p: (t / steps).astype(p.dtype), total, low_params)
+        new_stats = jax.tree.map(lambda x: jnp.mean(x, axis=0), stats)
+        return g, new_stats, jax.tree.map(jnp.mean, metrics)
+
+    return accumulated
+
+
+def _device_index(mesh: Mesh) -> jax.Array:
+    """This device's position in the (node, gpu) mesh, row-major; call inside `shard_map`."""
+    gpus = mesh.shape[mesh_lib.GPU_AXIS]
+    return jax.lax.axis_index(mesh_lib.NODE_AXIS) * gpus + jax.lax.axis_index(mesh_lib.GPU_AXIS)
+
+
+def _per_device_step(model, config, mesh, image_shape):
+    """The `shard_map`ped part of the step: local gradients, then their reduction.
+
+    Returns `f(params, batch_stats, scale, batch, key) -> (grads, new_stats, metrics)`. With
+    `comm.strategy='xla'` each output is stacked along a device axis (its mean is left to XLA);
+    otherwise all three are already averaged over the devices.
+    """
+    compute = precision.compute_dtype(config.precision.compute)
+    comm = config.comm
+    grads_fn = _accumulate(
+        _grads_fn(model, compute, config.loss.label_smoothing),
+        config.microbatch_size,
+        mesh.devices.size,
+    )
+    xla_reduces = comm.strategy == "xla"
+    leaf_order = None if xla_reduces else call_order.backward_leaf_order(model, image_shape)
 
     def per_device(params, batch_stats, scale, batch, key):
-        # Differentiate with respect to the compute-dtype copy, so gradients come out in that dtype
-        # (what the paper sends over the wire) instead of being upcast inside backward.
         low_params = _cast_floats(params, compute)
         # A different dropout mask on every device (and microbatch), all a function of the step.
-        device = jax.lax.axis_index(mesh_lib.NODE_AXIS) * mesh.shape[
-            mesh_lib.GPU_AXIS
-        ] + jax.lax.axis_index(mesh_lib.GPU_AXIS)
-        key = jax.random.fold_in(key, device)
-        grads, new_stats, metrics = accumulated_grads(low_params, batch_stats, scale, batch, key)
+        key = jax.random.fold_in(key, _device_index(mesh))
+        grads, new_stats, metrics = grads_fn(low_params, batch_stats, scale, batch, key)
         if xla_reduces:
-            # Hand per-device values out stacked along a device axis; the mean over it is written as
-            # ordinary array code below, so XLA chooses and combines the collectives itself.
+            # Hand per-device values out stacked along a device axis; their mean is written as
+            # array code outside, so XLA chooses and combines the collectives itself.
             return jax.tree.map(lambda x: x[None], (grads, new_stats, metrics))
         grads = allreduce.reduce_gradients(
             grads,
             strategy=comm.strategy,
             bucket_bytes=comm.bucket_bytes,
-            wire_dtype=wire_dtype,
+            wire_dtype=comm.dtype,
             hybrid_crossover_bytes=comm.hybrid_crossover_bytes,
             node_axis=mesh_lib.NODE_AXIS,
             gpu_axis=mesh_lib.GPU_AXIS,
-            leaf_order=call_order.backward_leaf_order(model, batch["image"].shape[1:]),
+            leaf_order=leaf_order,
         )
         # Keep the running BN averages identical on every device (cheap: a few KB).
         new_stats, metrics = jax.lax.pmean((new_stats, metrics), mesh_lib.BATCH_AXES)
         return grads, new_stats, metrics
 
     reduced = P(mesh_lib.BATCH_AXES) if xla_reduces else P()
-    sharded_step = jax.shard_map(
+    return jax.shard_map(
         per_device,
         mesh=mesh,
         in_specs=(P(), P(), P(), P(mesh_lib.BATCH_AXES), P()),
@@ -203,41 +205,96 @@ def make_train_step(
         check_vma=False,
     )
 
-    def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        # Dropout randomness is a function of (seed, step): a resumed run draws the same masks.
-        key = jax.random.fold_in(jax.random.PRNGKey(config.seed), state.step)
-        grads, new_stats, metrics = sharded_step(
-            state.params, state.batch_stats, state.loss_scale.scale, batch, key
-        )
-        if xla_reduces:
-            grads = jax.tree.map(
-                lambda g: (jnp.sum(g.astype(wire_dtype), axis=0) / num_devices).astype(g.dtype),
-                grads,
-            )
-            new_stats, metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), (new_stats, metrics))
+
+def schedule_count(state: TrainState) -> jax.Array:
+    """The count the learning-rate schedule reads: updates applied so far.
+
+    A skipped fp16 step (non-finite gradients) keeps the old optimizer state, so the schedule
+    follows applied updates, not steps; with no count in the optimizer state, the step.
+    """
+    try:
+        count = optax.tree_utils.tree_get(state.opt_state, "count")
+    except KeyError:
+        count = None
+    return state.step if count is None else count
+
+
+def _apply_update(tx, learning_rate, config):
+    """`(state, grads, new_stats, metrics) -> (state, metrics)`: unscale, update, loss scale."""
+    dynamic_scale = precision.needs_loss_scaling(precision.compute_dtype(config.precision.compute))
+    ls_cfg = config.precision.loss_scale
+
+    def update(state, grads, new_stats, metrics):
+        # The rate this update applies (a skipped update applies none, and does not advance it).
+        metrics["learning_rate"] = jnp.asarray(learning_rate(schedule_count(state)), jnp.float32)
         grads = precision.unscale(grads, state.loss_scale)  # fp32 from here on
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         new = state.replace(
             step=state.step + 1, params=params, batch_stats=new_stats, opt_state=opt_state
         )
-        if dynamic_scale:
-            finite = precision.all_finite(grads)
-            # Every device holds the same reduced gradients, so all take the same decision.
-            new = precision.select_tree(finite, new, state.replace(step=state.step + 1))
-            new = new.replace(
-                loss_scale=precision.update_loss_scale(
-                    state.loss_scale,
-                    finite,
-                    growth_interval=ls_cfg.growth_interval,
-                    factor=ls_cfg.factor,
-                    minimum=ls_cfg.minimum,
-                )
+        if not dynamic_scale:
+            return new, metrics
+        finite = precision.all_finite(grads)
+        # Every device holds the same reduced gradients, so all take the same decision.
+        new = precision.select_tree(finite, new, state.replace(step=state.step + 1))
+        new = new.replace(
+            loss_scale=precision.update_loss_scale(
+                state.loss_scale,
+                finite,
+                growth_interval=ls_cfg.growth_interval,
+                factor=ls_cfg.factor,
+                minimum=ls_cfg.minimum,
             )
-            metrics["skipped"] = 1.0 - finite.astype(jnp.float32)
-            metrics["loss_scale"] = new.loss_scale.scale
-        metrics["learning_rate"] = jnp.asarray(learning_rate(state.step), jnp.float32)
+        )
+        metrics["skipped"] = 1.0 - finite.astype(jnp.float32)
+        metrics["loss_scale"] = new.loss_scale.scale
         return new, metrics
+
+    return update
+
+
+def make_train_step(
+    model: nn.Module,
+    tx: optax.GradientTransformation,
+    learning_rate: optax.Schedule,
+    config: ml_collections.ConfigDict,
+    mesh: Mesh,
+) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
+    """Returns the jitted `step(state, batch) -> (state, metrics)`; `state` is donated.
+
+    Three pieces, in order: per-device gradients (forward/backward, microbatches), their
+    reduction over the mesh (`comm.strategy`), the fp32 update of the replicated state.
+
+    Args:
+      model: the flax module, built with the compute dtype.
+      tx: the optimizer (runs in fp32 on the reduced, unscaled gradients).
+      learning_rate: the schedule, only for logging it.
+      config: the run config (`precision`, `loss`, `comm` blocks and `microbatch_size` are read).
+      mesh: the ("node", "gpu") mesh.
+    """
+    if config.comm.strategy not in ("xla", *allreduce.STRATEGIES):
+        raise ValueError(
+            f"comm.strategy={config.comm.strategy!r} is not one of "
+            f"{('xla', *allreduce.STRATEGIES)}."
+        )
+    xla_reduces = config.comm.strategy == "xla"
+    update = _apply_update(tx, learning_rate, config)
+    sharded = {}  # per image shape: the model's call order is traced once per shape
+
+    def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        image_shape = batch["image"].shape[1:]
+        if image_shape not in sharded:
+            sharded[image_shape] = _per_device_step(model, config, mesh, image_shape)
+        # Dropout randomness is a function of (seed, step): a resumed run draws the same masks.
+        key = jax.random.fold_in(jax.random.PRNGKey(config.seed), state.step)
+        grads, new_stats, metrics = sharded[image_shape](
+            state.params, state.batch_stats, state.loss_scale.scale, batch, key
+        )
+        if xla_reduces:
+            grads = allreduce.stacked_mean(grads, config.comm.dtype)
+            new_stats, metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), (new_stats, metrics))
+        return update(state, grads, new_stats, metrics)
 
     return jax.jit(step, donate_argnums=0)
 

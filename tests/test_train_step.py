@@ -1,0 +1,134 @@
+"""The train step's semantics: microbatches count as devices, the schedule follows applied updates,
+the 'xla' mean cannot overflow fp16, and a bf16 wire trains like an fp32 one."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jia_jax import allreduce
+from jia_jax import mesh as mesh_lib
+from jia_jax import train
+from tests.test_train import GLOBAL_BATCH, build, global_batch, tiny_config
+
+F32_U = 2.0**-24
+BF16_U = 2.0**-8
+
+
+def _run(config, mesh, batches):
+    """Runs the trainer's step on each batch; returns the final state and every step's metrics."""
+    _, state, step = build(config, mesh)
+    metrics = []
+    for batch in batches:
+        sharded = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in batch.items()}
+        state, m = step(state, sharded)
+        metrics.append(jax.device_get(m))  # synced: few steps in flight on CPU
+    return jax.device_get(state), metrics
+
+
+def _tree_max_abs_diff(a, b) -> float:
+    return max(
+        float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
+
+
+def test_microbatches_on_one_device_update_like_as_many_devices():
+    # 32 images as 8 microbatches of 4 on one device, or 4 images on each of 8 devices: the same
+    # 8 BatchNorm batches, so the same gradient mean and the same running statistics (one
+    # momentum step towards the mean of the 8 batch statistics; before the fix the microbatch path
+    # took 8 sequential steps, i.e. momentum 0.9^8 on the old averages).
+    batch = global_batch()
+    config = tiny_config("flat")
+    config.microbatch_size = 4
+    one, _ = _run(config, mesh_lib.create_mesh(1, 1, devices=jax.devices()[:1]), [batch])
+    config.microbatch_size = 0
+    many, _ = _run(config, mesh_lib.create_mesh(2, 4), [batch])
+    # Both sum 8 fp32 terms in a different order (scan vs psum): the means differ by at most
+    # ~8 u_f32 of the terms' magnitudes (|terms| <= ~10 here), and one SGD step with lr 0.05
+    # moves parameters by lr times that: far below 1e-5. The statistics are means of 8 fp32
+    # values of magnitude <= ~10: within 8 u_f32 * 10 ~ 5e-6. A momentum bug moves them by
+    # > 1e-2.
+    assert _tree_max_abs_diff(one.batch_stats, many.batch_stats) < 1e-5
+    assert _tree_max_abs_diff(one.params, many.params) < 1e-5
+
+
+def test_logged_learning_rate_is_the_rate_of_the_applied_update():
+    # fp16 skips a step with non-finite gradients and keeps the optimizer state, so the schedule
+    # (which reads the optimizer's count) does not advance; the logged rate must say the same.
+    config = tiny_config("flat")
+    config.precision.compute = "float16"
+    mesh = mesh_lib.create_mesh(1, 1, devices=jax.devices()[:1])
+    schedule = optax.linear_schedule(0.1, 0.9, transition_steps=8)
+    model, state, _ = build(config, mesh)
+    from jia_jax import optimizers  # the test's own optimizer with a schedule that moves
+
+    tx = optimizers.create_optimizer(config.optimizer, schedule)
+    state = state.replace(opt_state=tx.init(state.params))
+    step = train.make_train_step(model, tx, schedule, config, mesh)
+    good = global_batch()
+    bad = {**good, "image": np.full_like(good["image"], np.inf)}
+    logged = []
+    for batch in (good, bad, good):
+        sharded = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in batch.items()}
+        state, m = step(state, sharded)
+        m = jax.device_get(m)
+        logged.append((float(m["learning_rate"]), float(m["skipped"])))
+    assert [s for _, s in logged] == [0.0, 1.0, 0.0]
+    # Rates of counts 0, 1 (the skipped step would have applied count 1), then 1 again: the
+    # skipped step advanced nothing. Exact fp32 values of the schedule.
+    expected = [float(np.float32(schedule(c))) for c in (0, 1, 1)]
+    assert [lr for lr, _ in logged] == expected
+    assert int(state.step) == 3 and int(train.schedule_count(state)) == 2
+
+
+def test_xla_strategy_mean_divides_before_an_fp16_sum():
+    # comm.strategy='xla' averages per-device values stacked on a leading axis. 8 x 40,960 sums to
+    # 327,680, past fp16's 65,504: summing first gave inf (a false overflow that skips the step).
+    # Every value on the way is exact (see test_allreduce), so the mean must be exactly 40,960.
+    stacked = {"w": jnp.full((8, 5), 40960.0, jnp.float16)}
+    out = allreduce.stacked_mean(stacked, "float16")
+    assert out["w"].dtype == jnp.float16
+    np.testing.assert_array_equal(np.asarray(out["w"], np.float64), 40960.0)
+    # fp32/bf16 wires sum first: the same exact mean.
+    for wire in ("float32", "bfloat16"):
+        np.testing.assert_array_equal(
+            np.asarray(allreduce.stacked_mean(stacked, wire)["w"], np.float64), 40960.0
+        )
+
+
+def test_a_bf16_wire_trains_within_its_rounding_of_an_fp32_wire():
+    # Three SGD steps on a 2x4 mesh, gradients sent as fp32 or as bf16. A bf16 wire rounds each
+    # device's gradient once (u = 2^-8) and each of the 7 partial sums once: the mean of 8
+    # same-sign terms is off by at most 8 u = 3.1%, and with mixed signs the error is bounded by
+    # 8 u times the mean of |terms|, which for these gradients is within a few times the mean's
+    # magnitude. Over 3 steps at a constant rate the parameter change stays linear in the
+    # gradients to first order, so we require the parameter changes to agree within 3 x 8 u
+    # (9.4%) in norm, and that they differ at all (the wire dtype is really used).
+    rng = np.random.default_rng(3)
+    batches = [
+        {
+            "image": rng.normal(size=(GLOBAL_BATCH, 16, 16, 1)).astype(np.float32),
+            "label": rng.integers(0, 10, size=GLOBAL_BATCH).astype(np.int32),
+        }
+        for _ in range(3)
+    ]
+    mesh = mesh_lib.create_mesh(2, 4)
+    config = tiny_config("hierarchical")
+    _, state0, _ = build(config, mesh)
+    p0 = jax.device_get(state0.params)
+    states = {}
+    for wire in ("float32", "bfloat16"):
+        config.comm.dtype = wire
+        states[wire], _ = _run(config, mesh, batches)
+    d32 = [
+        np.asarray(a, np.float64) - b
+        for a, b in zip(jax.tree.leaves(states["float32"].params), jax.tree.leaves(p0))
+    ]
+    d16 = [
+        np.asarray(a, np.float64) - b
+        for a, b in zip(jax.tree.leaves(states["bfloat16"].params), jax.tree.leaves(p0))
+    ]
+    num = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(d16, d32)))
+    den = np.sqrt(sum(np.sum(b**2) for b in d32))
+    assert 0 < num <= 3 * 8 * BF16_U * den, (num, den)

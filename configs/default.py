@@ -38,12 +38,15 @@ def get_config() -> ml_collections.ConfigDict:
 
     # -1 infers: node = number of processes, gpu = devices per process.
     config.mesh = ml_collections.ConfigDict({"node": -1, "gpu": -1})
-    # Set these three only for a hand-rolled launcher; SLURM and mpirun are detected.
+    # Set the first three only for a hand-rolled launcher; SLURM and mpirun are detected.
     config.distributed = ml_collections.ConfigDict(
         {
             "coordinator_address": ml_collections.config_dict.placeholder(str),
             "num_processes": ml_collections.config_dict.placeholder(int),
             "process_id": ml_collections.config_dict.placeholder(int),
+            # A process silent this long is dead: the others stop with one line naming it and
+            # the checkpoint to resume from (jia_jax/liveness.py). JAX's default is 100 s.
+            "heartbeat_timeout_s": 30,
         }
     )
 

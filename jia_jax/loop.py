@@ -133,7 +133,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     Returns:
       The last logged train metrics and the final evaluation (if the dataset has an eval split).
     """
-    mesh_lib.initialize_distributed(config.distributed)
+    peers = mesh_lib.initialize_distributed(config.distributed)
     mesh = mesh_lib.create_mesh(config.mesh.node, config.mesh.gpu)
     logging.info(
         "mesh %s over %d %s devices, %d processes",
@@ -155,7 +155,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     )
     writer = metrics_lib.MetricsWriter(workdir)
     preemption = checkpoint.PreemptionHandler()
-    with ckpt, writer, preemption:
+    # If another process dies, `peers` ends this one with a line naming the newest checkpoint.
+    with peers.reporting(ckpt.directory), ckpt, writer, preemption:
         start_step, state = _resume_or_start(ckpt, trainer, config, mesh.devices.size)
 
         def save(step: int, force: bool = False) -> None:
@@ -202,6 +203,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         for step in range(start_step, steps):
             state, device_metrics = train_step(state, next(batches))
             done = step + 1
+            peers.step = done
             # Fetching the previous step's scalars every step keeps at most two steps in flight.
             log(pending.push(done, device_metrics))
             if done % _PREEMPTION_POLL_STEPS == 0 and preemption.agreed_stop():

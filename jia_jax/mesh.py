@@ -12,7 +12,10 @@ import jax
 import ml_collections
 import numpy as np
 from absl import logging
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jia_jax import liveness
 
 NODE_AXIS = "node"
 GPU_AXIS = "gpu"
@@ -23,7 +26,7 @@ BATCH_AXES = (NODE_AXIS, GPU_AXIS)
 _CLUSTER_SIZE_VARS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
-def initialize_distributed(dist: ml_collections.ConfigDict) -> None:
+def initialize_distributed(dist: ml_collections.ConfigDict) -> liveness.PeerWatch:
     """Starts `jax.distributed` when this run is one of several processes.
 
     Explicit settings (a local launcher) win: `dist.coordinator_address`, `dist.num_processes` and
@@ -32,9 +35,14 @@ def initialize_distributed(dist: ml_collections.ConfigDict) -> None:
 
     Args:
       dist: the `distributed` config block.
+
+    Returns:
+      The watch that ends this process with one line if another one stops sending heartbeats
+      for `dist.heartbeat_timeout_s` (jia_jax/liveness.py); it watches nothing for one process,
+      or if `jax.distributed` was started before.
     """
     if jax.distributed.is_initialized():
-        return
+        return liveness.PeerWatch()
     if dist.coordinator_address:
         if dist.num_processes is None or dist.process_id is None:
             raise ValueError(
@@ -42,21 +50,27 @@ def initialize_distributed(dist: ml_collections.ConfigDict) -> None:
                 "distributed.process_id must be set too (e.g. --config.distributed.num_processes=2 "
                 "--config.distributed.process_id=0)."
             )
-        jax.distributed.initialize(
-            coordinator_address=dist.coordinator_address,
-            num_processes=dist.num_processes,
-            process_id=dist.process_id,
-        )
+        explicit = {
+            "coordinator_address": dist.coordinator_address,
+            "num_processes": dist.num_processes,
+            "process_id": dist.process_id,
+        }
     elif any(int(os.environ.get(v, "1")) > 1 for v in _CLUSTER_SIZE_VARS):
-        jax.distributed.initialize()
+        explicit = {}
     else:
-        return
+        return liveness.PeerWatch()
+    timeout_kwargs = liveness.initialize_kwargs(dist.heartbeat_timeout_s)
+    recoverable = liveness.enable_recoverable_service()
+    jax.distributed.initialize(**explicit, **timeout_kwargs)
     logging.info(
         "jax.distributed: process %d of %d, %d local devices",
         jax.process_index(),
         jax.process_count(),
         jax.local_device_count(),
     )
+    if not recoverable:
+        return liveness.PeerWatch()
+    return liveness.PeerWatch.of_this_job(dist.heartbeat_timeout_s)
 
 
 def mesh_shape(node: int, gpu: int, num_devices: int, num_processes: int) -> tuple[int, int]:

@@ -13,7 +13,7 @@ shift 4
 port=$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 pids=()
 for ((i = 0; i < procs; i++)); do
-  XLA_FLAGS="--xla_force_host_platform_device_count=${devices}" \
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=${devices}" \
   JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo \
   python -m jia_jax.main --config="$config" --workdir="$workdir" \
     --config.distributed.coordinator_address="127.0.0.1:${port}" \

@@ -1,0 +1,250 @@
+"""The trainer's own multi-process path, end to end: 2 processes x 4 CPU devices, joined by
+`jax.distributed` from the config's `distributed.*` fields (gloo collectives).
+
+Runs go through `scripts/launch_local.sh` or `python -m jia_jax.main` in subprocesses, never
+through a helper that starts `jax.distributed` itself. A tiny ResNet-18 (width 4) on 8x8 digits,
+12 steps; every run uses the environment launch_local.sh sets, so that runs started either way
+compile the same programs (and share a persistent compilation cache: only the first compiles).
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import digits
+from jia_jax import input_pipeline, liveness, loop
+from tests import mp_util
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROCESSES, DEVICES = 2, 4
+TOTAL_STEPS = 12
+CHECKPOINT_EVERY = 4
+HEARTBEAT_TIMEOUT_S = 5
+# JAX's own default is 100 s: a survivor that is not gone by timeout + this is not using ours.
+EXIT_SLACK_S = 45
+OVERRIDES = {
+    "model.width": 4,
+    "data.image_size": 8,
+    "total_steps": TOTAL_STEPS,
+    "checkpoint_every_steps": CHECKPOINT_EVERY,
+    "checkpoint_keep": 10,
+    "log_every_steps": 1,
+    # Warmup 2 steps, then a learning rate of 0.4: well above chance within 12 steps.
+    "optimizer.warmup_epochs": 0.1,
+    "optimizer.base_learning_rate": 1.6,
+    "distributed.heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S,
+}
+FLAGS = [f"--config.{name}={value}" for name, value in OVERRIDES.items()]
+# Generous: the first run compiles, and the CI box may be busy.
+RUN_TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("xla_cache")
+    return {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+    }
+
+
+def launch_local(env, workdir):
+    """`scripts/launch_local.sh 2 4 configs/digits.py workdir`; returns both processes' log."""
+    command = ["scripts/launch_local.sh", str(PROCESSES), str(DEVICES), "configs/digits.py"]
+    result = subprocess.run(
+        [*command, str(workdir), *FLAGS],
+        check=False,
+        cwd=REPO_ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stdout
+    return result.stdout
+
+
+def start_process(env, workdir, process_id, address, logs):
+    """One process of the job, as launch_local.sh starts it; its stderr goes to a file."""
+    # launch_local.sh appends the device count to conftest.py's fast-compile flags (the last
+    # count wins) and picks gloo.
+    env = {
+        **env,
+        "XLA_FLAGS": f"{env['XLA_FLAGS']} --xla_force_host_platform_device_count={DEVICES}",
+        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "jia_jax.main",
+        "--config=configs/digits.py",
+        f"--workdir={workdir}",
+        f"--config.distributed.coordinator_address={address}",
+        f"--config.distributed.num_processes={PROCESSES}",
+        f"--config.distributed.process_id={process_id}",
+        *FLAGS,
+    ]
+    stderr = logs / f"stderr_{process_id}.txt"
+    with stderr.open("w") as err:
+        process = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err
+        )
+    return process, stderr
+
+
+def checkpoint_steps(workdir):
+    """Committed checkpoints (orbax renames a finished save to its step number)."""
+    directory = Path(workdir) / "checkpoints"
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+
+
+def read_state(workdir, step):
+    """The checkpoint's arrays as host numpy, keyed by their path in the state."""
+    path = Path(workdir) / "checkpoints" / str(step) / "state"
+    # Saved across two processes' devices: read onto one device of this process instead.
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    with ocp.StandardCheckpointer() as reader:
+        target = jax.tree.map(
+            lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device),
+            reader.metadata(path).item_metadata,
+        )
+        state = reader.restore(path, target)
+    return {".".join(k): np.asarray(v) for k, v in ocp.tree.to_flat_dict(state).items()}
+
+
+def assert_bitwise_equal(state, reference):
+    assert state.keys() == reference.keys()
+    different = [
+        k
+        for k in reference
+        if (state[k].dtype, state[k].shape, state[k].tobytes())
+        != (reference[k].dtype, reference[k].shape, reference[k].tobytes())
+    ]
+    assert not different, f"{len(different)} of {len(reference)} arrays differ: {different[:5]}"
+
+
+def final_top1(log):
+    """top-1 of each process's final evaluation line."""
+    pattern = rf"final eval at step {TOTAL_STEPS}: top-1 ([0-9.]+), top-5 [0-9.]+ over (\d+)"
+    return [(float(m.group(1)), int(m.group(2))) for m in re.finditer(pattern, log)]
+
+
+@pytest.fixture(scope="module")
+def launched(env, tmp_path_factory):
+    """Workdir and log of an uninterrupted `launch_local.sh 2 4` run."""
+    workdir = tmp_path_factory.mktemp("launched")
+    log = launch_local(env, workdir)
+    assert log.count("mesh {'node': 2, 'gpu': 4} over 8 cpu devices, 2 processes") == PROCESSES
+    assert checkpoint_steps(workdir)[-1] == TOTAL_STEPS
+    return workdir, log
+
+
+def test_launch_local_reaches_the_accuracy_of_one_process(launched, tmp_path):
+    _, log = launched
+    evaluations = final_top1(log)
+    # Both processes report the same global evaluation, of every test image once.
+    assert len(evaluations) == PROCESSES and len(set(evaluations)) == 1, log
+    (two_processes, examples), _ = evaluations
+    assert examples == input_pipeline.DIGITS_TEST_SIZE
+
+    # The same run in this process: one process, the same 2x4 mesh of 8 devices.
+    config = digits.get_config()
+    for name, value in OVERRIDES.items():
+        *parents, field = name.split(".")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        node[field] = value
+    one_process = loop.train_and_evaluate(config, str(tmp_path))["eval/top1"]
+
+    # The two runs differ only in float rounding (gloo sums across processes in another order),
+    # ~1e-6 relative after 12 steps: a prediction flips only where two logits are that close.
+    # The log prints 4 decimals (+-5e-5).
+    assert abs(two_processes - one_process) <= 1 / examples + 5e-5
+    # And it trained: chance is 0.1.
+    assert two_processes > 0.2
+
+
+def test_dead_process_stops_the_survivor_with_one_line_and_restart_resumes_bitwise(
+    env, launched, tmp_path
+):
+    reference, _ = launched
+    workdir, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    address = f"127.0.0.1:{mp_util.free_port()}"
+    started = [start_process(env, workdir, i, address, logs) for i in range(PROCESSES)]
+    (survivor, survivor_log), (victim, _) = started
+    try:
+        # Kill once a checkpoint is committed, well before the end.
+        while not checkpoint_steps(workdir) and all(p.poll() is None for p, _ in started):
+            time.sleep(0.05)
+        assert all(p.poll() is None for p, _ in started), survivor_log.read_text()
+        victim.send_signal(signal.SIGKILL)
+        # Raises TimeoutExpired (a failure) if the survivor waits for JAX's own 100 s.
+        status = survivor.wait(timeout=HEARTBEAT_TIMEOUT_S + EXIT_SLACK_S)
+    finally:
+        for process, _ in started:
+            process.kill()
+            process.wait()
+
+    stderr = survivor_log.read_text()
+    assert status == liveness.EXIT_STATUS, stderr
+    lines = re.findall(r"^.*stopped sending heartbeats.*$", stderr, re.MULTILINE)
+    assert len(lines) == 1, stderr
+    match = re.search(
+        r"\] process 1 of 2 stopped sending heartbeats at step (\d+); "
+        r"restart the job to resume from step (\d+)$",
+        lines[0],
+    )
+    assert match, lines[0]
+    step, resume = int(match.group(1)), int(match.group(2))
+    committed = checkpoint_steps(workdir)
+    assert resume == committed[-1] and CHECKPOINT_EVERY <= resume <= step < TOTAL_STEPS
+    # No abort: no C++ check failure, no dump of the threads.
+    for noise in ("Check failure", "Fatal Python error", "Traceback"):
+        assert noise not in stderr, stderr
+
+    log = launch_local(env, workdir)
+    assert log.count(f"resumed from the checkpoint of step {resume} in") == PROCESSES, log
+    assert_bitwise_equal(read_state(workdir, TOTAL_STEPS), read_state(reference, TOTAL_STEPS))
+
+
+def test_failure_message_names_the_process_step_and_checkpoint():
+    assert liveness.failure_message([1], 2, 40, 30) == (
+        "process 1 of 2 stopped sending heartbeats at step 40; "
+        "restart the job to resume from step 30"
+    )
+    assert liveness.failure_message([1, 3], 4, None, None) == (
+        "processes 1, 3 of 4 stopped sending heartbeats before the first step; "
+        "restart the job; it starts again from step 0 (no committed checkpoint found)"
+    )
+
+
+def test_newest_checkpoint_ignores_unfinished_saves(tmp_path):
+    for name in ("4", "8", "12.orbax-checkpoint-tmp-3", "corrupt"):
+        (tmp_path / name).mkdir()
+    assert liveness.newest_checkpoint(tmp_path) == 8
+    assert liveness.newest_checkpoint(tmp_path / "missing") is None
+
+
+def test_heartbeat_timeout_is_validated_and_passed_to_jax():
+    assert liveness.initialize_kwargs(7) == {"heartbeat_timeout_seconds": 7}
+    with pytest.raises(ValueError, match="heartbeat_timeout_s=0 must be at least 1"):
+        liveness.initialize_kwargs(0)
+    assert digits.get_config().distributed.heartbeat_timeout_s <= 30

@@ -9,8 +9,15 @@ mesh, and
   weak-scaling efficiency = (images/s on n devices) / (n * images/s on 1 device)
                           = step time on 1 device / step time on n devices.
 
-Timing: the init and the step are compiled, `--warmup_steps` steps run, then `--steps` steps with
-a `block_until_ready` every `--sync_every` steps; the step time is the median over those groups.
+Timing: the init and the step are compiled, `--warmup_steps` steps run, then `--steps` steps
+synced (each waited for before the next is dispatched) and `--steps` steps queued (one step in
+flight ahead, as the training loop runs: step t+1 is dispatched before step t's metrics are
+fetched), each in samples of 5 steps. `step_time_s`, `images_per_s` and `efficiency` are the
+queued medians (what training sees); `synced_*` are the synced ones.
+
+Peers (`--strategies` may name them): `peer_ad_psum`, `peer_ad_psum_raveled` and
+`peer_concat_buckets` (`scripts/peer_steps.py`) run the trainer's forward/backward and update with
+the gradient mean written as others write it, in the same run, on 1xn meshes.
 On one host a 2x(n/2) mesh reduces over the same devices as 1xn, so the strategies that do not
 treat the node axis apart (`xla`, `flat`) run on 1xn only when both meshes are asked for.
 
@@ -43,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -60,10 +68,10 @@ import ml_collections
 from configs import alexnet_bn_64k, resnet50_64k
 from jia_jax import loop, train
 from jia_jax import mesh as mesh_lib
-from scripts import bench_allreduce
+from scripts import bench_allreduce, peer_steps
 
 MIB = 1 << 20
-STRATEGIES = ("xla", "flat", "hierarchical", "hybrid")
+STRATEGIES = ("xla", "flat", "hierarchical", "hybrid", *peer_steps.PEERS)
 # Strategies that reduce over the node axis separately; the others see a 2-D mesh as 1-D.
 NODE_AWARE = ("hierarchical", "hybrid")
 MESHES = ("1x1", "1xn", "2xn/2")
@@ -95,9 +103,13 @@ def build_cases(
         cases = [Case(model, "1x1", "xla", None)] if "1x1" in meshes else []
         for strategy in strategies:
             for mesh in (m for m in meshes if m != "1x1"):
-                if mesh == "2xn/2" and "1xn" in meshes and strategy not in NODE_AWARE:
+                if mesh == "2xn/2" and (
+                    strategy in peer_steps.PEERS or ("1xn" in meshes and strategy not in NODE_AWARE)
+                ):
                     continue
-                buckets = (None,) if strategy == "xla" else bucket_mib
+                buckets = (
+                    (None,) if strategy == "xla" or strategy.startswith("peer_ad") else bucket_mib
+                )
                 cases.extend(Case(model, mesh, strategy, b) for b in buckets)
         per_model.append(cases)
     longest = max((len(c) for c in per_model), default=0)
@@ -204,9 +216,12 @@ def run_case(
     )
     row["init_s"] = time.perf_counter() - start
 
-    step = train.make_train_step(
-        setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"]
+    make = (
+        functools.partial(peer_steps.make_peer_step, case.strategy)
+        if case.strategy in peer_steps.PEERS
+        else train.make_train_step
     )
+    step = make(setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"])
     start = time.perf_counter()
     compiled = step.lower(state, setup["batch"]).compile()
     row["compile_s"] = time.perf_counter() - start
@@ -219,24 +234,45 @@ def run_case(
     for _ in range(args.warmup_steps):
         state, metrics = compiled(state, batch)
     jax.block_until_ready(state)
-    samples = []
-    for _ in range(max(1, args.steps // args.sync_every)):
-        start = time.perf_counter()
-        for _ in range(args.sync_every):
-            state, metrics = compiled(state, batch)
-        jax.block_until_ready(state)
-        samples.append((time.perf_counter() - start) / args.sync_every)
-    step_time = statistics.median(samples)
+    state, synced = time_steps(compiled, state, batch, args.steps, queued=False)
+    state, queued = time_steps(compiled, state, batch, args.steps, queued=True)
+    metrics = compiled(state, batch)[1]
+    step_time = statistics.median(queued)
     row.update(
         {
             "step_time_s": step_time,
-            "samples_s": samples,
+            "samples_s": queued,
             "images_per_s": config.global_batch_size / step_time,
             "images_per_s_per_device": config.global_batch_size / step_time / (node * gpu),
+            "synced_step_time_s": statistics.median(synced),
+            "synced_samples_s": synced,
+            "synced_images_per_s": config.global_batch_size / statistics.median(synced),
             "loss": float(metrics["loss"]),
         }
     )
     return row
+
+
+def time_steps(compiled, state, batch, steps: int, queued: bool) -> tuple[Any, list[float]]:
+    """Seconds per step, in samples of 5 steps: synced or queued.
+
+    Synced waits for each step before dispatching the next. Queued keeps one step in flight
+    ahead, as the training loop does: it dispatches step t+1, then waits for step t's metrics.
+    """
+    samples = []
+    for _ in range(max(1, steps // 5)):
+        start = time.perf_counter()
+        prev = None
+        for _ in range(5):
+            state, metrics = compiled(state, batch)
+            if not queued:
+                jax.block_until_ready(metrics)
+            elif prev is not None:
+                jax.block_until_ready(prev)
+            prev = metrics
+        jax.block_until_ready(state)
+        samples.append((time.perf_counter() - start) / 5)
+    return state, samples
 
 
 def run_worker(spec_path: str) -> None:
@@ -344,6 +380,10 @@ def add_scaling(rows: list[dict[str, Any]], baseline_rows: Sequence[dict[str, An
         if "step_time_s" in r and b and b["per_device_batch"] == r["per_device_batch"]:
             r["step_time_ratio"] = r["step_time_s"] / b["step_time_s"]
             r["efficiency"] = r["images_per_s"] / (r["devices"] * b["images_per_s"])
+            if "synced_images_per_s" in r and "synced_images_per_s" in b:
+                r["efficiency_synced"] = r["synced_images_per_s"] / (
+                    r["devices"] * b["synced_images_per_s"]
+                )
 
 
 def fastest_multi_device(rows: Sequence[dict[str, Any]], model: str) -> dict[str, Any] | None:
@@ -422,7 +462,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--steps", type=int, default=20, help="timed steps per case")
     parser.add_argument("--warmup_steps", type=int, default=3)
-    parser.add_argument("--sync_every", type=int, default=2)
     parser.add_argument(
         "--budget_s",
         type=float,

@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# N training processes on this machine, joined by jax.distributed over 127.0.0.1 (a local
-# launcher for testing multi-process runs; on CPU each process gets DEVICES simulated devices).
+# N training processes on this machine, joined by jax.distributed over 127.0.0.1: a local launcher
+# for multi-process runs, e.g. two "nodes" of one GPU each on a 2-GPU host, or on the CPU.
 #
-#   scripts/launch_local.sh 2 4 configs/digits.py /tmp/jia_jax/digits_mp
+#   scripts/launch_local.sh 2 4 configs/digits.py /tmp/jia_jax/digits_mp       # CPU: 2 x 4 devices
+#   scripts/launch_local.sh 2 1 configs/resnet50_64k.py /tmp/r50 --config.data.name=synthetic
+#
+# With GPUs (nvidia-smi lists at least PROCESSES x DEVICES_PER_PROCESS of them) process i sees
+# GPUs i*D .. i*D+D-1 through CUDA_VISIBLE_DEVICES and NCCL joins the processes; otherwise each
+# process simulates D CPU devices and gloo joins them. JIA_JAX_PLATFORM=cpu|gpu forces one.
+# The mesh is node=PROCESSES x gpu=DEVICES_PER_PROCESS. Exits with the first failing status.
 set -euo pipefail
 if [ $# -lt 4 ]; then
   echo "usage: $0 PROCESSES DEVICES_PER_PROCESS CONFIG WORKDIR [--config.x=y ...]" >&2
@@ -10,17 +16,27 @@ if [ $# -lt 4 ]; then
 fi
 procs=$1 devices=$2 config=$3 workdir=$4
 shift 4
-port=$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+platform=${JIA_JAX_PLATFORM:-}
+if [ -z "$platform" ]; then
+  gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
+  if [ "$gpus" -ge $((procs * devices)) ]; then platform=gpu; else platform=cpu; fi
+fi
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 pids=()
 for ((i = 0; i < procs; i++)); do
-  XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=${devices}" \
-  JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo \
-  python -m jia_jax.main --config="$config" --workdir="$workdir" \
+  if [ "$platform" = gpu ]; then
+    visible=$(seq -s, $((i * devices)) $((i * devices + devices - 1)))
+    env_vars=(CUDA_VISIBLE_DEVICES="$visible")
+  else
+    env_vars=(XLA_FLAGS="--xla_force_host_platform_device_count=${devices}"
+      JAX_PLATFORMS=cpu JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo)
+  fi
+  env "${env_vars[@]}" python3 -m jia_jax.main --config="$config" --workdir="$workdir" \
     --config.distributed.coordinator_address="127.0.0.1:${port}" \
     --config.distributed.num_processes="$procs" --config.distributed.process_id="$i" \
     --config.mesh.node="$procs" --config.mesh.gpu="$devices" "$@" &
   pids+=($!)
 done
 status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+for pid in "${pids[@]}"; do wait "$pid" || { s=$?; [ "$status" -ne 0 ] || status=$s; }; done
 exit $status

@@ -30,7 +30,9 @@ from jia_jax import profile_trace, train
 from scripts import bench_allreduce, bench_step
 
 # `%name = <shape> all-reduce-start(` (op name right before its parenthesis, never an operand).
-_ASYNC = re.compile(r"^\s*(?:ROOT )?%?(\S+) = .*?\b(all-reduce|reduce-scatter|all-gather)-(start|done)\(")
+_ASYNC = re.compile(
+    r"^\s*(?:ROOT )?%?(\S+) = .*?\b(all-reduce|reduce-scatter|all-gather)-(start|done)\("
+)
 _ASYNC_WRAPPED = re.compile(
     r"^\s*(?:ROOT )?%?(\S+) = .*?\basync-(start|done)\(.*?(reduce-scatter|all-gather|all-reduce)"
 )
@@ -89,28 +91,6 @@ def parse_case(text: str) -> dict[str, Any]:
     }
 
 
-def time_step(compiled, state, batch, steps: int, queued: bool) -> tuple[Any, float]:
-    """Median step time: synced (wait every step) or queued (one step in flight ahead)."""
-    samples = []
-    if queued:
-        jax.block_until_ready(state)
-        start = time.perf_counter()
-        prev = None
-        for _ in range(steps):
-            state, metrics = compiled(state, batch)
-            if prev is not None:
-                jax.block_until_ready(prev)  # as the loop does: fetch step t-1 after t is queued
-            prev = metrics
-        jax.block_until_ready(state)
-        return state, (time.perf_counter() - start) / steps
-    for _ in range(steps):
-        start = time.perf_counter()
-        state, metrics = compiled(state, batch)
-        jax.block_until_ready(state)
-        samples.append(time.perf_counter() - start)
-    return state, statistics.median(samples)
-
-
 def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Compiles, times and traces one case; returns its row with per-device summaries."""
     devices = jax.devices()
@@ -130,7 +110,9 @@ def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     config = bench_step.make_config(bcase, bench_args, node, gpu)
     setup = bench_step.build_setup(config, devices)
     state = setup["init"]()
-    step = train.make_train_step(setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"])
+    step = train.make_train_step(
+        setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"]
+    )
     start = time.perf_counter()
     compiled = step.lower(state, setup["batch"]).compile()
     row: dict[str, Any] = {**case, "compile_s": time.perf_counter() - start}
@@ -138,12 +120,16 @@ def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     batch = setup["batch"]
     for _ in range(3):
         state, _ = compiled(state, batch)
-    state, row["synced_step_s"] = time_step(compiled, state, batch, args.steps, queued=False)
-    state, row["queued_step_s"] = time_step(compiled, state, batch, args.steps, queued=True)
+    state, synced = bench_step.time_steps(compiled, state, batch, args.steps, queued=False)
+    state, queued = bench_step.time_steps(compiled, state, batch, args.steps, queued=True)
+    row["synced_step_s"], row["queued_step_s"] = (
+        statistics.median(synced),
+        statistics.median(queued),
+    )
     log_dir = tempfile.mkdtemp(prefix="jia_jax_trace_")
     jax.block_until_ready(state)
     with jax.profiler.trace(log_dir):
-        state, _ = time_step(compiled, state, batch, args.trace_steps, queued=True)
+        state, _ = bench_step.time_steps(compiled, state, batch, args.trace_steps, queued=True)
     kernels = profile_trace.load_kernels(log_dir)
     row["devices"] = {
         dev: {
@@ -186,13 +172,15 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", required=True, help="comma-separated model:mesh:strategy:batch[:wire]")
+    parser.add_argument(
+        "--cases", required=True, help="comma-separated model:mesh:strategy:batch[:wire]"
+    )
     parser.add_argument("--bucket_mib", type=float, default=16.0)
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--model_width", type=int, default=None, help="tiny models for CPU runs")
     parser.add_argument("--small_inputs", action="store_true")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--trace_steps", type=int, default=5)
+    parser.add_argument("--trace_steps", type=int, default=5, help="a multiple of 5")
     parser.add_argument("--out", default="profile_step.json")
     args = parser.parse_args(argv)
     doc: dict[str, Any] = {"environment": bench_allreduce.environment(), "args": vars(args)}

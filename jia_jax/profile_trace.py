@@ -155,7 +155,9 @@ def summarize(kernels: Sequence[Kernel], steps: int) -> dict[str, float]:
         "kernels_per_step": len(kernels) / steps,
     }
     for kind in ("collective", *COMPUTE_KINDS):
-        out[f"busy_{kind}_us"] = sum(k.end_us - k.start_us for k in kernels if k.kind == kind) / steps
+        out[f"busy_{kind}_us"] = (
+            sum(k.end_us - k.start_us for k in kernels if k.kind == kind) / steps
+        )
     return out
 
 

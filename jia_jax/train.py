@@ -81,13 +81,14 @@ def state_initializer(
     return (lambda: init_on_mesh(key)), abstract
 
 
-def _cast_floats(tree: Any, dtype: jnp.dtype) -> Any:
+def cast_floats(tree: Any, dtype: jnp.dtype) -> Any:
+    """`tree` with its floating-point leaves cast to `dtype` (the compute copy of the params)."""
     return jax.tree.map(
         lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree
     )
 
 
-def _grads_fn(model: nn.Module, compute: jnp.dtype, smoothing: float):
+def local_grads_fn(model: nn.Module, compute: jnp.dtype, smoothing: float) -> Callable:
     """`(low_params, batch_stats, scale, batch, key) -> (grads, new_stats, metrics)` of one batch.
 
     Gradients are taken with respect to the compute-dtype copy of the parameters, so they come
@@ -113,7 +114,7 @@ def _grads_fn(model: nn.Module, compute: jnp.dtype, smoothing: float):
     return grads
 
 
-def _accumulate(grads_fn, microbatch: int, num_devices: int):
+def accumulate_microbatches(grads_fn: Callable, microbatch: int, num_devices: int) -> Callable:
     """Wraps `grads_fn` to accumulate gradients over microbatches of `microbatch` images.
 
     A 64K global batch on a handful of GPUs: each microbatch is one BatchNorm batch, as it would
@@ -150,7 +151,7 @@ def _accumulate(grads_fn, microbatch: int, num_devices: int):
     return accumulated
 
 
-def _device_index(mesh: Mesh) -> jax.Array:
+def device_index(mesh: Mesh) -> jax.Array:
     """This device's position in the (node, gpu) mesh, row-major; call inside `shard_map`."""
     gpus = mesh.shape[mesh_lib.GPU_AXIS]
     return jax.lax.axis_index(mesh_lib.NODE_AXIS) * gpus + jax.lax.axis_index(mesh_lib.GPU_AXIS)
@@ -165,8 +166,8 @@ def _per_device_step(model, config, mesh, image_shape):
     """
     compute = precision.compute_dtype(config.precision.compute)
     comm = config.comm
-    grads_fn = _accumulate(
-        _grads_fn(model, compute, config.loss.label_smoothing),
+    grads_fn = accumulate_microbatches(
+        local_grads_fn(model, compute, config.loss.label_smoothing),
         config.microbatch_size,
         mesh.devices.size,
     )
@@ -174,9 +175,9 @@ def _per_device_step(model, config, mesh, image_shape):
     leaf_order = None if xla_reduces else call_order.backward_leaf_order(model, image_shape)
 
     def per_device(params, batch_stats, scale, batch, key):
-        low_params = _cast_floats(params, compute)
+        low_params = cast_floats(params, compute)
         # A different dropout mask on every device (and microbatch), all a function of the step.
-        key = jax.random.fold_in(key, _device_index(mesh))
+        key = jax.random.fold_in(key, device_index(mesh))
         grads, new_stats, metrics = grads_fn(low_params, batch_stats, scale, batch, key)
         if xla_reduces:
             # Hand per-device values out stacked along a device axis; their mean is written as
@@ -219,7 +220,11 @@ def schedule_count(state: TrainState) -> jax.Array:
     return state.step if count is None else count
 
 
-def _apply_update(tx, learning_rate, config):
+def update_fn(
+    tx: optax.GradientTransformation,
+    learning_rate: optax.Schedule,
+    config: ml_collections.ConfigDict,
+) -> Callable:
     """`(state, grads, new_stats, metrics) -> (state, metrics)`: unscale, update, loss scale."""
     dynamic_scale = precision.needs_loss_scaling(precision.compute_dtype(config.precision.compute))
     ls_cfg = config.precision.loss_scale
@@ -279,7 +284,7 @@ def make_train_step(
             f"{('xla', *allreduce.STRATEGIES)}."
         )
     xla_reduces = config.comm.strategy == "xla"
-    update = _apply_update(tx, learning_rate, config)
+    update = update_fn(tx, learning_rate, config)
     sharded = {}  # per image shape: the model's call order is traced once per shape
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
@@ -311,7 +316,7 @@ def make_eval_step(
 
     def per_device(params, batch_stats, batch):
         logits = model.apply(
-            {"params": _cast_floats(params, compute), "batch_stats": batch_stats},
+            {"params": cast_floats(params, compute), "batch_stats": batch_stats},
             batch["image"].astype(compute),
             train=False,
         )

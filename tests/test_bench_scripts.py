@@ -49,7 +49,11 @@ def test_bench_allreduce_reports_every_strategy(tmp_path):
     for r in rows:
         assert r["mesh"] == "2x4" and r["dtype"] == "bfloat16"
         # Exact identities of the derived figures (float64 arithmetic on the same numbers).
-        assert r["time_s"] == sorted(r["samples_s"])[1]  # median of 3
+        # Device time of one reduction: the difference of 9 and 1 in-program iterations over 8.
+        assert r["time_s"] == pytest.approx(
+            (r["program_9_iterations_s"] - r["program_1_iteration_s"]) / 8, rel=1e-12
+        )
+        assert r["call_time_s"] == sorted(r["call_samples_s"])[1]  # median of 3
         assert r["busbw_gbps"] == pytest.approx(
             2 * 7 / 8 * r["payload_bytes"] / r["time_s"] / 1e9, rel=1e-12
         )
@@ -102,8 +106,9 @@ def test_bench_allreduce_skips_past_budget(tmp_path):
 def test_bench_step_case_order_and_skip_rule():
     cases = bench_step.build_cases(["a", "b"], bench_step.MESHES, bench_step.STRATEGIES, [1, 4])
     # Per model: 1x1 xla; xla on 1xn; flat, hierarchical, hybrid x 2 buckets on 1xn; hierarchical
-    # and hybrid x 2 buckets on 2xn/2 (xla and flat reduce over the same devices as on 1xn).
-    assert len(cases) == 2 * (1 + 1 + 3 * 2 + 2 * 2)
+    # and hybrid x 2 buckets on 2xn/2 (xla and flat reduce over the same devices as on 1xn); the
+    # peers on 1xn only: the two AD-placed ones unbucketed, concatenated buckets x 2.
+    assert len(cases) == 2 * (1 + 1 + 3 * 2 + 2 * 2 + 2 + 2)
     assert [(c.model, c.mesh) for c in cases[:4]] == [
         ("a", "1x1"),
         ("b", "1x1"),
@@ -111,7 +116,10 @@ def test_bench_step_case_order_and_skip_rule():
         ("b", "1xn"),
     ]
     assert {c.strategy for c in cases if c.mesh == "2xn/2"} == set(bench_step.NODE_AWARE)
-    assert all((c.bucket_mib is None) == (c.strategy == "xla") for c in cases)
+    assert all(
+        (c.bucket_mib is None) == (c.strategy == "xla" or c.strategy.startswith("peer_ad"))
+        for c in cases
+    )
 
 
 def test_bench_step_measures_the_train_step(tmp_path, monkeypatch):
@@ -132,7 +140,6 @@ def test_bench_step_measures_the_train_step(tmp_path, monkeypatch):
             "--bucket_mib=0.01",
             "--steps=2",
             "--warmup_steps=1",
-            "--sync_every=1",
             f"--xla_flags_variant={flags}",
             "--budget_s=900",
             f"--out={tmp_path / 's.json'}",

@@ -28,7 +28,8 @@ for ((i = 0; i < procs; i++)); do
     visible=$(seq -s, $((i * devices)) $((i * devices + devices - 1)))
     env_vars=(CUDA_VISIBLE_DEVICES="$visible")
   else
-    env_vars=(XLA_FLAGS="--xla_force_host_platform_device_count=${devices}"
+    # The caller's flags are kept; the last device count given wins.
+    env_vars=(XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=${devices}"
       JAX_PLATFORMS=cpu JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo)
   fi
   env "${env_vars[@]}" python3 -m jia_jax.main --config="$config" --workdir="$workdir" \

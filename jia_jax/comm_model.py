@@ -126,8 +126,10 @@ def scatter_or_gather_s(nbytes: float, n: int, link: Link, launch_s: float) -> f
 def hierarchical_s(nbytes: float, node: int, gpu: int, model: CommModel) -> float:
     """Reduce-scatter over `gpu`, all-reduce of 1/gpu of the bytes over `node`, all-gather over
     `gpu`. The `gpu` all-reduces across nodes run at once and share each node's NICs, so each
-    gets one GPU's share (`allreduce_s` with one GPU per node). Stages of size 1 cost nothing
-    (XLA drops a collective over a one-device axis)."""
+    gets one GPU's share (`allreduce_s` with one GPU per node). Where a level has one member,
+    `allreduce._hierarchical_sum` runs one all-reduce over the other level instead."""
+    if node == 1 or gpu == 1:
+        return allreduce_s(nbytes, node, gpu, model)
     inside = 2 * scatter_or_gather_s(nbytes, gpu, model.intra, model.launch_s)
     return inside + allreduce_s(nbytes / gpu, node, 1, model)
 
@@ -159,7 +161,7 @@ def bucket_s(
     elements: int, itemsize: int, hierarchical: bool, node: int, gpu: int, model: CommModel
 ) -> float:
     """Time to reduce one bucket of `elements` wire values with either collective."""
-    if hierarchical:
+    if hierarchical and node > 1 and gpu > 1:
         padded = -(-elements // gpu) * gpu  # reduce-scatter pads to a multiple of gpu
         return hierarchical_s(padded * itemsize, node, gpu, model)
     return allreduce_s(elements * itemsize, node, gpu, model)

@@ -136,19 +136,26 @@ def relpath(path: str) -> str:
     return os.path.relpath(os.path.abspath(path), REPO)
 
 
+def benchmark_kind(doc: dict[str, Any]) -> str | None:
+    """ "allreduce" or "step" for a bench_allreduce / bench_step JSON, None for anything else."""
+    results = doc.get("results") if isinstance(doc, dict) else None
+    if not results or not isinstance(results, list):
+        return None
+    if "payload" in results[0]:
+        return "allreduce"
+    return "step" if "model" in results[0] and "strategy" in results[0] else None
+
+
 def load_rows(paths: Sequence[str]) -> list[Row]:
-    """Every result row of the given bench_allreduce / bench_step JSONs (others are rejected)."""
+    """Every result row of the bench_allreduce / bench_step JSONs among `paths`; other JSONs in
+    the benchmark folder (e.g. the large-batch study) are skipped."""
     rows = []
     for path in paths:
         with open(path) as f:
             doc = json.load(f)
-        results = doc.get("results", [])
-        if results and "payload" in results[0]:
-            kind = "allreduce"
-        elif results and "model" in results[0]:
-            kind = "step"
-        else:
-            raise ValueError(f"{path}: not a bench_allreduce or bench_step JSON (no known rows).")
+        kind = benchmark_kind(doc)
+        if kind is None:
+            continue
         for section in ("results", "variants"):
             rows.extend(
                 Row(relpath(path), section, i, kind, r, doc.get("args", {}), doc["environment"])
@@ -326,7 +333,10 @@ def calibrate(
             if exclusion_reason(r)
         ],
         "compute": compute_rows(rows),
-        "files": [{"path": relpath(p), "sha256_16": file_digest(relpath(p))} for p in paths],
+        "files": [
+            {"path": relpath(p), "sha256_16": file_digest(relpath(p))}
+            for p in sorted({os.path.join(REPO, r.file) for r in rows})
+        ],
         "fabrics": FABRICS,
         "default_fabric": "ndr400_per_gpu",
         "reference_intra": REFERENCE_INTRA,

@@ -318,7 +318,8 @@ the GPU's share of its node's NICs). For B bytes per GPU (wire dtype x elements)
 - reduce-scatter or all-gather over n GPUs: `launch + (n-1) alpha + (n-1)/n B / beta`;
 - `flat` = one all-reduce per bucket over all GPUs; `hierarchical` = reduce-scatter over the G
   GPUs of a node, G concurrent all-reduces of B/G bytes over the N nodes (each with one GPU's
-  share of the NICs), all-gather over G; `hybrid` = hierarchical below the crossover, flat above;
+  share of the NICs), all-gather over G (with N or G = 1: one all-reduce over the other level, as
+  `allreduce._hierarchical_sum` does); `hybrid` = hierarchical below the crossover, flat above;
 - buckets: the greedy packing of `allreduce.plan_buckets` on the leaves in backward order
   (`comm_model.bucket_elements`, tested against it);
 - step = compute (a measured one-device step) + (1 - overlap) x communication + fixed overhead;

@@ -77,10 +77,13 @@ def test_reduce_scatter_and_hierarchical_by_stage():
 def test_one_device_axes_cost_nothing():
     m = model()
     assert cm.allreduce_s(1e9, 1, 1, m) == 0.0
-    # 1 x n: no all-reduce across nodes, just the two stages inside the node.
-    assert cm.hierarchical_s(8e7, 1, 4, m) == pytest.approx(2 * 616e-6, **TIGHT)
-    # n x 1: no stage inside the node, the all-reduce over nodes is the flat one.
-    assert cm.hierarchical_s(8e7, 4, 1, m) == pytest.approx(cm.allreduce_s(8e7, 4, 1, m), **TIGHT)
+    # A level with one member: allreduce._hierarchical_sum runs one all-reduce over the other.
+    # 1 x 4: 10 + 6 * 2 us + 2*3/4 * 8e7 / 1e11 = 22e-6 + 1.2e-3.
+    assert cm.hierarchical_s(8e7, 1, 4, m) == pytest.approx(22e-6 + 1.2e-3, **TIGHT)
+    # 4 x 1: 10 + 6 * 20 us + 2*3/4 * 8e7 / 1e10 = 130e-6 + 1.2e-2.
+    assert cm.hierarchical_s(8e7, 4, 1, m) == pytest.approx(130e-6 + 1.2e-2, **TIGHT)
+    # ... and pads nothing: 10 values on 1 x 4 are 40 bytes.
+    assert cm.bucket_s(10, 4, True, 1, 4, m) == pytest.approx(cm.allreduce_s(40, 1, 4, m))
 
 
 def test_hierarchical_bucket_pads_to_a_multiple_of_the_gpus():
@@ -142,8 +145,7 @@ def test_strategy_names_match_the_trainer():
 
 
 def test_one_node_picks_flat_whatever_the_links():
-    # 1 x n: hierarchical is reduce-scatter + all-gather, the same steps and bytes as the ring in
-    # two collectives, so it costs one more launch.
+    # 1 x n: hierarchical is the same one all-reduce, hybrid too; ties go to the simpler plan.
     for intra in [(1 * US, 1 * GB), (50 * US, 500 * GB)]:
         plan = cm.resolve(comm(), node=1, gpu=8, leaf_sizes=[10**6] * 5, model=model(intra=intra))
         assert plan.strategy == "flat"
@@ -339,6 +341,17 @@ def test_fit_on_one_gpu_count_holds_launch_and_excludes_dispatch_bound_rows(tmp_
     }
     assert set(reasons) == {"results[0]", "results[4]"}
     assert reasons["results[0]"].startswith("non-positive") and "xla" in reasons["results[4]"]
+
+
+def test_other_jsons_in_the_benchmark_folder_are_skipped(tmp_path):
+    other = tmp_path / "large_batch_study.json"
+    other.write_text(json.dumps({"meta": {}, "rows": [{"batch": 256}], "runs": []}))
+    bench = tmp_path / "bench.json"
+    rows = [_plain(4, b, 1e-3 + b / 1e11) for b in (16 * MIB, 256 * MIB)]
+    bench.write_text(json.dumps(_allreduce_doc(rows, device_timed=True)))
+    assert [r.file for r in calibrate_comm.load_rows([str(other), str(bench)])] == [
+        calibrate_comm.relpath(bench)
+    ] * 2
 
 
 def test_device_timed_rows_are_fitted_alone(tmp_path):

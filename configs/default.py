@@ -27,6 +27,9 @@ def get_config() -> ml_collections.ConfigDict:
     # Input worker processes per training process (tfds datasets); about the CPU cores each
     # process can spare: ~13 feed one H100 at ResNet-50 speed (docs/input_pipeline.md).
     config.data.num_workers = 0
+    # Unreadable records (bad JPEG bytes, a failed checksum) a tfds dataset may have before the
+    # run stops, naming file and record; each is logged and replaced by the next readable one.
+    config.data.max_bad_records = 0
 
     config.global_batch_size = 256
     config.eval_batch_size = 256

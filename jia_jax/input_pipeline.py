@@ -128,6 +128,7 @@ def create_input(
             process_count=processes,
             image_dtype=image_dtype,
             num_workers=data.num_workers,
+            max_bad_records=data.max_bad_records,
         )
         return prefetch(global_batches(local, sharding))
 
@@ -142,6 +143,7 @@ def create_input(
             process_count=processes,
             image_dtype=image_dtype,
             num_workers=data.num_workers,
+            max_bad_records=data.max_bad_records,
         )
         return global_batches(local, sharding)
 

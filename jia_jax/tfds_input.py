@@ -5,7 +5,9 @@ with an `image` and a `label` feature) through `grain`, which gives random acces
 makes the train stream a pure function of (seed, process, step): resuming at step k computes where
 step k starts instead of replaying k steps. JPEGs are decoded and resized with Pillow; TensorFlow
 is not needed at run time. Nothing here touches the network: an unprepared dataset raises
-`DatasetNotPreparedError` with the command that prepares it.
+`DatasetNotPreparedError` with the command that prepares it. A damaged shard stops the run at once,
+naming the file; a damaged record (bad JPEG bytes, a failed checksum) is named, counted and
+replaced the same way every time, up to `max_bad_records` (jia_jax/bad_records.py).
 
 Preprocessing is the standard ResNet one. Train: random-resized crop (area 8-100% of the image,
 aspect ratio 3/4-4/3, at most 10 tries, else a centre crop), horizontal flip, bilinear resize to
@@ -30,6 +32,8 @@ import ml_dtypes  # noqa: F401  registers np.dtype('bfloat16')
 import numpy as np
 import PIL.Image
 import tensorflow_datasets as tfds
+
+from jia_jax import bad_records
 
 # ImageNet channel statistics of pixel values in [0, 255] (RGB).
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32) * 255
@@ -121,15 +125,22 @@ def dataset_info(
     )
 
 
-def _process_source(
+class _ProcessPart(NamedTuple):
+    """This process's part of a split: the records (images left encoded) and where they are."""
+
+    source: Sequence[dict[str, Any]]
+    locate: bad_records.RecordLocator
+
+
+def _process_part(
     builder: tfds.core.DatasetBuilder,
     split: str,
     process_index: int,
     process_count: int,
     *,
     drop_remainder: bool,
-) -> Sequence[dict[str, Any]]:
-    """This process's contiguous, disjoint part of `split`, with images left as encoded bytes."""
+) -> _ProcessPart:
+    """This process's contiguous, disjoint part of `split`, its shards checked whole."""
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index {process_index} not in [0, {process_count}).")
     sub_split = tfds.split_for_jax_process(
@@ -138,11 +149,24 @@ def _process_source(
         process_count=process_count,
         drop_remainder=drop_remainder,
     )
-    return builder.as_data_source(split=sub_split, decoders={"image": tfds.decode.SkipDecoding()})
+    files = builder.info.splits[sub_split].file_instructions
+    bad_records.check_shards(files)
+    source = builder.as_data_source(split=sub_split, decoders={"image": tfds.decode.SkipDecoding()})
+    return _ProcessPart(source, bad_records.RecordLocator(files))
+
+
+def _read(source: Sequence[dict[str, Any]], index: int) -> tuple[PIL.Image.Image, np.int32]:
+    """Record `index` decoded; raises if it is damaged (see jia_jax/bad_records.py)."""
+    example = source[index]
+    if not example["image"]:
+        # What a shard cut short yields past its end, with label 0.
+        raise ValueError("the record holds no image bytes")
+    return _decode_rgb(example["image"]), np.int32(example["label"])
 
 
 def _decode_rgb(encoded: bytes) -> PIL.Image.Image:
     image = PIL.Image.open(io.BytesIO(encoded))
+    image.load()  # decode now, so that bad bytes fail here and not inside the crop
     # Grey-scale and CMYK JPEGs exist in ImageNet; the model wants three channels.
     return image if image.mode == "RGB" else image.convert("RGB")
 
@@ -182,32 +206,45 @@ def eval_crop_box(width: int, height: int) -> tuple[float, float, float, float]:
 
 
 def _train_example(
-    example: dict[str, Any], rng: np.random.Generator, *, image_size: int
+    index: int, rng: np.random.Generator, *, source: Sequence[dict[str, Any]], image_size: int
 ) -> dict[str, np.ndarray]:
-    image = _decode_rgb(example["image"])
+    """Record `index` augmented, or the next readable record if it is damaged."""
+    skipped, (image, label) = bad_records.first_readable(
+        functools.partial(_read, source), index, len(source)
+    )
     box = random_crop_box(rng, *image.size)
     # Resizing only the box is crop-then-resize in one pass, without copying the crop.
     pixels = np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
     if rng.random() < 0.5:
         pixels = pixels[:, ::-1]
-    return {"image": pixels, "label": np.int32(example["label"])}
+    return {
+        "image": pixels,
+        "label": label,
+        bad_records.SKIPPED: np.int32(skipped),
+        bad_records.SKIPPED_FROM: np.int64(index),
+    }
 
 
 def _eval_example(
     index: int, *, source: Sequence[dict[str, Any]], image_size: int
 ) -> dict[str, np.ndarray]:
-    """Example `index` of `source`, or a zero image with mask 0 past its end (padding)."""
+    """Example `index` of `source`; mask 0 past its end (padding) or where it is damaged."""
+    padding = {
+        "image": np.zeros((image_size, image_size, 3), np.uint8),
+        "label": np.int32(0),
+        "mask": np.float32(0),
+        bad_records.SKIPPED: np.int32(0),
+        bad_records.SKIPPED_FROM: np.int64(index),
+    }
     if index >= len(source):
-        return {
-            "image": np.zeros((image_size, image_size, 3), np.uint8),
-            "label": np.int32(0),
-            "mask": np.float32(0),
-        }
-    example = source[index]
-    image = _decode_rgb(example["image"])
+        return padding
+    try:
+        image, label = _read(source, index)
+    except Exception:  # noqa: BLE001  a damaged record is left out; the counter names it
+        return {**padding, bad_records.SKIPPED: np.int32(1)}
     box = eval_crop_box(*image.size)
     pixels = np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
-    return {"image": pixels, "label": np.int32(example["label"]), "mask": np.float32(1)}
+    return {**padding, "image": pixels, "label": label, "mask": np.float32(1)}
 
 
 def _normalize(batch: dict[str, np.ndarray], *, dtype: np.dtype) -> dict[str, np.ndarray]:
@@ -223,7 +260,11 @@ def _normalize(batch: dict[str, np.ndarray], *, dtype: np.dtype) -> dict[str, np
 
 
 def _iterate(
-    batches: grain.MapDataset, num_threads: int, num_workers: int
+    batches: grain.MapDataset,
+    part: _ProcessPart,
+    max_bad_records: int,
+    num_threads: int,
+    num_workers: int,
 ) -> Iterator[dict[str, np.ndarray]]:
     # Elements are whole batches: a few in flight per thread keep the loader ahead of the step
     # without holding hundreds of batches in memory (grain's default buffer is 500 elements).
@@ -231,7 +272,11 @@ def _iterate(
     dataset = batches.to_iter_dataset(read_options)
     if num_workers > 0:
         dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
-    return iter(dataset)
+    # Counted here, after the workers: one count per process, whatever the worker count.
+    counter = bad_records.BadRecordCounter(
+        functools.partial(_read, part.source), len(part.source), part.locate, max_bad_records
+    )
+    return counter(iter(dataset))
 
 
 def train_batches(
@@ -248,6 +293,7 @@ def train_batches(
     image_dtype: str | np.dtype = np.float32,
     num_threads: int = 4,
     num_workers: int = 0,
+    max_bad_records: int = 0,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Endless train batches of this process, starting at `start_step`.
 
@@ -273,6 +319,8 @@ def train_batches(
       num_workers: worker processes reading batches; 0 reads in this process. Threads alone top
         out near 1,000 images/s (the GIL); to feed a GPU give about one worker per core. Workers
         read absl flags, so the program must have parsed them (`absl.app.run` does).
+      max_bad_records: unreadable records to replace (each by the next readable one, the same
+        way every time) before stopping; see jia_jax/bad_records.py.
 
     Yields:
       {"image": image_dtype [local_batch, image_size, image_size, 3] normalised,
@@ -280,27 +328,30 @@ def train_batches(
 
     Raises:
       DatasetNotPreparedError: the dataset is missing or not in ArrayRecord format.
+      bad_records.CorruptDatasetError: a shard is damaged (at once), or more than
+        `max_bad_records` records are (when the batch holding the next one is reached).
     """
     builder = _builder(name, data_dir)
-    source = _process_source(builder, split, process_index, process_count, drop_remainder=True)
-    if len(source) < local_batch:
+    part = _process_part(builder, split, process_index, process_count, drop_remainder=True)
+    if len(part.source) < local_batch:
         raise ValueError(
-            f"Process {process_index} has {len(source)} examples of {split!r}, fewer than one "
-            f"batch of {local_batch}."
+            f"Process {process_index} has {len(part.source)} examples of {split!r}, fewer than "
+            f"one batch of {local_batch}."
         )
     # Distinct per-process seeds keep hosts from drawing the same crops for their example i.
     process_seed = int(np.random.SeedSequence([seed, process_index]).generate_state(1)[0])
+    # Indices, not records, are shuffled: a damaged record can then be replaced inside the map.
     examples = (
-        grain.MapDataset.source(source)
+        grain.MapDataset.range(len(part.source))
         .seed(process_seed)
         .shuffle()
         .repeat()
-        .random_map(functools.partial(_train_example, image_size=image_size))
+        .random_map(functools.partial(_train_example, source=part.source, image_size=image_size))
     )
     # Slicing after batching skips whole batches by index arithmetic, without reading them.
     batches = examples.batch(local_batch, drop_remainder=True)[start_step:]
     batches = batches.map(functools.partial(_normalize, dtype=np.dtype(image_dtype)))
-    return _iterate(batches, num_threads, num_workers)
+    return _iterate(batches, part, max_bad_records, num_threads, num_workers)
 
 
 def eval_batches(
@@ -315,6 +366,7 @@ def eval_batches(
     image_dtype: str | np.dtype = np.float32,
     num_threads: int = 4,
     num_workers: int = 0,
+    max_bad_records: int = 0,
 ) -> Iterator[dict[str, np.ndarray]]:
     """One pass over this process's part of `split`, padded to whole batches.
 
@@ -333,6 +385,7 @@ def eval_batches(
       image_dtype: dtype of the images, e.g. "bfloat16": the model's compute dtype.
       num_threads: threads decoding batches in each reading process.
       num_workers: worker processes reading batches; 0 reads in this process.
+      max_bad_records: unreadable records to leave out (mask 0) before stopping.
 
     Yields:
       {"image": image_dtype [local_batch, image_size, image_size, 3] normalised,
@@ -340,9 +393,11 @@ def eval_batches(
 
     Raises:
       DatasetNotPreparedError: the dataset is missing or not in ArrayRecord format.
+      bad_records.CorruptDatasetError: a shard is damaged (at once), or more than
+        `max_bad_records` records are (when the batch holding the next one is reached).
     """
     builder = _builder(name, data_dir)
-    source = _process_source(builder, split, process_index, process_count, drop_remainder=False)
+    part = _process_part(builder, split, process_index, process_count, drop_remainder=False)
     largest_part = max(
         builder.info.splits[
             tfds.split_for_jax_process(split, process_index=p, process_count=process_count)
@@ -352,8 +407,8 @@ def eval_batches(
     num_batches = math.ceil(largest_part / local_batch)
     batches = (
         grain.MapDataset.range(num_batches * local_batch)
-        .map(functools.partial(_eval_example, source=source, image_size=image_size))
+        .map(functools.partial(_eval_example, source=part.source, image_size=image_size))
         .batch(local_batch)
         .map(functools.partial(_normalize, dtype=np.dtype(image_dtype)))
     )
-    return _iterate(batches, num_threads, num_workers)
+    return _iterate(batches, part, max_bad_records, num_threads, num_workers)

@@ -2,15 +2,21 @@
 
 import io
 import itertools
+import logging
 import math
+import os
+import re
+import shutil
+from pathlib import Path
 
 import numpy as np
 import PIL.Image
 import pytest
 import tensorflow_datasets as tfds
 from absl import flags
+from array_record.python import array_record_module
 
-from jia_jax import tfds_input
+from jia_jax import bad_records, tfds_input
 
 _NAME = "jia_test_jpeg"
 _NUM_TRAIN, _NUM_EVAL = 12, 7
@@ -252,3 +258,138 @@ def test_trainer_runs_and_evaluates_on_a_tfds_dataset(data_dir, tmp_path):
     assert results["eval/examples"] == _NUM_EVAL
     assert 0.0 <= results["eval/top1"] <= results["eval/top5"] <= 1.0
     assert np.isfinite(results["train/loss"])
+
+
+# Damaged datasets: a copy of the test dataset with one record or one shard broken.
+
+
+def _copy(data_dir, tmp_path):
+    copy = tmp_path / "tfds"
+    shutil.copytree(data_dir, copy)
+    return str(copy)
+
+
+def _shard(data_dir, split):
+    (path,) = Path(data_dir).glob(f"{_NAME}/*/{_NAME}-{split}.array_record-*")
+    return path
+
+
+def _labels_in_shard_order(data_dir, split):
+    """Record labels by position (tfds shuffles the examples when it prepares the dataset)."""
+    source = tfds.builder(_NAME, data_dir=data_dir).as_data_source(
+        split=split, decoders={"image": tfds.decode.SkipDecoding()}
+    )
+    return [int(source[i]["label"]) for i in range(len(source))]
+
+
+def _break_jpeg(data_dir, split, label):
+    """Rewrites the shard with the JPEG of `label`'s record unreadable; returns its position."""
+    shard = _shard(data_dir, split)
+    reader = array_record_module.ArrayRecordReader(str(shard))
+    options, records = (
+        reader.writer_options_string(),
+        reader.read(list(range(reader.num_records()))),
+    )
+    reader.close()
+    position = _labels_in_shard_order(data_dir, split).index(label)
+    # Zero the JPEG start-of-image marker: same length, so the record stays a valid example.
+    records[position] = records[position].replace(b"\xff\xd8\xff", b"\x00\x00\x00", 1)
+    writer = array_record_module.ArrayRecordWriter(str(shard), options)
+    for record in records:
+        writer.write(record)
+    writer.close()
+    return position
+
+
+def _break_chunk(data_dir, split, label):
+    """Zeroes 3 bytes of `label`'s record in the shard file: its checksum fails. Returns its position."""
+    shard = _shard(data_dir, split)
+    order = _labels_in_shard_order(data_dir, split)
+    position = order.index(label)
+    data = shard.read_bytes()
+    # One record per chunk, in order; each starts with a JPEG start-of-image marker, which zstd
+    # leaves as is.
+    starts = [m.start() for m in re.finditer(b"\xff\xd8\xff", data)]
+    assert len(starts) == len(order)
+    at = starts[position]
+    shard.write_bytes(data[:at] + bytes(3) + data[at + 3 :])
+    return position
+
+
+@pytest.mark.parametrize(
+    "damage, error",
+    [(_break_jpeg, "UnidentifiedImageError"), (_break_chunk, "RuntimeError: Corrupted Riegeli")],
+)
+def test_a_damaged_record_stops_the_run_naming_file_and_record(data_dir, tmp_path, damage, error):
+    damaged = _copy(data_dir, tmp_path)
+    position = damage(damaged, "train", 5)
+    batches = _train(damaged)
+    pattern = rf"Cannot read record {position} of {_shard(damaged, 'train')} \({error}"
+    with pytest.raises(bad_records.CorruptDatasetError, match=pattern) as info:
+        list(itertools.islice(batches, 3))  # one epoch
+    assert "data.max_bad_records=0" in str(info.value)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_bad_records_up_to_the_limit_are_replaced_the_same_way_every_time(
+    data_dir, tmp_path, caplog, num_workers
+):
+    flags.FLAGS.mark_as_parsed()  # grain's workers read an absl flag
+    damaged = _copy(data_dir, tmp_path)
+    position = _break_jpeg(damaged, "train", 5)
+    order = _labels_in_shard_order(damaged, "train")
+    replacement = order[(position + 1) % len(order)]  # the next record in the shard
+    clean = list(itertools.islice(_train(data_dir), 6))  # two epochs: record 5 twice
+    with caplog.at_level(logging.WARNING):
+        stream = _train(damaged, max_bad_records=1, num_workers=num_workers)
+        replaced = list(itertools.islice(stream, 6))
+    for expected, got in zip(clean, replaced, strict=True):
+        bad = expected["label"] == 5
+        assert np.sum(bad) <= 1
+        np.testing.assert_array_equal(got["label"], np.where(bad, replacement, expected["label"]))
+        # Every other example is untouched, bit for bit (same record, same random crop).
+        np.testing.assert_array_equal(got["image"][~bad], expected["image"][~bad])
+        # The replacement's image is the replacement record's (its green level names it).
+        _assert_close(_denormalize(got["image"][bad])[..., 1], _GREEN_STEP * replacement)
+    assert sum(np.sum(b["label"] == 5) for b in clean) == 2
+    # Met twice, logged and counted once, by this process (after its workers).
+    warnings = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
+    assert len(warnings) == 1 and f"record {position} of {_shard(damaged, 'train')}" in warnings[0]
+    # A resumed stream replaces it the same way.
+    resumed = list(itertools.islice(_train(damaged, start_step=2, max_bad_records=1), 4))
+    for expected, got in zip(replaced[2:], resumed, strict=True):
+        np.testing.assert_array_equal(got["image"], expected["image"])
+        np.testing.assert_array_equal(got["label"], expected["label"])
+
+
+def test_more_bad_records_than_the_limit_stop_the_run(data_dir, tmp_path):
+    damaged = _copy(data_dir, tmp_path)
+    _break_jpeg(damaged, "train", 3)
+    _break_jpeg(damaged, "train", 7)
+    with pytest.raises(bad_records.CorruptDatasetError, match="2 unreadable records, more than "):
+        list(itertools.islice(_train(damaged, max_bad_records=1), 3))
+
+
+def test_eval_leaves_a_bad_record_out_and_counts_it(data_dir, tmp_path):
+    damaged = _copy(data_dir, tmp_path)
+    position = _break_jpeg(damaged, "validation", 14)
+    batches = _eval(damaged, max_bad_records=1)
+    labels = np.concatenate([b["label"] for b in batches])
+    mask = np.concatenate([b["mask"] for b in batches])
+    assert sorted(labels[mask == 1]) == [i for i in range(12, 12 + _NUM_EVAL) if i != 14]
+    with pytest.raises(bad_records.CorruptDatasetError, match=f"Cannot read record {position} "):
+        _eval(damaged)
+
+
+@pytest.mark.parametrize("size", [65536, 9000])
+def test_a_truncated_shard_is_named_before_any_batch(data_dir, tmp_path, size):
+    damaged = _copy(data_dir, tmp_path)
+    shard = _shard(damaged, "train")
+    # 65536: the footer (the index of records) is cut off; 9000: not even one 64 KiB block.
+    os.truncate(shard, size)
+    expected = (
+        f"{shard} holds 0 readable records where the dataset's metadata lists 12: "
+        "the file is truncated or damaged."
+    )
+    with pytest.raises(bad_records.CorruptDatasetError, match=re.escape(expected)):
+        _train(damaged)

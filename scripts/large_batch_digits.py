@@ -8,7 +8,8 @@ every run's result (`--json`).
 Run from the repository root:
 
   python -m scripts.large_batch_digits --seeds=0,1,2 \
-      --table=docs/large_batch_table.md --json=docs/large_batch_results.json
+      --table=docs/benchmarks/large_batch_digits_table.md \
+      --json=docs/benchmarks/large_batch_digits.json
 
 `--set RECIPE:FIELD=VALUE` (repeatable) overrides a config field of one recipe for a tuning
 sweep, e.g. `--recipes=large_lars --set=large_lars:optimizer.base_learning_rate=2.0`.

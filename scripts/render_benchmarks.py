@@ -1,4 +1,5 @@
-"""Markdown tables from the JSON that scripts/bench_step.py and scripts/bench_allreduce.py write.
+"""Markdown tables from the JSON that scripts/bench_step.py, bench_allreduce.py and bench_input.py
+write.
 
 docs/benchmarks.md pastes this script's output, so no number there is typed by hand:
 
@@ -82,12 +83,43 @@ def allreduce_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def input_table(doc: dict[str, Any]) -> str:
+    """Train input images/s per loader and core count (scripts/bench_input.py)."""
+    first = doc["results"][0]
+    lines = [
+        f"Train input ({doc['cpu_count']}-core host; {doc['dataset']['images']} JPEGs of "
+        f"{doc['dataset']['mean_kb']:.0f} KB mean, batch {first['batch']}, "
+        f"{first['image_size']} px {first['image_dtype']}):",
+        "",
+        "| loader | cores | threads | workers | images/s | images/s per core | "
+        "images per CPU-second |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in doc["results"]:
+        lines.append(
+            f"| {r['loader']} | {r['cores']} | {r['threads']} | {r['workers']} | "
+            f"{r['images_per_s']:.0f} | {r['images_per_s_per_core']:.0f} | "
+            f"{r['images_per_cpu_s']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def render(path: str) -> str:
+    """The block docs/benchmarks.md pastes for one JSON file: its path, then its table."""
+    with open(path) as f:
+        doc = json.load(f)
+    if "variants" in doc:
+        table = step_table(doc)
+    elif "dataset" in doc:
+        table = input_table(doc)
+    else:
+        table = allreduce_table(doc)
+    return f"From `{path}`.\n\n{table}\n"
+
+
 def main(paths: list[str]) -> None:
     for path in paths:
-        with open(path) as f:
-            doc = json.load(f)
-        table = step_table(doc) if "variants" in doc else allreduce_table(doc)
-        print(f"From `{path}`.\n\n{table}\n")
+        print(render(path))
 
 
 if __name__ == "__main__":

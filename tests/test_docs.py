@@ -1,0 +1,163 @@
+"""Docs quote their raw files: benchmark tables are the render of their JSON, and the figures the
+prose derives from them are recomputed here from the same files (cheap; catches drift)."""
+
+import json
+import pathlib
+import re
+
+from scripts import large_batch_digits
+from scripts import render_benchmarks
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RAW = REPO / "docs" / "benchmarks"
+
+
+def read(path: str) -> str:
+    return (REPO / path).read_text()
+
+
+def load(name: str) -> dict:
+    return json.loads((RAW / name).read_text())
+
+
+def span(values, fmt: str) -> str:
+    """'lo–hi' of `values` in `fmt`, as the docs write ranges."""
+    return f"{min(values):{fmt}}–{max(values):{fmt}}"
+
+
+def assert_quoted(text: str, quotes: list[str]) -> None:
+    text = " ".join(text.split())  # the docs wrap lines anywhere
+    missing = [q for q in quotes if q not in text]
+    assert not missing, f"not in the docs as recomputed from the JSON: {missing}"
+
+
+def test_benchmark_tables_are_the_render_of_their_json(monkeypatch):
+    monkeypatch.chdir(REPO)  # the render names the path as given, relative to the repository
+    doc = read("docs/benchmarks.md")
+    paths = re.findall(r"^From `(docs/benchmarks/[^`]+\.json)`\.$", doc, re.MULTILINE)
+    assert len(paths) >= 4
+    for path in paths:
+        assert render_benchmarks.render(path).rstrip("\n") in doc, path
+
+
+def step_runs() -> list[tuple[float, list[dict]]]:
+    """Per 4-GPU bench_step run: its ResNet-50 1x1 step in ms, and its measured multi-GPU rows
+    (XLA-flag variants excluded)."""
+    runs = []
+    for name in ("bench_step_4xH200.json", "bench_step_buckets_4xH200.json"):
+        rows = [r for r in load(name)["results"] if "step_time_s" in r]
+        [one] = [r for r in rows if r["model"] == "resnet50" and r["devices"] == 1]
+        runs.append((1e3 * one["step_time_s"], [r for r in rows if r["devices"] > 1]))
+    return runs
+
+
+def test_step_answers_agree_with_the_json():
+    answers = read("docs/benchmarks.md").split("### All-reduce bus bandwidth")[0]
+    runs = step_runs()
+    ms = {
+        (r["model"], r["mesh_shape"], r["strategy"], r["bucket_mib"]): 1e3 * r["step_time_s"]
+        for _, rows in runs
+        for r in rows
+    }
+    xla, best = ms["resnet50", "1x4", "xla", None], ms["resnet50", "1x4", "hierarchical", 16.0]
+    explicit = [v for k, v in ms.items() if k[:2] == ("resnet50", "1x4") and k[2] != "xla"]
+    longer = [
+        1e3 * r["step_time_s"] - one for one, rows in runs for r in rows if r["model"] == "resnet50"
+    ]
+    # AlexNet-BN's figures include its latency-hiding-scheduler variant, as the table does.
+    variants = [r for r in load("bench_step_4xH200.json")["variants"] if r["model"] == "alexnet_bn"]
+    alexnet = [v for k, v in ms.items() if k[0] == "alexnet_bn"]
+    alexnet += [1e3 * r["step_time_s"] for r in variants]
+    efficiency = [r["efficiency"] for _, rows in runs for r in rows if r["model"] == "alexnet_bn"]
+    efficiency += [r["efficiency"] for r in variants]
+    assert_quoted(
+        answers,
+        [
+            f"{best:.1f} ms against {xla:.1f} ms",
+            f"({100 * (xla - best) / xla:.1f}% faster",
+            f"took {span(explicit, '.1f')} ms",
+            f"{100 * (max(explicit) - xla) / xla:.1f}% slower",
+            f"{best - runs[0][0]:.1f} ms longer than the 1×1",
+            f"{span(alexnet, '.1f')} ms, a {100 * (max(alexnet) / min(alexnet) - 1):.1f}% spread",
+            f"Efficiency {span(efficiency, '.2f')}",
+        ],
+    )
+    # The all-reduce answers compare the tree's cost with these step-level differences.
+    assert_quoted(read("docs/benchmarks.md"), [f"only {span(longer, '.1f')} ms longer"])
+
+
+def test_allreduce_answers_agree_with_the_json():
+    answers = read("docs/benchmarks.md").split("### All-reduce bus bandwidth")[1].split("\n## ")[0]
+    rows = [r for r in load("bench_allreduce_4xH200.json")["results"] if "time_s" in r]
+    flat = [r for r in rows if r["leaves"] <= 1]
+    tree = [r for r in rows if r["leaves"] > 1 and r["strategy"] != "plain"]
+    plain_tree = [1e3 * r["time_s"] for r in rows if r["leaves"] > 1 and r["strategy"] == "plain"]
+    largest = max(r["payload_bytes"] for r in flat)
+
+    def of(strategy, key, size=None):
+        return [
+            r[key]
+            for r in flat
+            if r["strategy"] == strategy and r["payload_bytes"] == (size or r["payload_bytes"])
+        ]
+
+    # Per flat buffer (size, dtype, mesh): is hierarchical slower than flat?
+    times = {(r["payload_bytes"], r["dtype"], r["mesh"], r["strategy"]): r["time_s"] for r in flat}
+    cases = {k[:3] for k in times}
+    slower = sum(times[(*c, "hierarchical")] > times[(*c, "flat")] for c in cases)
+    assert_quoted(
+        answers,
+        [
+            f"({span(of('flat', 'ratio'), '.2f')} of it",
+            f"reaching {span(of('flat', 'busbw_gbps', largest), '.0f')} GB/s",
+            f"against {span(of('plain', 'busbw_gbps', largest), '.0f')} GB/s for plain",
+            f"({slower} of {len(cases)} cases; {span(of('hierarchical', 'ratio'), '.2f')}",
+            f"costs {span([1e3 * r['time_s'] for r in tree], '.1f')} ms",
+            f"against {span(plain_tree, '.2f')} ms for one flat buffer",
+            f"(ratio {span([r['ratio'] for r in tree], '.2f')})",
+        ],
+    )
+
+
+def test_large_batch_table_is_the_render_of_its_json():
+    raw = load("large_batch_digits.json")
+    table = large_batch_digits.markdown_table(raw["rows"], raw["meta"])
+    assert read("docs/benchmarks/large_batch_digits_table.md") == table
+    assert table in read("docs/large_batch.md")
+
+
+def test_large_batch_second_attempt_quotes_its_log():
+    log = read("docs/benchmarks/large_batch_digits_attempt2.log").splitlines()
+    doc = read("docs/large_batch.md")
+    pattern = r"^\w+ seed \d: test top-1 .*$"
+    quoted = re.findall(pattern, doc, re.MULTILINE)
+    assert quoted and sorted(quoted) == sorted(line for line in log if re.match(pattern, line))
+
+
+def test_input_table_renders_bench_input_json(tmp_path):
+    row = {"batch": 128, "image_size": 224, "image_dtype": "bfloat16", "threads": 2}
+    doc = {
+        "dataset": {"images": 2000, "mean_kb": 101.6},
+        "cpu_count": 16,
+        "results": [
+            {
+                **row,
+                "loader": "grain processes",
+                "cores": 4,
+                "workers": 4,
+                "images_per_s": 1001.4,
+                "images_per_s_per_core": 250.35,
+                "images_per_cpu_s": 240.6,
+            },
+        ],
+    }
+    path = tmp_path / "bench_input.json"
+    path.write_text(json.dumps(doc))
+    assert render_benchmarks.render(str(path)) == (
+        f"From `{path}`.\n\n"
+        "Train input (16-core host; 2000 JPEGs of 102 KB mean, batch 128, 224 px bfloat16):\n\n"
+        "| loader | cores | threads | workers | images/s | images/s per core | "
+        "images per CPU-second |\n"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        "| grain processes | 4 | 2 | 4 | 1001 | 250 | 241 |\n"
+    )

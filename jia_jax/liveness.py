@@ -72,17 +72,25 @@ def initialize_kwargs(heartbeat_timeout_s: int) -> dict[str, Any]:
 
 
 def enable_recoverable_service() -> bool:
-    """Asks JAX to mark dead processes instead of aborting the others; False if it cannot."""
+    """Asks JAX to mark dead processes instead of aborting the others; False if it cannot.
+
+    Only where the client can also answer the watch (live processes, barriers): in recoverable
+    mode without a watch, the others would wait for a dead process forever.
+    """
+    client_type = getattr(getattr(jax_distributed, "_jax", None), "DistributedRuntimeClient", None)
+    watchable = all(hasattr(client_type, m) for m in ("get_live_nodes", "wait_at_barrier"))
     try:
-        jax.config.update("jax_enable_recoverability", True)
+        if watchable:
+            jax.config.update("jax_enable_recoverability", True)
     except AttributeError:
+        watchable = False
+    if not watchable:
         logging.warning(
-            "jax %s has no recoverable coordination service: if a process dies, JAX aborts the "
-            "others after distributed.heartbeat_timeout_s instead of a one-line error.",
+            "jax %s cannot report a dead process itself: if one dies, JAX aborts the others "
+            "after distributed.heartbeat_timeout_s instead of a one-line error.",
             jax.__version__,
         )
-        return False
-    return True
+    return watchable
 
 
 def newest_checkpoint(directory: epath.PathLike | None) -> int | None:

@@ -248,3 +248,15 @@ def test_heartbeat_timeout_is_validated_and_passed_to_jax():
     with pytest.raises(ValueError, match="heartbeat_timeout_s=0 must be at least 1"):
         liveness.initialize_kwargs(0)
     assert digits.get_config().distributed.heartbeat_timeout_s <= 30
+
+
+def test_no_recoverable_mode_where_the_client_cannot_be_watched(monkeypatch):
+    class OldJaxlib:
+        class DistributedRuntimeClient:  # no get_live_nodes
+            wait_at_barrier = None
+
+    monkeypatch.setattr(liveness.jax_distributed, "_jax", OldJaxlib)
+    before = jax.config.jax_enable_recoverability
+    # Recoverable mode without a watch would leave the others waiting for a dead process.
+    assert not liveness.enable_recoverable_service()
+    assert jax.config.jax_enable_recoverability == before

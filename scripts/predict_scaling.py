@@ -994,8 +994,8 @@ def plot(
     plt.close(fig)
 
 
-def render_doc(cal: dict[str, Any], rows: Sequence[cc.Row], png: str) -> str:
-    """The whole of docs/scaling.md; also writes the plot to `png`."""
+def render_doc(cal: dict[str, Any], rows: Sequence[cc.Row], png: str | None) -> str:
+    """The whole of docs/scaling.md; also writes the plot to `png` unless it is None."""
     kind = cal["intra"]["device_kinds"][0]
     per_image, compute_src = {}, []
     for name in MODELS:
@@ -1010,7 +1010,8 @@ def render_doc(cal: dict[str, Any], rows: Sequence[cc.Row], png: str) -> str:
     paper_curve = scaling_rows(
         "resnet50", paper_model(cal), 1 / PAPER["p40_resnet50_images_per_s"], PAPER_WIRE
     )
-    plot(png, scaling, paper_curve, paper)
+    if png:
+        plot(png, scaling, paper_curve, paper)
     entries, skipped = validation(rows, cal)
     valid_text, stats = render_validation(entries, skipped, rows, cal)
     tables = "\n\n".join(

@@ -5,8 +5,10 @@ Every expected time below is written out from the alpha-beta formulas in the com
 the model computes the same sums in float64, so they agree to rounding (rel 1e-12).
 """
 
+import glob
 import json
 import math
+import os
 import types
 
 import jax
@@ -399,3 +401,25 @@ def test_predicted_allreduce_row_and_compact_row_ids():
         "d/b.json#variants[2]",
     ]
     assert predict_scaling.compact_ids(ids) == "`a.json` results[0–1, 3]; `b.json` variants[2]"
+
+
+def test_calibration_and_scaling_doc_are_current():
+    # The committed calibration is the fit of today's docs/benchmarks/*.json, and docs/scaling.md
+    # its render: a new benchmark JSON needs `python -m scripts.calibrate_comm && python -m
+    # scripts.predict_scaling`. (The plot is not redrawn here: matplotlib is optional.)
+    repo = calibrate_comm.REPO
+    with open(calibrate_comm.DEFAULT_OUT) as f:
+        committed = json.load(f)
+    paths = sorted(glob.glob(os.path.join(repo, "docs", "benchmarks", "*.json")))
+    refit = calibrate_comm.calibrate(
+        paths,
+        committed["overlap"]["value"],
+        committed["overlap"]["source"],
+        committed["step_overhead_s"]["value"],
+        committed["step_overhead_s"]["source"],
+    )
+    assert json.loads(json.dumps(refit)) == committed, "refit: python -m scripts.calibrate_comm"
+    with open(os.path.join(repo, "docs", "scaling.md")) as f:
+        doc = f.read()
+    rendered = predict_scaling.render_doc(committed, calibrate_comm.load_rows(paths), png=None)
+    assert rendered == doc, "re-render: python -m scripts.predict_scaling"

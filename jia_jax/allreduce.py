@@ -161,7 +161,9 @@ def _hierarchical_sum(x: jax.Array, node_axis: str, gpu_axis: str) -> jax.Array:
         # One level has a single member: the three stages move the same bytes as one all-reduce
         # over the other level, which NCCL runs as one kernel instead of three (measured in
         # docs/benchmarks.md: two launches and a dependency fewer per bucket).
-        return jax.lax.psum(x, node_axis if gpus == 1 else gpu_axis)
+        # Over both axes: the same replica groups (one of them has a single member), and the
+        # result is typed as replicated over both, as the three stages' result is.
+        return jax.lax.psum(x, (node_axis, gpu_axis))
     pad = -x.shape[0] % gpus  # Reduce-scatter needs equal shards.
     padded = jnp.pad(x, (0, pad)) if pad else x
     shard = jax.lax.psum_scatter(padded, gpu_axis, scatter_dimension=0, tiled=True)

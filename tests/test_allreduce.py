@@ -394,26 +394,29 @@ def test_one_level_meshes_reduce_each_bucket_with_one_all_reduce(shape, strategy
             hybrid_crossover_bytes=CROSSOVER_BYTES,
         )
 
+    # Under shard_map's replication check (its default), as the module docstring's example runs.
     fn = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P()))
     pre = _collectives(fn.lower(_abstract_grads()).as_text(dialect="hlo"))
     assert Counter(op for op, _, _, _ in pre) == Counter({"all-reduce": len(plan.buckets)})
     assert all(groups == ALL_DEVICES for _, groups, _, _ in pre), pre
 
     grads = per_device_grads()
-    stacked = jax.jit(
+    # Per-device (varying) gradients in, a result the replication check accepts as replicated
+    # over both axes out (a psum over the gpu axis alone would be typed as varying over node).
+    mean = jax.jit(
         jax.shard_map(
-            lambda s: jax.tree.map(lambda x: x[None], per_device(jax.tree.map(lambda x: x[0], s))),
+            lambda s: per_device(jax.tree.map(lambda x: x[0], s)),
             mesh=mesh,
             in_specs=BATCH,
-            out_specs=BATCH,
+            out_specs=P(),
         )
     )(grads)
-    for out, inp in zip(jax.tree.leaves(stacked), jax.tree.leaves(grads)):
+    for out, inp in zip(jax.tree.leaves(mean), jax.tree.leaves(grads)):
         ref = np.asarray(inp, np.float64).mean(axis=0)
         # 7 additions of same-sign terms in fp32, the division by 8 exact, one cast to the leaf
         # dtype: relative error <= 7 u_f32 + u_leaf.
         rtol = 7 * UNIT_ROUNDOFF[F32] + UNIT_ROUNDOFF[np.dtype(inp.dtype)]
-        np.testing.assert_allclose(np.asarray(out[0], np.float64), ref, rtol=rtol, atol=0)
+        np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=rtol, atol=0)
 
 
 @pytest.mark.parametrize("wire", WIRE_DTYPES)

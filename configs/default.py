@@ -51,6 +51,8 @@ def get_config() -> ml_collections.ConfigDict:
             # A process silent this long is dead: the others stop with one line naming it and
             # the checkpoint to resume from (jia_jax/liveness.py). JAX's default is 100 s.
             "heartbeat_timeout_s": 30,
+            # False: no watch (JAX's own coordination service aborts the survivors instead).
+            "watch_peers": True,
         }
     )
 

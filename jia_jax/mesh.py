@@ -60,7 +60,7 @@ def initialize_distributed(dist: ml_collections.ConfigDict) -> liveness.PeerWatc
     else:
         return liveness.PeerWatch()
     timeout_kwargs = liveness.initialize_kwargs(dist.heartbeat_timeout_s)
-    recoverable = liveness.enable_recoverable_service()
+    recoverable = dist.watch_peers and liveness.enable_recoverable_service()
     jax.distributed.initialize(**explicit, **timeout_kwargs)
     logging.info(
         "jax.distributed: process %d of %d, %d local devices",

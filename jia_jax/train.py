@@ -9,6 +9,7 @@ al.), and reduces the gradients with the configured strategy (`jia_jax.allreduce
 from __future__ import annotations
 
 from collections.abc import Callable
+import math
 from typing import Any
 
 import flax
@@ -17,9 +18,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
+from absl import logging
 from jax.sharding import Mesh, PartitionSpec as P
 
-from jia_jax import allreduce
+from jia_jax import allreduce, comm_model
 from jia_jax import loss as loss_lib
 from jia_jax import mesh as mesh_lib
 from jia_jax import precision
@@ -157,15 +159,14 @@ def device_index(mesh: Mesh) -> jax.Array:
     return jax.lax.axis_index(mesh_lib.NODE_AXIS) * gpus + jax.lax.axis_index(mesh_lib.GPU_AXIS)
 
 
-def _per_device_step(model, config, mesh, image_shape):
-    """The `shard_map`ped part of the step: local gradients, then their reduction.
+def _per_device_step(model, config, comm, mesh, image_shape):
+    """The `shard_map`ped part of the step: local gradients, then their reduction by `comm`.
 
     Returns `f(params, batch_stats, scale, batch, key) -> (grads, new_stats, metrics)`. With
     `comm.strategy='xla'` each output is stacked along a device axis (its mean is left to XLA);
     otherwise all three are already averaged over the devices.
     """
     compute = precision.compute_dtype(config.precision.compute)
-    comm = config.comm
     grads_fn = accumulate_microbatches(
         local_grads_fn(model, compute, config.loss.label_smoothing),
         config.microbatch_size,
@@ -205,6 +206,43 @@ def _per_device_step(model, config, mesh, image_shape):
         out_specs=(reduced, reduced, reduced),
         check_vma=False,
     )
+
+
+def resolve_comm(
+    comm: ml_collections.ConfigDict,
+    model: nn.Module,
+    mesh: Mesh,
+    params: Any,
+    image_shape: tuple[int, ...],
+) -> ml_collections.ConfigDict:
+    """`comm` with `strategy='auto'` and `bucket_bytes` / `hybrid_crossover_bytes` = -1 chosen.
+
+    The communication model (`jia_jax.comm_model`, calibrated on this repo's benchmarks) picks
+    the plan with the least predicted reduction time for this mesh, gradient tree and wire
+    dtype; the choice is logged. Explicit values are kept.
+    """
+    automatic = (
+        comm.strategy == comm_model.AUTO
+        or comm.bucket_bytes == comm_model.AUTO_BYTES
+        or comm.hybrid_crossover_bytes == comm_model.AUTO_BYTES
+    )
+    if not automatic:
+        return comm
+    leaves = jax.tree.leaves(params)
+    order = call_order.backward_leaf_order(model, image_shape)
+    plan = comm_model.resolve(
+        comm,
+        node=mesh.shape[mesh_lib.NODE_AXIS],
+        gpu=mesh.shape[mesh_lib.GPU_AXIS],
+        leaf_sizes=[math.prod(leaves[i].shape) for i in order],
+        single_host=jax.process_count() == 1,
+    )
+    logging.info("%s", plan.summary())
+    resolved = ml_collections.ConfigDict(comm.to_dict())
+    resolved.strategy = plan.strategy
+    resolved.bucket_bytes = plan.bucket_bytes
+    resolved.hybrid_crossover_bytes = plan.hybrid_crossover_bytes
+    return resolved
 
 
 def schedule_count(state: TrainState) -> jax.Array:
@@ -278,26 +316,25 @@ def make_train_step(
       config: the run config (`precision`, `loss`, `comm` blocks and `microbatch_size` are read).
       mesh: the ("node", "gpu") mesh.
     """
-    if config.comm.strategy not in ("xla", *allreduce.STRATEGIES):
-        raise ValueError(
-            f"comm.strategy={config.comm.strategy!r} is not one of "
-            f"{('xla', *allreduce.STRATEGIES)}."
-        )
-    xla_reduces = config.comm.strategy == "xla"
+    known = ("xla", comm_model.AUTO, *allreduce.STRATEGIES)
+    if config.comm.strategy not in known:
+        raise ValueError(f"comm.strategy={config.comm.strategy!r} is not one of {known}.")
     update = update_fn(tx, learning_rate, config)
-    sharded = {}  # per image shape: the model's call order is traced once per shape
+    built = {}  # per image shape: (comm, shard_mapped step); shapes are known when tracing
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
         image_shape = batch["image"].shape[1:]
-        if image_shape not in sharded:
-            sharded[image_shape] = _per_device_step(model, config, mesh, image_shape)
+        if image_shape not in built:
+            comm = resolve_comm(config.comm, model, mesh, state.params, image_shape)
+            built[image_shape] = comm, _per_device_step(model, config, comm, mesh, image_shape)
+        comm, sharded = built[image_shape]
         # Dropout randomness is a function of (seed, step): a resumed run draws the same masks.
         key = jax.random.fold_in(jax.random.PRNGKey(config.seed), state.step)
-        grads, new_stats, metrics = sharded[image_shape](
+        grads, new_stats, metrics = sharded(
             state.params, state.batch_stats, state.loss_scale.scale, batch, key
         )
-        if xla_reduces:
-            grads = allreduce.stacked_mean(grads, config.comm.dtype)
+        if comm.strategy == "xla":
+            grads = allreduce.stacked_mean(grads, comm.dtype)
             new_stats, metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), (new_stats, metrics))
         return update(state, grads, new_stats, metrics)
 

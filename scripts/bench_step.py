@@ -71,7 +71,7 @@ from jia_jax import mesh as mesh_lib
 from scripts import bench_allreduce, peer_steps
 
 MIB = 1 << 20
-STRATEGIES = ("xla", "flat", "hierarchical", "hybrid", *peer_steps.PEERS)
+STRATEGIES = ("xla", "flat", "hierarchical", "hybrid", "auto", *peer_steps.PEERS)
 # Strategies that reduce over the node axis separately; the others see a 2-D mesh as 1-D.
 NODE_AWARE = ("hierarchical", "hybrid")
 MESHES = ("1x1", "1xn", "2xn/2")
@@ -104,12 +104,12 @@ def build_cases(
         for strategy in strategies:
             for mesh in (m for m in meshes if m != "1x1"):
                 if mesh == "2xn/2" and (
-                    strategy in peer_steps.PEERS or ("1xn" in meshes and strategy not in NODE_AWARE)
+                    strategy in peer_steps.PEERS
+                    or ("1xn" in meshes and strategy not in (*NODE_AWARE, "auto"))
                 ):
                     continue
-                buckets = (
-                    (None,) if strategy == "xla" or strategy.startswith("peer_ad") else bucket_mib
-                )
+                unbucketed = strategy in ("xla", "auto") or strategy.startswith("peer_ad")
+                buckets = (None,) if unbucketed else bucket_mib
                 cases.extend(Case(model, mesh, strategy, b) for b in buckets)
         per_model.append(cases)
     longest = max((len(c) for c in per_model), default=0)
@@ -154,6 +154,9 @@ def make_config(
     config.comm.strategy = case.strategy
     if case.bucket_mib is not None:
         config.comm.bucket_bytes = int(case.bucket_mib * MIB)
+    if case.strategy == "auto":
+        # The communication model chooses the buckets and the crossover too.
+        config.comm.bucket_bytes = config.comm.hybrid_crossover_bytes = -1
     if args.comm_dtype:
         config.comm.dtype = args.comm_dtype
     if args.hybrid_crossover_mib is not None:

@@ -132,3 +132,21 @@ def test_a_bf16_wire_trains_within_its_rounding_of_an_fp32_wire():
     num = np.sqrt(sum(np.sum((a - b) ** 2) for a, b in zip(d16, d32)))
     den = np.sqrt(sum(np.sum(b**2) for b in d32))
     assert 0 < num <= 3 * 8 * BF16_U * den, (num, den)
+
+
+def test_auto_communication_plan_trains_like_an_explicit_one():
+    # comm.strategy='auto' with the buckets and crossover left to the communication model: every
+    # plan computes the same mean, so one step must match the explicit 'flat' step to the
+    # rounding of a different summation order (see test_microbatches_... for the bound).
+    batch = global_batch()
+    mesh = mesh_lib.create_mesh(2, 4)
+    config = tiny_config("flat")
+    explicit, _ = _run(config, mesh, [batch])
+    config.comm.strategy = "auto"
+    config.comm.bucket_bytes = config.comm.hybrid_crossover_bytes = -1
+    model, state, _ = build(config, mesh)
+    comm = train.resolve_comm(config.comm, model, mesh, state.params, (16, 16, 1))
+    assert comm.strategy in allreduce.STRATEGIES and comm.bucket_bytes > 0
+    assert comm.hybrid_crossover_bytes >= 0
+    chosen, _ = _run(config, mesh, [batch])
+    assert _tree_max_abs_diff(explicit.params, chosen.params) < 1e-5

@@ -12,7 +12,9 @@ mesh, and
 Timing: the init and the step are compiled, `--warmup_steps` steps run, then `--steps` steps
 synced (each waited for before the next is dispatched) and `--steps` steps queued (one step in
 flight ahead, as the training loop runs: step t+1 is dispatched before step t's metrics are
-fetched), each in samples of 5 steps. `step_time_s`, `images_per_s` and `efficiency` are the
+fetched; a sample is the time between two completions, and the queue never drains). The 2xH100
+JSONs in docs/benchmarks/ were timed by an earlier version that drained the queue every 5 steps
+(docs/benchmarks.md says what that costs). `step_time_s`, `images_per_s` and `efficiency` are the
 queued medians (what training sees); `synced_*` are the synced ones.
 
 Peers (`--strategies` may name them): `peer_ad_psum`, `peer_ad_psum_raveled` and
@@ -257,24 +259,29 @@ def run_case(
 
 
 def time_steps(compiled, state, batch, steps: int, queued: bool) -> tuple[Any, list[float]]:
-    """Seconds per step, in samples of 5 steps: synced or queued.
+    """Seconds per step, one sample per step: synced or queued.
 
-    Synced waits for each step before dispatching the next. Queued keeps one step in flight
-    ahead, as the training loop does: it dispatches step t+1, then waits for step t's metrics.
+    Synced: each step is waited for before the next is dispatched (dispatch + device time).
+    Queued: one step in flight ahead, as the training loop runs: step t+1 is dispatched, then
+    step t's metrics are waited for; a sample is the time between two such completions, so the
+    queue never drains and the device time between steps is what training sees.
     """
-    samples = []
-    for _ in range(max(1, steps // 5)):
+    samples, prev, last = [], None, None
+    for _ in range(steps + 1 if queued else steps):
         start = time.perf_counter()
-        prev = None
-        for _ in range(5):
-            state, metrics = compiled(state, batch)
-            if not queued:
-                jax.block_until_ready(metrics)
-            elif prev is not None:
-                jax.block_until_ready(prev)
-            prev = metrics
-        jax.block_until_ready(state)
-        samples.append((time.perf_counter() - start) / 5)
+        state, metrics = compiled(state, batch)
+        if not queued:
+            jax.block_until_ready(metrics)
+            samples.append(time.perf_counter() - start)
+            continue
+        if prev is not None:
+            jax.block_until_ready(prev)
+            now = time.perf_counter()
+            if last is not None:
+                samples.append(now - last)
+            last = now
+        prev = metrics
+    jax.block_until_ready(state)
     return state, samples
 
 

@@ -1,5 +1,5 @@
-"""Markdown tables from the JSON that scripts/bench_step.py, bench_allreduce.py and bench_input.py
-write.
+"""Markdown tables from the JSON that scripts/bench_step.py, bench_allreduce.py, bench_input.py,
+profile_step.py and bench_multiprocess.py write.
 
 docs/benchmarks.md pastes this script's output, so no number there is typed by hand:
 
@@ -28,6 +28,7 @@ def _flags(flags: str | list[str]) -> str:
 
 def step_table(doc: dict[str, Any]) -> str:
     """One row per train-step case, plus the XLA-flag variants."""
+    synced = any("synced_step_time_s" in r for r in doc["results"])
     lines = [
         f"Train step ({_environment(doc)}; per-device batch as listed, bf16, synthetic data):",
         "",
@@ -35,6 +36,14 @@ def step_table(doc: dict[str, Any]) -> str:
         "images/s per GPU | efficiency vs 1x1 | compiled collectives |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
+    if synced:
+        # Queued (one step in flight ahead, as training runs) and synced (each step waited for).
+        lines[2:] = [
+            "| model | mesh | strategy | wire | bucket MiB | per-device batch | step ms queued | "
+            "step ms synced | images/s queued | efficiency queued | efficiency synced | "
+            "compiled collectives |",
+            "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        ]
     rows = [(r, "") for r in doc["results"]]
     rows += [
         (r, f" (`{_flags(r['xla_flags'])}`: {r['speedup_vs_default']:.3f}x)")
@@ -50,6 +59,15 @@ def step_table(doc: dict[str, Any]) -> str:
             )
             continue
         collectives = ", ".join(f"{k} x{v}" for k, v in sorted(r["collectives"].items()))
+        if synced:
+            lines.append(
+                f"| {r['model']} | {r['mesh_shape']} | {r['strategy']}{note} | {r['comm_dtype']} | "
+                f"{r['bucket_mib'] or ''} | {r['per_device_batch']} | "
+                f"{1e3 * r['step_time_s']:.1f} | {1e3 * r['synced_step_time_s']:.1f} | "
+                f"{r['images_per_s']:.0f} | {r['efficiency']:.3f} | "
+                f"{r['efficiency_synced']:.3f} | {collectives} |"
+            )
+            continue
         lines.append(
             f"| {r['model']} | {r['mesh_shape']} | {r['strategy']}{note} | {r['bucket_mib'] or ''} | "
             f"{r['per_device_batch']} | {1e3 * r['step_time_s']:.1f} | {r['images_per_s']:.0f} | "
@@ -67,7 +85,26 @@ def allreduce_table(doc: dict[str, Any]) -> str:
         "| payload | wire dtype | mesh | strategy | bucket MiB | time ms | bus GB/s | ratio |",
         "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
+    in_program = any("call_time_s" in r for r in doc["results"])
+    if in_program:
+        lines[0] += (
+            " time = device time of one reduction inside one program (the difference of 1 + k "
+            "and 1 iterations over k); per-call ms = one call of a jitted function of the "
+            "payload, host dispatch of every argument and result buffer included; failed cases "
+            "listed with their error"
+        )
+        lines[2:] = [
+            "| payload | wire dtype | mesh | strategy | bucket MiB | time ms | bus GB/s | ratio | "
+            "per-call ms |",
+            "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
     for r in doc["results"]:
+        if in_program and "error" in r:
+            lines.append(
+                f"| {r['payload']} | {r['dtype']} | {r['mesh']} | {r['strategy']} | | "
+                f"failed: {r['error'].splitlines()[0][:90]} | | | |"
+            )
+            continue
         if "time_s" not in r:
             continue
         bucket = "" if r["bucket_bytes"] is None else f"{r['bucket_bytes'] / 2**20:g}"
@@ -76,10 +113,11 @@ def allreduce_table(doc: dict[str, Any]) -> str:
             if r["leaves"] > 1
             else f"flat {r['payload_bytes'] / 2**20:g} MiB"
         )
-        lines.append(
+        row = (
             f"| {payload} | {r['dtype']} | {r['mesh']} | {r['strategy']} | {bucket} | "
             f"{1e3 * r['time_s']:.3f} | {r['busbw_gbps']:.1f} | {r['ratio']:.2f} |"
         )
+        lines.append(row + (f" {1e3 * r['call_time_s']:.3f} |" if in_program else ""))
     return "\n".join(lines)
 
 
@@ -104,6 +142,55 @@ def input_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def profile_table(doc: dict[str, Any]) -> str:
+    """Where one step's device time goes, per case and GPU (scripts/profile_step.py)."""
+    lines = [
+        f"Step profile ({_environment(doc)}; ms per step over the "
+        f"{doc['results'][0].get('traced_steps', doc['args']['trace_steps'])} traced queued "
+        "steps; busy times sum kernel durations; exposed = collective time with no compute "
+        "kernel running; overlapped = the rest of it):",
+        "",
+        "| case | GPU | step ms queued | step ms synced | span | idle | conv/GEMM | fusions | "
+        "concat/slice | collectives | exposed | overlapped | kernels | collectives' compute "
+        "ops between start and done |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+        "---: | --- |",
+    ]
+    for r in doc["results"]:
+        wire = f":{r['wire']}" if r.get("wire") else ""
+        case = f"{r['model']}:{r['mesh']}:{r['strategy']}:{r['per_device_batch']}{wire}"
+        overlap = ", ".join(str(c["compute_overlapped"]) for c in r["schedule"])
+        for dev, d in sorted(r["devices"].items()):
+            lines.append(
+                f"| {case} | {dev.split(':')[-1]} | {1e3 * r['queued_step_s']:.2f} | "
+                f"{1e3 * r['synced_step_s']:.2f} | {d['span_us'] / 1e3:.2f} | "
+                f"{d['idle_us'] / 1e3:.2f} | {d['busy_conv/gemm_us'] / 1e3:.2f} | "
+                f"{d['busy_fusion_us'] / 1e3:.2f} | {d['busy_concat/slice_us'] / 1e3:.2f} | "
+                f"{d['collective_us'] / 1e3:.2f} | {d['collective_exposed_us'] / 1e3:.2f} | "
+                f"{d['collective_overlapped_us'] / 1e3:.2f} | {d['kernels_per_step']:.0f} | "
+                f"{overlap} |"
+            )
+    return "\n".join(lines)
+
+
+def multiprocess_table(doc: dict[str, Any]) -> str:
+    """One process on 1 x n against the same run split over processes (bench_multiprocess)."""
+    lines = [
+        f"One process against several ({_environment(doc)}; the trainer's last logged interval):",
+        "",
+        "| layout | mesh | step | loss | images/s |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for name, label in (("one_process", "1 process"), ("processes", "processes")):
+        r = doc[name]
+        label = label if name == "one_process" else f"{doc['args']['processes']} processes"
+        lines.append(
+            f"| {label} | {r['mesh']} | {r['step']} | {r['loss']} | {r['images_per_s']:.0f} |"
+        )
+    lines += ["", f"Throughput ratio (processes / one process): {doc['throughput_ratio']:.4f}."]
+    return "\n".join(lines)
+
+
 def render(path: str) -> str:
     """The block docs/benchmarks.md pastes for one JSON file: its path, then its table."""
     with open(path) as f:
@@ -112,6 +199,10 @@ def render(path: str) -> str:
         table = step_table(doc)
     elif "dataset" in doc:
         table = input_table(doc)
+    elif "one_process" in doc:
+        table = multiprocess_table(doc)
+    elif doc["results"] and "schedule" in doc["results"][0]:
+        table = profile_table(doc)
     else:
         table = allreduce_table(doc)
     return f"From `{path}`.\n\n{table}\n"

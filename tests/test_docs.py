@@ -161,3 +161,43 @@ def test_input_table_renders_bench_input_json(tmp_path):
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
         "| grain processes | 4 | 2 | 4 | 1001 | 250 | 241 |\n"
     )
+
+
+def test_two_gpu_answers_agree_with_the_json():
+    text = read("docs/benchmarks.md").split("## 2026-11-26 — 4× NVIDIA H200")[0]
+
+    def eff(name):
+        return {
+            (r["model"], r["mesh_shape"], r["strategy"]): r
+            for r in load(name)["results"]
+            if "step_time_s" in r
+        }
+
+    r256, r64, alex = (eff(f"bench_step_2xH100_{n}.json") for n in ("256", "64", "alexnet"))
+    default = ("resnet50", "1x2", "hierarchical")
+    peers64 = [v["efficiency"] for k, v in r64.items() if k[2].startswith("peer_")]
+    mp, mp64 = load("bench_multiprocess_2xH100.json"), load("bench_multiprocess_2xH100_64.json")
+    one_gpu = float(
+        re.search(r"step 80/80 .*?([\d.]+) img/s", read("docs/benchmarks/main_1xH100_64.log"))[1]
+    )
+    ar = {
+        (r["payload"], r["dtype"], r["strategy"]): r
+        for r in load("bench_allreduce_2xH100.json")["results"]
+        if "ratio" in r
+    }
+    assert_quoted(
+        text,
+        [
+            f"scales **{r256[default]['efficiency']:.3f}** queued "
+            f"({r256[default]['efficiency_synced']:.3f} synced)",
+            f"(`peer_ad_psum_raveled`, {r256['resnet50', '1x2', 'peer_ad_psum_raveled']['efficiency']:.3f}",
+            f"scales **{r64[default]['efficiency']:.3f}** queued",
+            f"(peers {span(peers64, '.3f')}, `xla` {r64['resnet50', '1x2', 'xla']['efficiency']:.3f})",
+            f"scales **{alex['alexnet_bn', '1x2', 'hierarchical']['efficiency']:.3f}** queued",
+            f"{mp64['one_process']['images_per_s']:,.0f} images/s on 2 GPUs",
+            f"{mp64['one_process']['images_per_s'] / 2 / one_gpu:.3f} and "
+            f"{mp64['processes']['images_per_s'] / 2 / one_gpu:.3f}",
+            f"**{ar['resnet50', 'float32', 'flat']['ratio']:.2f}** of one psum's",
+            f"(ratios {mp['throughput_ratio']:.4f} and {mp64['throughput_ratio']:.4f})",
+        ],
+    )

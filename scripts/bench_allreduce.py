@@ -148,14 +148,11 @@ def build_cases(
 def reducer(case: Case, mesh: jax.sharding.Mesh, crossover_bytes: int) -> Callable[[Any], Any]:
     """The jitted program of `case`; its argument is stacked per device (leading axis = device)."""
     batch = P(mesh_lib.BATCH_AXES)
-    devices = mesh.devices.size
     wire = jnp.dtype(case.dtype)
     if case.strategy == "xla":
         # The trainer's 'xla' path: the mean over the stacked device axis as ordinary array code.
         def mean(tree):
-            return jax.tree.map(
-                lambda g: (jnp.sum(g.astype(wire), axis=0) / devices).astype(g.dtype), tree
-            )
+            return allreduce.stacked_mean(tree, wire)
 
         return jax.jit(mean, out_shardings=NamedSharding(mesh, P()))
     if case.strategy == PLAIN:
@@ -163,19 +160,29 @@ def reducer(case: Case, mesh: jax.sharding.Mesh, crossover_bytes: int) -> Callab
         def per_device(flat):
             return jax.lax.psum(flat[0], mesh_lib.BATCH_AXES)
     else:
+        mean = _strategy_mean(case, crossover_bytes)
 
         def per_device(tree):
-            return allreduce.reduce_gradients(
-                jax.tree.map(lambda g: g[0], tree),
-                strategy=case.strategy,
-                bucket_bytes=case.bucket_bytes,
-                wire_dtype=wire,
-                hybrid_crossover_bytes=crossover_bytes,
-                node_axis=mesh_lib.NODE_AXIS,
-                gpu_axis=mesh_lib.GPU_AXIS,
-            )
+            return mean(jax.tree.map(lambda g: g[0], tree))
 
     return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=batch, out_specs=P()))
+
+
+def _strategy_mean(case: Case, crossover_bytes: int) -> Callable[[Any], Any]:
+    """`case`'s strategy as the trainer runs it: per-device tree -> mean over the mesh."""
+
+    def mean(tree):
+        return allreduce.reduce_gradients(
+            tree,
+            strategy=case.strategy,
+            bucket_bytes=case.bucket_bytes,
+            wire_dtype=jnp.dtype(case.dtype),
+            hybrid_crossover_bytes=crossover_bytes,
+            node_axis=mesh_lib.NODE_AXIS,
+            gpu_axis=mesh_lib.GPU_AXIS,
+        )
+
+    return mean
 
 
 def _perturb(tree: Any) -> Any:
@@ -208,9 +215,7 @@ def looped_reducer(
         stacked = NamedSharding(mesh, batch)
 
         def mean(tree):
-            means = jax.tree.map(
-                lambda g: (jnp.sum(g.astype(wire), axis=0) / devices).astype(g.dtype), tree
-            )
+            means = allreduce.stacked_mean(tree, wire)
             # Back to one row per device (local: every device holds the mean).
             return jax.tree.map(
                 lambda m, g: jax.lax.with_sharding_constraint(
@@ -230,17 +235,10 @@ def looped_reducer(
         def once(flat):
             return jax.lax.psum(_perturb(flat), mesh_lib.BATCH_AXES) / devices
     else:
+        mean = _strategy_mean(case, crossover_bytes)
 
         def once(tree):
-            return allreduce.reduce_gradients(
-                _perturb(tree),
-                strategy=case.strategy,
-                bucket_bytes=case.bucket_bytes,
-                wire_dtype=wire,
-                hybrid_crossover_bytes=crossover_bytes,
-                node_axis=mesh_lib.NODE_AXIS,
-                gpu_axis=mesh_lib.GPU_AXIS,
-            )
+            return mean(_perturb(tree))
 
     def per_device(tree, iterations):
         local = jax.tree.map(lambda g: g[0], tree)

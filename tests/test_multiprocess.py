@@ -23,6 +23,7 @@ import pytest
 from configs import digits
 from jia_jax import input_pipeline, liveness, loop
 from tests import mp_util
+from tests.test_resume import assert_bitwise_equal
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROCESSES, DEVICES = 2, 4
@@ -126,17 +127,6 @@ def read_state(workdir, step):
         )
         state = reader.restore(path, target)
     return {".".join(k): np.asarray(v) for k, v in ocp.tree.to_flat_dict(state).items()}
-
-
-def assert_bitwise_equal(state, reference):
-    assert state.keys() == reference.keys()
-    different = [
-        k
-        for k in reference
-        if (state[k].dtype, state[k].shape, state[k].tobytes())
-        != (reference[k].dtype, reference[k].shape, reference[k].tobytes())
-    ]
-    assert not different, f"{len(different)} of {len(reference)} arrays differ: {different[:5]}"
 
 
 def final_top1(log):

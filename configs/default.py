@@ -62,6 +62,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.precision.loss_scale = ml_collections.ConfigDict(
         {"initial": 2.0**15, "growth_interval": 2000, "factor": 2.0, "minimum": 1.0}
     )
+    # A run whose steps all overflow at the minimum scale this many times in a row has diverged:
+    # it stops (naming the step) instead of finishing with untrained parameters.
+    config.precision.loss_scale.max_skips_at_minimum = 100
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "sgd"

@@ -185,12 +185,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             else ("loss",)
         )
         results: dict[str, float] = {}
+        overflow = metrics_lib.OverflowWatch(
+            minimum=config.precision.loss_scale.minimum,
+            limit=config.precision.loss_scale.max_skips_at_minimum,
+        )
 
         def log(fetched: tuple[int, dict[str, float]] | None) -> None:
             # `fetched`: a step's metrics, one step late (or at a save, the step just done).
             if fetched is None:
                 return
             step, values = fetched
+            overflow.update(step, values)
             if step % config.log_every_steps and step != steps:
                 return
             throughput = progress.measure(step)

@@ -101,6 +101,39 @@ def check_state_finite(step: int, state: Any, hint: str) -> None:
         )
 
 
+class OverflowWatch:
+    """Stops an fp16 run whose every step overflows: skipping cannot make progress there.
+
+    fp16 loss scaling skips a step with non-finite gradients and halves the scale, down to
+    `minimum`; a run still skipping at the minimum has diverged (or its data holds inf/NaN),
+    and would otherwise finish with untrained parameters and exit 0.
+
+    Args:
+      minimum: The loss scale's floor (`precision.loss_scale.minimum`).
+      limit: Consecutive skipped steps at the floor after which the run stops.
+    """
+
+    def __init__(self, *, minimum: float, limit: int) -> None:
+        self._minimum, self._limit, self._run = minimum, limit, 0
+
+    def update(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Counts `step` if it was skipped at the floor; raises once `limit` are in a row.
+
+        Raises:
+          NonFiniteLossError: `limit` consecutive steps up to `step` overflowed at the floor.
+        """
+        at_floor = metrics.get("loss_scale", math.inf) <= self._minimum
+        self._run = self._run + 1 if metrics.get("skipped", 0.0) >= 1 and at_floor else 0
+        if self._run >= self._limit:
+            raise NonFiniteLossError(
+                f"Training diverged by step {step}: its last {self._run} steps all overflowed in "
+                f"fp16 at the minimum loss scale ({self._minimum:g}), so none was applied. Try a "
+                "lower optimizer.learning_rate, a longer optimizer.warmup_epochs or "
+                "precision.compute='bfloat16', and check the data for inf/NaN. Rerunning with the "
+                "same --workdir resumes from the last checkpoint."
+            )
+
+
 class LaggedFetch:
     """Holds step t's device metrics and fetches them to host after step t+1 is dispatched.
 

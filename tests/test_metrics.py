@@ -129,3 +129,16 @@ def test_state_check_names_the_step_leaves_and_hint():
         "Training diverged by step 12: the state holds inf or NaN in "
         "['w0'], ['w1'], ['w2'], ['w3'], ['w4'] and 2 more. Do X."
     )
+
+
+def test_overflow_watch_counts_only_consecutive_skips_at_the_floor():
+    watch = metrics.OverflowWatch(minimum=1.0, limit=3)
+    # Skips above the floor, an applied step, and skips at the floor that are interrupted: none
+    # of these is three skipped steps in a row at the floor.
+    for step, skipped, scale in [(1, 1, 4.0), (2, 1, 2.0), (3, 1, 1.0), (4, 1, 1.0), (5, 0, 1.0)]:
+        watch.update(step, {"skipped": skipped, "loss_scale": scale, "loss": 2.0})
+    watch.update(6, {"loss": 2.0})  # bf16/fp32 metrics have no skip: never counted
+    watch.update(7, {"skipped": 1.0, "loss_scale": 1.0})
+    watch.update(8, {"skipped": 1.0, "loss_scale": 1.0})
+    with pytest.raises(metrics.NonFiniteLossError, match="by step 9: its last 3 steps"):
+        watch.update(9, {"skipped": 1.0, "loss_scale": 1.0})

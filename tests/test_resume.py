@@ -320,3 +320,23 @@ def test_divergence_never_checkpoints_a_non_finite_state(tmp_path):
     # The rerun resumes from that last finite state, and diverges again: no silent exit 0.
     with pytest.raises(metrics.NonFiniteLossError):
         loop.train_and_evaluate(config, str(tmp_path))
+
+
+def test_fp16_run_that_only_overflows_stops_instead_of_finishing_untrained(tmp_path):
+    """An fp16 run whose every step overflows skips them all and finished with exit 0 and
+    untrained parameters. With the loss scale's floor at 2^40 every step's scaled gradients
+    overflow fp16 (max 65,504) at the floor, so the third skipped step in a row must stop it."""
+    config = configured(
+        {
+            **OVERRIDES,
+            "total_steps": 6,
+            "checkpoint_every_steps": 100,
+            "precision.compute": "float16",
+            "precision.loss_scale.initial": 2.0**40,
+            "precision.loss_scale.minimum": 2.0**40,
+            "precision.loss_scale.max_skips_at_minimum": 3,
+        }
+    )
+    with pytest.raises(metrics.NonFiniteLossError, match=r"diverged by step 3: its last 3 steps"):
+        loop.train_and_evaluate(config, str(tmp_path))
+    assert checkpoint_steps(tmp_path) == []  # nothing untrained was committed either

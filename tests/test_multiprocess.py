@@ -23,7 +23,7 @@ import pytest
 from configs import digits
 from jia_jax import input_pipeline, liveness, loop
 from tests import mp_util
-from tests.test_resume import assert_bitwise_equal
+from tests.test_resume import assert_bitwise_equal, configured
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROCESSES, DEVICES = 2, 4
@@ -154,14 +154,7 @@ def test_launch_local_reaches_the_accuracy_of_one_process(launched, tmp_path):
     assert examples == input_pipeline.DIGITS_TEST_SIZE
 
     # The same run in this process: one process, the same 2x4 mesh of 8 devices.
-    config = digits.get_config()
-    for name, value in OVERRIDES.items():
-        *parents, field = name.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        node[field] = value
-    one_process = loop.train_and_evaluate(config, str(tmp_path))["eval/top1"]
+    one_process = loop.train_and_evaluate(configured(OVERRIDES), str(tmp_path))["eval/top1"]
 
     # The two runs differ only in float rounding (gloo sums across processes in another order),
     # ~1e-6 relative after 12 steps: a prediction flips only where two logits are that close.

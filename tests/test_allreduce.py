@@ -137,47 +137,54 @@ def test_every_strategy_and_wire_dtype_returns_the_mean_on_every_device(mesh):
 
 
 def test_mean_through_two_processes_of_four_devices():
+    # Two meshes over the same 8 devices of 2 processes: 2x4 (the node axis is the process) and
+    # 1x8 (one node: the hierarchical strategies collapse to one all-reduce across processes).
     script = """
       import json
       import numpy as np
       from jax.sharding import Mesh, NamedSharding
       from tests import test_allreduce as t
 
-      mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("node", "gpu"))
       assert jax.process_count() == 2 and jax.local_device_count() == 4
-      sharding = NamedSharding(mesh, t.BATCH)
-      grads = jax.tree.map(
-          lambda x: jax.make_array_from_callback(x.shape, sharding, lambda i: x[i]),
-          t.per_device_grads())
-      outputs = t.all_combos_fn(mesh)(grads)
-      # {combo: {mesh position: [leaf values]}} for this process's devices (float32 is exact in
-      # JSON).
       local = {}
-      for combo, tree in outputs.items():
-        for leaf in jax.tree.leaves(tree):
-          for shard in leaf.addressable_shards:
-            values = np.asarray(shard.data, np.float32)[0].tolist()
-            local.setdefault(combo, {}).setdefault(shard.index[0].start, []).append(values)
+      for shape in ((2, 4), (1, 8)):
+        mesh = Mesh(np.array(jax.devices()).reshape(shape), ("node", "gpu"))
+        sharding = NamedSharding(mesh, t.BATCH)
+        grads = jax.tree.map(
+            lambda x: jax.make_array_from_callback(x.shape, sharding, lambda i: x[i]),
+            t.per_device_grads())
+        outputs = t.all_combos_fn(mesh)(grads)
+        # {shape: {combo: {mesh position: [leaf values]}}} for this process's devices (float32
+        # is exact in JSON).
+        for combo, tree in outputs.items():
+          for leaf in jax.tree.leaves(tree):
+            for shard in leaf.addressable_shards:
+              values = np.asarray(shard.data, np.float32)[0].tolist()
+              position = local.setdefault(str(shape), {}).setdefault(combo, {})
+              position.setdefault(shard.index[0].start, []).append(values)
       print(json.dumps(local))
   """
     stdouts = run_multiprocess(script, num_processes=2, local_devices=4)
     grads = per_device_grads()
     merged: dict = {}
     for stdout in stdouts:
-        for combo, by_position in json.loads(stdout.strip().splitlines()[-1]).items():
-            merged.setdefault(combo, {}).update(by_position)
+        for shape, combos in json.loads(stdout.strip().splitlines()[-1]).items():
+            for combo, by_position in combos.items():
+                merged.setdefault(shape, {}).setdefault(combo, {}).update(by_position)
+    assert sorted(merged) == ["(1, 8)", "(2, 4)"]
     in_leaves = jax.tree.leaves(grads)
-    outputs = {}
-    for combo, by_position in merged.items():
-        assert sorted(by_position, key=int) == [str(i) for i in range(8)], combo
-        leaves = [
-            np.stack([np.asarray(by_position[str(d)][k], np.float32) for d in range(8)]).astype(
-                x.dtype
-            )
-            for k, x in enumerate(in_leaves)
-        ]
-        outputs[combo] = jax.tree.unflatten(jax.tree.structure(grads), leaves)
-    check_means(outputs, grads)
+    for combos in merged.values():
+        outputs = {}
+        for combo, by_position in combos.items():
+            assert sorted(by_position, key=int) == [str(i) for i in range(8)], combo
+            leaves = [
+                np.stack([np.asarray(by_position[str(d)][k], np.float32) for d in range(8)]).astype(
+                    x.dtype
+                )
+                for k, x in enumerate(in_leaves)
+            ]
+            outputs[combo] = jax.tree.unflatten(jax.tree.structure(grads), leaves)
+        check_means(outputs, grads)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh steps     # bench_step: ResNet-50 @256 and @64, AlexNet-BN
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh comm      # all-reduce, profile, 2 processes x 1 GPU
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh small     # 64 images/GPU: 1 GPU, 1 process x 2, 2 x 1
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh pgle      # the default with profile-guided scheduling, and auto
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -44,5 +45,18 @@ case "$1" in
     python3 -m scripts.bench_multiprocess --processes=2 --gpus=2 \
       --out="$OUT/bench_multiprocess_2gpu_64.json" -- "${small[@]}" --config.global_batch_size=128
     ;;
-  *) echo "usage: $0 steps|comm|small" >&2; exit 2 ;;
+  pgle)
+    # Not yet run. XLA waits for each early all-reduce right after starting it (docs/benchmarks.md,
+    # profile): with measured costs its scheduler may overlap more. PGLE needs the jit path.
+    for batch in 256 64; do
+      python3 -m scripts.bench_step --models=resnet50 --per_device_batch=$batch --meshes=1x1,1xn \
+        --strategies=hierarchical,auto --budget_s=120 --variant_budget_s=0 --grace_s=20 \
+        --dispatch=jit --out="$OUT/bench_step_2gpu_jit_$batch.json"
+      JAX_ENABLE_PGLE=true JAX_PGLE_PROFILING_RUNS=3 python3 -m scripts.bench_step --models=resnet50 \
+        --per_device_batch=$batch --meshes=1x1,1xn --strategies=hierarchical --warmup_steps=8 \
+        --budget_s=120 --variant_budget_s=0 --grace_s=20 --dispatch=jit \
+        --out="$OUT/bench_step_2gpu_pgle_$batch.json"
+    done
+    ;;
+  *) echo "usage: $0 steps|comm|small|pgle" >&2; exit 2 ;;
 esac

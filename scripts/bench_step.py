@@ -236,12 +236,15 @@ def run_case(
     row["collectives"] = counts
 
     batch = setup["batch"]
+    # `jit`: run through the jitted function, where JAX's profile-guided latency estimator
+    # (JAX_ENABLE_PGLE=true) can profile the first calls and recompile; `aot`: the program above.
+    run = step if args.dispatch == "jit" else compiled
     for _ in range(args.warmup_steps):
-        state, metrics = compiled(state, batch)
+        state, metrics = run(state, batch)
     jax.block_until_ready(state)
-    state, synced = time_steps(compiled, state, batch, args.steps, queued=False)
-    state, queued = time_steps(compiled, state, batch, args.steps, queued=True)
-    metrics = compiled(state, batch)[1]
+    state, synced = time_steps(run, state, batch, args.steps, queued=False)
+    state, queued = time_steps(run, state, batch, args.steps, queued=True)
+    metrics = run(state, batch)[1]
     step_time = statistics.median(queued)
     row.update(
         {
@@ -472,6 +475,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--steps", type=int, default=20, help="timed steps per case")
     parser.add_argument("--warmup_steps", type=int, default=3)
+    parser.add_argument(
+        "--dispatch",
+        choices=("aot", "jit"),
+        default="aot",
+        help="time the ahead-of-time compiled step, or the jitted function (for "
+        "JAX_ENABLE_PGLE=true JAX_PGLE_PROFILING_RUNS=n with --warmup_steps > n)",
+    )
     parser.add_argument(
         "--budget_s",
         type=float,

@@ -42,6 +42,9 @@ FREE_ON_RESUME = (
     "comm.strategy",
     "comm.bucket_bytes",
     "comm.hybrid_crossover_bytes",
+    # When to give up (on bad records, on overflowing fp16 steps): never what a step computes.
+    "data.max_bad_records",
+    "precision.loss_scale.max_skips_at_minimum",
 )
 _MISSING = object()
 

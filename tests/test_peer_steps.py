@@ -14,9 +14,7 @@ def test_every_peer_step_equals_the_trainers_step():
     mesh = mesh_lib.create_mesh(2, 4)
     config = tiny_config("flat")
     model, state, step = build(config, mesh)
-    batch = {
-        k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in global_batch().items()
-    }
+    batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in global_batch().items()}
     host = jax.device_get(state)
     ours = jax.device_get(step(state, batch)[0])
     schedule = optax.constant_schedule(LR)

@@ -6,11 +6,12 @@ No timing is asserted, only that every requested case is measured and that the d
 
 import math
 import os
+import statistics
 
 import jax
 import pytest
 
-from scripts import bench_allreduce
+from scripts import bench_allreduce, bench_peers
 from scripts import bench_step
 
 # Hand count for AlexNet-BN of width 3: kernels of conv1-5, fc6, fc7 (no bias before a BN) (7),
@@ -186,3 +187,30 @@ def test_bench_step_survives_crashing_workers(tmp_path, monkeypatch):
     assert [(r["mesh"], r["strategy"]) for r in doc["results"]] == [("1x1", "xla"), ("1xn", "xla")]
     assert all("worker exited with status" in r["error"] for r in doc["results"])
     assert doc["variants"] == [] and out.exists()
+
+
+def test_bench_peers_rates_the_trainer_against_the_plain_flax_step(tmp_path):
+    doc = bench_peers.main(
+        [
+            "--models=resnet50",
+            "--kinds=trainer,flax",
+            "--batches=2",
+            "--image_size=16",
+            "--model_width=4",
+            "--small_inputs",
+            "--steps=3",
+            "--warmup_steps=1",
+            f"--out={tmp_path / 'p.json'}",
+        ]
+    )
+    rows = {r["kind"]: r for r in doc["results"]}
+    assert set(rows) == {"trainer", "flax"} and not [r for r in rows.values() if "error" in r]
+    for r in rows.values():
+        assert r["images_per_s"] == pytest.approx(2 / r["step_time_s"], rel=1e-12)
+        assert r["step_time_s"] == statistics.median(r["samples_s"])
+    trainer, flax = rows["trainer"], rows["flax"]
+    assert trainer["ratio_vs_faster_peer"] == pytest.approx(
+        trainer["images_per_s"] / flax["images_per_s"], rel=1e-12
+    )
+    assert "ratio_vs_faster_peer" not in flax
+    assert doc["environment"]["device_count"] >= 1

@@ -1,0 +1,297 @@
+r"""One-device step rate of the trainer against the same model trained the plain way, one run.
+
+Rows per model (`--models`) and per-device batch (`--batches`), each kind in a child process of
+its own (JAX and PyTorch each take the GPU's memory):
+
+  * `trainer`: the trainer's step on a 1x1 mesh, built as `scripts/bench_step` builds it (the
+    model's 64K config: LARS, bf16 compute, fp32 master weights, metrics);
+  * `flax`: a plain flax step, `jax.jit(donate_argnums=0)` of forward/backward with the same
+    model (`jia_jax.models`, bf16 compute, fp32 parameters) and optax SGD with momentum;
+  * `torch` (ResNet-50 only): torchvision's ResNet-50, channels-last, bf16 autocast, SGD with
+    momentum, `torch.compile` of the model.
+
+Synthetic ImageNet-shaped data resident on the device; 224 px unless `--image_size`. Timing as
+`scripts/bench_step`: synced (each step waited for) and queued (one step in flight ahead, a
+sample per completion; PyTorch waits on a CUDA event recorded after the previous step). Each
+trainer row carries `ratio_vs_faster_peer`: its queued images/s over the faster peer's.
+
+  python -m scripts.bench_peers --out=/tmp/bench_peers.json             # on one GPU
+
+On CPU, tiny (the torch kind needs torch and torchvision):
+
+  JAX_PLATFORMS=cpu python -m scripts.bench_peers --kinds=trainer,flax --batches=2 \
+      --image_size=32 --model_width=8 --small_inputs --steps=4 --out=/tmp/bench_peers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+KINDS = ("trainer", "flax", "torch")
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _rates(batch: int, synced: list[float], queued: list[float]) -> dict[str, Any]:
+    step, synced_step = statistics.median(queued), statistics.median(synced)
+    return {
+        "step_time_s": step,
+        "samples_s": queued,
+        "images_per_s": batch / step,
+        "synced_step_time_s": synced_step,
+        "synced_samples_s": synced,
+        "synced_images_per_s": batch / synced_step,
+    }
+
+
+def _jax_step(kind: str, model_name: str, batch: int, args: argparse.Namespace):
+    """`(step, state, batch)` of the trainer or of the plain flax step."""
+    import jax
+
+    from jia_jax import mesh as mesh_lib
+    from jia_jax import train
+    from scripts import bench_step
+
+    bench_args = argparse.Namespace(
+        model_width=args.model_width,
+        small_inputs=args.small_inputs,
+        image_size=args.image_size,
+        per_device_batch=batch,
+        compute_dtype="bfloat16",
+        comm_dtype=None,
+        hybrid_crossover_mib=None,
+    )
+    config = bench_step.make_config(
+        bench_step.Case(model_name, "1x1", "xla", None), bench_args, 1, 1
+    )
+    setup = bench_step.build_setup(config, jax.devices()[:1])
+    if kind == "trainer":
+        step = train.make_train_step(
+            setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"]
+        )
+        return step, setup["init"](), setup["batch"]
+    state, plain = _plain_flax_step(setup["model"], setup["init"]())
+    device = mesh_lib.replicated_sharding(setup["mesh"])
+    return plain, jax.device_put(state, device), setup["batch"]
+
+
+def _plain_flax_step(model, trainer_state):
+    """A plain flax train step from the trainer's initial parameters and statistics."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    tx = optax.sgd(0.1, momentum=0.9)
+    params = trainer_state.params
+    state = (params, trainer_state.batch_stats, tx.init(params), jnp.zeros((), jnp.int32))
+
+    def step(state, batch):
+        params, stats, opt_state, count = state
+
+        def loss_fn(p):
+            logits, new = model.apply(
+                {"params": p, "batch_stats": stats},
+                batch["image"],
+                train=True,
+                mutable=["batch_stats"],
+                rngs={"dropout": jax.random.fold_in(jax.random.key(0), count)},
+            )
+            loss = optax.softmax_cross_entropy_with_integer_labels(
+                logits.astype(jnp.float32), batch["label"]
+            ).mean()
+            return loss, new["batch_stats"]
+
+        (loss, new_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), new_stats, opt_state, count + 1), {
+            "loss": loss
+        }
+
+    return state, jax.jit(step, donate_argnums=0)
+
+
+def run_jax(kind: str, model_name: str, batch: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Compiles and times the trainer's or the plain flax step."""
+    import jax
+
+    from scripts import bench_step
+
+    step, state, data = _jax_step(kind, model_name, batch, args)
+    start = time.perf_counter()
+    compiled = step.lower(state, data).compile()
+    compile_s = time.perf_counter() - start
+    for _ in range(args.warmup_steps):
+        state, _ = compiled(state, data)
+    jax.block_until_ready(state)
+    state, synced = bench_step.time_steps(compiled, state, data, args.steps, queued=False)
+    state, queued = bench_step.time_steps(compiled, state, data, args.steps, queued=True)
+    return {"compile_s": compile_s, **_rates(batch, synced, queued)}
+
+
+def run_torch(model_name: str, batch: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Compiles and times torchvision's ResNet-50 the way a PyTorch user trains it."""
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+
+    if model_name != "resnet50":
+        raise ValueError("the torch peer is ResNet-50 only (torchvision has no AlexNet-BN)")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = torchvision.models.resnet50().to(device, memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    compiled = torch.compile(model)
+    images = torch.randn(batch, 3, args.image_size, args.image_size, device=device)
+    images = images.to(memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (batch,), device=device)
+
+    def step() -> torch.Tensor:
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = F.cross_entropy(compiled(images), labels, label_smoothing=0.1)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def wait(marker: Any) -> None:
+        if device == "cuda":
+            marker.synchronize()
+
+    def mark() -> Any:
+        if device != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    start = time.perf_counter()
+    step()
+    wait(mark())
+    compile_s = time.perf_counter() - start
+    for _ in range(args.warmup_steps):
+        step()
+    wait(mark())
+    synced = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        step()
+        wait(mark())
+        synced.append(time.perf_counter() - start)
+    queued, prev, last = [], None, None
+    for _ in range(args.steps + 1):
+        step()
+        if prev is not None:
+            wait(prev)
+            now = time.perf_counter()
+            if last is not None:
+                queued.append(now - last)
+            last = now
+        prev = mark() if device == "cuda" else None
+    wait(mark())
+    if device != "cuda":  # no events: each step above already ran to its end
+        queued = synced
+    return {"compile_s": compile_s, **_rates(batch, synced, queued)}
+
+
+def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """Child process: one kind, model and batch; returns its row (JAX kinds: and the run's
+    environment, which the parent must not read itself: JAX would take the GPU's memory)."""
+    args = argparse.Namespace(**spec["args"])
+    kind, model_name, batch = spec["kind"], spec["model"], spec["batch"]
+    if kind == "torch":
+        return run_torch(model_name, batch, args)
+    from scripts import bench_allreduce
+
+    return {**run_jax(kind, model_name, batch, args), "environment": bench_allreduce.environment()}
+
+
+def measure(kind: str, model: str, batch: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Runs one case in a child process; a failure becomes the row's `error`."""
+    row: dict[str, Any] = {"kind": kind, "model": model, "per_device_batch": batch}
+    spec = json.dumps({"kind": kind, "model": model, "batch": batch, "args": vars(args)})
+    proc = subprocess.run(
+        [sys.executable, "-m", "scripts.bench_peers", "--worker", spec],
+        cwd=_REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode or not lines:
+        row["error"] = f"exit {proc.returncode}: {proc.stderr[-1500:]}"
+    else:
+        row.update(json.loads(lines[-1]))
+    return row
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """`ratio_vs_faster_peer` on each trainer row: queued images/s over the best peer's."""
+    for r in rows:
+        if r["kind"] != "trainer" or "images_per_s" not in r:
+            continue
+        peers = [
+            p["images_per_s"]
+            for p in rows
+            if p["kind"] != "trainer"
+            and "images_per_s" in p
+            and (p["model"], p["per_device_batch"]) == (r["model"], r["per_device_batch"])
+        ]
+        if peers:
+            r["ratio_vs_faster_peer"] = r["images_per_s"] / max(peers)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="resnet50,alexnet_bn")
+    parser.add_argument("--batches", default="256,64", help="per-device batches")
+    parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--image_size", type=int, default=224)
+    parser.add_argument("--model_width", type=int, default=None)
+    parser.add_argument("--small_inputs", action="store_true")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup_steps", type=int, default=3)
+    parser.add_argument("--out", default="bench_peers.json")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
+    """Runs the benchmark; returns (and writes to `--out`) the JSON document."""
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(run_worker(json.loads(args.worker))), flush=True)
+        return None
+    from scripts import bench_allreduce  # writes the JSON; the parent never touches a device
+
+    rows = []
+    for model in args.models.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            for kind in args.kinds.split(","):
+                if kind == "torch" and model != "resnet50":
+                    continue
+                rows.append(measure(kind, model, batch, args))
+                r = rows[-1]
+                status = f"{r['images_per_s']:.0f} img/s" if "images_per_s" in r else r["error"]
+                print(f"{model} {batch} {kind}: {status}", flush=True)
+    add_ratios(rows)
+    environments = [r.pop("environment") for r in rows if "environment" in r]
+    doc = {"environment": environments[0] if environments else {}, "args": vars(args)}
+    doc["results"] = rows
+    bench_allreduce.write_json(args.out, doc)
+    for r in rows:
+        if "ratio_vs_faster_peer" in r:
+            print(
+                f"{r['model']} {r['per_device_batch']}: trainer / faster peer = "
+                f"{r['ratio_vs_faster_peer']:.3f}"
+            )
+    return doc
+
+
+if __name__ == "__main__":
+    main()

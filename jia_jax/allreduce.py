@@ -219,7 +219,8 @@ def reduce_gradients(
 
     plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order)
     devices = jax.lax.axis_size((node_axis, gpu_axis))
-    if divide_before_sum(plan.wire_dtype):
+    divide_first = divide_before_sum(plan.wire_dtype)
+    if divide_first:
         # fp16's range is small: divide in fp32 before the cast, so the sum on the wire is bounded
         # by the largest per-device gradient; with a loss scale, summing first can overflow to inf
         # (a false overflow that skips the step) once many devices add up. Pre-dividing can only
@@ -240,7 +241,7 @@ def reduce_gradients(
     # The plan was made from `grads`' own dtypes, so `unpack` restores them. fp32 and bf16 share
     # fp32's exponent range, so their sums cannot overflow where the gradients did not: they are
     # divided here, where the division fuses into the slices' consumers (no pass of its own).
-    scale = None if divide_before_sum(plan.wire_dtype) else 1.0 / devices
+    scale = None if divide_first else 1.0 / devices
     return unpack(reduced, plan, scale=scale)
 
 

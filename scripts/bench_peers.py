@@ -159,16 +159,17 @@ def run_torch(model_name: str, batch: int, args: argparse.Namespace) -> dict[str
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
-    def wait(marker: Any) -> None:
-        if device == "cuda":
-            marker.synchronize()
-
     def mark() -> Any:
+        """An event after the work queued so far (None off the GPU, where steps run to the end)."""
         if device != "cuda":
             return None
         event = torch.cuda.Event()
         event.record()
         return event
+
+    def wait(marker: Any) -> None:
+        if marker is not None:
+            marker.synchronize()
 
     start = time.perf_counter()
     step()
@@ -183,6 +184,8 @@ def run_torch(model_name: str, batch: int, args: argparse.Namespace) -> dict[str
         step()
         wait(mark())
         synced.append(time.perf_counter() - start)
+    if device != "cuda":  # no queue to keep filled: each step already ran to its end
+        return {"compile_s": compile_s, **_rates(batch, synced, synced)}
     queued, prev, last = [], None, None
     for _ in range(args.steps + 1):
         step()
@@ -192,10 +195,8 @@ def run_torch(model_name: str, batch: int, args: argparse.Namespace) -> dict[str
             if last is not None:
                 queued.append(now - last)
             last = now
-        prev = mark() if device == "cuda" else None
+        prev = mark()
     wait(mark())
-    if device != "cuda":  # no events: each step above already ran to its end
-        queued = synced
     return {"compile_s": compile_s, **_rates(batch, synced, queued)}
 
 

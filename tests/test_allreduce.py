@@ -230,6 +230,21 @@ def _collectives(hlo: str) -> list[tuple[str, tuple, int, str]]:
     ]
 
 
+def _reducer(strategy: str, wire: str):
+    """Per-device gradients -> their mean, with the test's bucket and crossover sizes."""
+
+    def per_device(g):
+        return allreduce.reduce_gradients(
+            g,
+            strategy=strategy,
+            bucket_bytes=BUCKET_BYTES,
+            wire_dtype=wire,
+            hybrid_crossover_bytes=CROSSOVER_BYTES,
+        )
+
+    return per_device
+
+
 @pytest.mark.parametrize("strategy", allreduce.STRATEGIES)
 def test_hlo_has_the_strategys_collectives_once_per_bucket(mesh, strategy):
     wire = "bfloat16"
@@ -250,14 +265,7 @@ def test_hlo_has_the_strategys_collectives_once_per_bucket(mesh, strategy):
     )
     expected = +expected  # Drops zero counts.
 
-    def per_device(g):
-        return allreduce.reduce_gradients(
-            g,
-            strategy=strategy,
-            bucket_bytes=BUCKET_BYTES,
-            wire_dtype=wire,
-            hybrid_crossover_bytes=CROSSOVER_BYTES,
-        )
+    per_device = _reducer(strategy, wire)
 
     lowered = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P())).lower(
         abstract
@@ -392,14 +400,7 @@ def test_one_level_meshes_reduce_each_bucket_with_one_all_reduce(shape, strategy
     wire = "float32"
     plan = allreduce.plan_buckets(_abstract_grads(), BUCKET_BYTES, wire)
 
-    def per_device(g):
-        return allreduce.reduce_gradients(
-            g,
-            strategy=strategy,
-            bucket_bytes=BUCKET_BYTES,
-            wire_dtype=wire,
-            hybrid_crossover_bytes=CROSSOVER_BYTES,
-        )
+    per_device = _reducer(strategy, wire)
 
     # Under shard_map's replication check (its default), as the module docstring's example runs.
     fn = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P()))

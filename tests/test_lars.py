@@ -2,6 +2,7 @@
 
 import doctest
 import importlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -282,3 +283,164 @@ def test_docstring_examples_run():
     # The package re-exports the function `lars`, which shadows the submodule's attribute name.
     result = doctest.testmod(importlib.import_module("jia_jax.lars"))
     assert result.attempted > 0 and result.failed == 0
+
+
+# A tree of leaves the one-pass norms must cope with: (shape, dtype, LARS mask). Sizes around the
+# row length 1024 (1023, 1024, 1025, 1152 = 1024 + 128), a scalar, an empty leaf, bf16 and fp16
+# kernels, and unmasked leaves between them.
+VARIED = {
+    "conv": ((3, 3, 8, 16), jnp.float32, True),
+    "row_minus_1": ((3, 11, 31), jnp.float32, True),
+    "row": ((32, 32), jnp.float32, True),
+    "row_plus_1": ((5, 5, 41), jnp.float32, True),
+    "wide": ((64, 70), jnp.float32, True),
+    "bf16": ((5, 7, 9), jnp.bfloat16, True),
+    "fp16": ((11, 13), jnp.float16, True),
+    "scalar": ((), jnp.float32, True),
+    "tiny": ((2, 1), jnp.float32, True),
+    "empty": ((0, 5), jnp.float32, True),
+    "zero_w": ((4, 6), jnp.float32, True),
+    "zero_g": ((6, 4), jnp.float32, True),
+    "bias": ((10,), jnp.float32, False),
+    "bn_scale": ((8,), jnp.float16, False),
+    "head": ((16, 3), jnp.bfloat16, False),
+}
+VARIED_MASK = {k: m for k, (_, _, m) in VARIED.items()}
+VARIED_EPS = 1e-3
+ROW = 1024  # the row length of jia_jax.lars, for the error bound below
+# fp32 error bound of the one-pass norms. ||x||^2 of a leaf is a sum of N = m * ROW (padded)
+# nonnegative terms: each square rounds once, each row of ROW terms is summed, then the leaf's
+# m row sums. With no cancellation, any summation order of depth d has relative error <= d * u
+# (u = 2^-24), and d <= (ROW - 1) + (m - 1) for the worst (sequential) order: (ROW + m) * u with
+# the squaring. The square root halves it; the ratio divides one norm by a sum of positive terms
+# (relative error <= the larger of its parts') and rounds at most 4 more times, and the direction
+# `ratio * lr * (g + wd * w)` 3 more: (ROW + m + 7) * u in all. (Pairwise or blocked summation,
+# which XLA does, typically gives ~sqrt(d) * u; the bound is the worst case.) m <= 5 here.
+FP32_TOL = (ROW + 5 + 7) * 2.0**-24
+# One more rounding, to the leaf's dtype (unit roundoff: bf16 2^-8, fp16 2^-11), on top.
+VARIED_TOL = {
+    jnp.float32: FP32_TOL,
+    jnp.bfloat16: 2.0**-8 + FP32_TOL,
+    jnp.float16: 2.0**-11 + FP32_TOL,
+}
+
+
+def varied_tree(rng, zero):
+    """Standard-normal leaves of VARIED in their dtypes; the leaf named `zero` is all zeros."""
+    return {
+        k: jnp.asarray(np.zeros(s) if k == zero else rng.normal(size=s), dtype)
+        for k, (s, dtype, _) in VARIED.items()
+    }
+
+
+def algorithm1(grads, params, v, lr, mask, wd, eta, eps, momentum):
+    """You et al. 2017, Algorithm 1, one step in float64 numpy on dicts of arrays.
+
+    Returns the directions `lr * local_lr * (g + wd * w)` (masked-out leaves: `lr * g`), the new
+    momentum `m * v + direction` and the update `-v`.
+    """
+    direction, new_v = {}, {}
+    for k, g in grads.items():
+        g, w = np.asarray(g, np.float64), np.asarray(params[k], np.float64)
+        if mask[k]:
+            w_norm, g_norm = np.sqrt(np.sum(w * w)), np.sqrt(np.sum(g * g))
+            local_lr = eta * w_norm / (g_norm + wd * w_norm + eps)
+            direction[k] = lr * (local_lr if w_norm > 0 and g_norm > 0 else 1.0) * (g + wd * w)
+        else:
+            direction[k] = lr * g
+        new_v[k] = momentum * v[k] + direction[k]
+    return direction, new_v, {k: -x for k, x in new_v.items()}
+
+
+def assert_close_per_dtype(ours, want, atol):
+    for k, (_, dtype, _) in VARIED.items():
+        assert ours[k].dtype == dtype, k
+        np.testing.assert_allclose(
+            np.asarray(ours[k], np.float64), want[k], rtol=VARIED_TOL[dtype], atol=atol, err_msg=k
+        )
+
+
+def test_scale_by_lars_on_varied_leaves_matches_float64_algorithm1():
+    rng = np.random.default_rng(8)
+    params, grads = varied_tree(rng, "zero_w"), varied_tree(rng, "zero_g")
+    zeros = {k: np.zeros(s) for k, (s, _, _) in VARIED.items()}
+    tx = scale_by_lars(weight_decay=WD, trust_coefficient=ETA, mask=VARIED_MASK, eps=VARIED_EPS)
+    out, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+    want, _, _ = algorithm1(grads, params, zeros, 1.0, VARIED_MASK, WD, ETA, VARIED_EPS, 0.0)
+    # `g + wd * w` may cancel in an element: an absolute term of the relative bound times |g|, |w|.
+    assert_close_per_dtype(out, want, atol=FP32_TOL * 10.0)
+    # Zero norms give ratio 1, so the outputs are g + wd * w themselves.
+    np.testing.assert_array_equal(out["zero_w"], grads["zero_w"])
+    assert out["empty"].shape == (0, 5)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_lars_on_varied_leaves_matches_float64_algorithm1(nesterov):
+    rng = np.random.default_rng(9)
+    tx = lars(
+        lr_schedule,
+        weight_decay=WD,
+        trust_coefficient=ETA,
+        momentum=MOMENTUM,
+        nesterov=nesterov,
+        mask=VARIED_MASK,
+        eps=VARIED_EPS,
+    )
+    params = varied_tree(rng, "zero_w")
+    state, update = tx.init(params), jax.jit(tx.update)
+    v = {k: np.zeros(s) for k, (s, _, _) in VARIED.items()}
+    v_abs = dict(v)  # the same recursion on |direction|: what cancellation in v can cost
+    for t in range(3):
+        grads = varied_tree(rng, "zero_g")
+        updates, state = update(grads, state, params)
+        d, v, want = algorithm1(
+            grads, params, v, lr_schedule(t), VARIED_MASK, WD, ETA, VARIED_EPS, MOMENTUM
+        )
+        v_abs = {k: MOMENTUM * v_abs[k] + np.abs(d[k]) for k in d}
+        if nesterov:
+            want = {k: -(MOMENTUM * v[k] + d[k]) for k in d}
+        # Each term of v carries the fp32 relative bound; terms of either sign may cancel, so the
+        # absolute error is bounded by that bound times the sum of the terms' magnitudes.
+        atol = FP32_TOL * 2 * max(np.max(x, initial=0.0) for x in v_abs.values())
+        assert_close_per_dtype(updates, want, atol)
+        for k in VARIED:
+            assert state.momentum[k].dtype == jnp.float32
+            np.testing.assert_allclose(state.momentum[k], v[k], rtol=FP32_TOL, atol=atol)
+        params = optax.apply_updates(params, updates)
+
+
+def test_lars_with_no_masked_leaves_or_only_empty_ones():
+    params = {"b": jnp.ones(3), "s": jnp.ones(()), "e": jnp.ones((0, 4))}
+    grads = jax.tree.map(lambda p: 2.0 * p, params)
+    for mask in [False, {"b": False, "s": False, "e": True}]:
+        tx = scale_by_lars(weight_decay=WD, trust_coefficient=ETA, mask=mask)
+        out, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+        for k in params:
+            np.testing.assert_array_equal(out[k], grads[k])
+
+
+def count_reductions(hlo_text):
+    """`reduce` and `reduce-window` ops in HLO text, fused or not (not all-reduce)."""
+    return len(re.findall(r"(?<![\w-])reduce(?:-window)?\(", hlo_text))
+
+
+def conv_tree(n_masked):
+    """`n_masked` kernels of assorted sizes, each with an unmasked bias."""
+    shapes = [(3, 3, 4, 8), (1, 1, 8, 16), (7, 100), (3, 3, 16, 16), (5,)]
+    tree = {}
+    for i in range(n_masked):
+        tree[f"k{i}"] = jnp.ones(shapes[i % 4], jnp.float32)
+        tree[f"b{i}"] = jnp.ones(shapes[4], jnp.float32)
+    return tree
+
+
+def test_norm_reductions_do_not_grow_with_the_number_of_leaves():
+    counts = []
+    for n in (4, 40):
+        params = conv_tree(n)
+        tx = lars(0.1, weight_decay=WD, trust_coefficient=ETA)
+        state = tx.init(params)
+        hlo = jax.jit(tx.update).lower(params, state, params).compile().as_text()
+        counts.append(count_reductions(hlo))
+    # A norm per leaf and tensor would give 2 * n reductions; one pass gives the same few.
+    assert counts[0] == counts[1] and 0 < counts[1] <= 2, counts

@@ -21,17 +21,51 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 
-# Substrings of kernel names, checked in order; the first match names the kind.
-_KINDS = (
-    ("collective", ("nccl",)),
-    ("copy", ("memcpy", "memset")),
-    (
-        "conv/gemm",
-        ("conv", "xmma", "gemm", "cutlass", "cudnn", "wgmma", "nvjet", "dgrad", "wgrad", "fprop"),
-    ),
-    ("concat/slice", ("concatenate", "slice", "dynamic_update")),
+# Substrings of kernel names (lower case), checked in `kernel_kind`'s order.
+_COLLECTIVE = ("nccl",)
+_COPY = ("memcpy", "memset")
+_CONV_GEMM = (
+    "conv",
+    "xmma",
+    "gemm",
+    "cutlass",
+    "cudnn",
+    "cublas",
+    "wgmma",
+    "nvjet",
+    "dgrad",
+    "wgrad",
+    "fprop",
+    "nhwc",
+    "nchw",
 )
+_CONCAT_SLICE = ("concatenate", "slice", "dynamic_update")
+# Kernels XLA generates itself are named after their HLO: `loop_convert_fusion_3`,
+# `input_reduce_fusion`, `wrapped_convert` (one op, unfused). Their op names say nothing about
+# convolutions ("convert" contains "conv"), except XLA's Triton GEMMs (`gemm_fusion_dot_2`).
+_XLA_MARKS = ("fusion", "wrapped_")
+_XLA_GEMM = ("gemm",)
 COMPUTE_KINDS = ("conv/gemm", "fusion", "concat/slice", "copy")
+
+# `fusion_breakdown`'s categories for what `kernel_kind` leaves as fusion or concat/slice, by name
+# substrings, checked in this order (the first match wins): pooling before bn/reduction because
+# `reduce_window` contains "reduce"; bn/reduction before transpose/layout because a reduction
+# kernel stays one whatever it transposes on the way.
+_FUSION_CATEGORIES = (
+    ("pooling", ("reduce_window", "reduce-window", "select_and_scatter", "scatter")),
+    ("bn/reduction", ("reduce",)),
+    ("transpose/layout", ("transpose",)),
+)
+BREAKDOWN_CATEGORIES = (
+    "conv/gemm",
+    "bn/reduction",
+    "elementwise",
+    "transpose/layout",
+    "pooling",
+    "copy",
+    "collective",
+    "other",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,12 +80,72 @@ class Kernel:
 
 
 def kernel_kind(name: str) -> str:
-    """The kind of a kernel from its name: collective, copy, conv/gemm, concat/slice or fusion."""
+    """The kind of a kernel from its name: collective, copy, conv/gemm, concat/slice or fusion.
+
+    In order: NCCL kernels are collective; memcpy/memset copy; kernels XLA generates (names with
+    "fusion" or "wrapped_") are conv/gemm only if they are XLA's GEMM fusions ("gemm"), else
+    concat/slice for concatenate/slice/dynamic-update-slice, else fusion; library kernels
+    (cuDNN, cuBLAS, CUTLASS, nvjet, xmma) are conv/gemm; anything else is fusion.
+    """
     lower = name.lower()
-    for kind, keys in _KINDS:
-        if any(k in lower for k in keys):
-            return kind
+    if any(k in lower for k in _COLLECTIVE):
+        return "collective"
+    if any(k in lower for k in _COPY):
+        return "copy"
+    if any(k in lower for k in _XLA_MARKS):
+        if any(k in lower for k in _XLA_GEMM):
+            return "conv/gemm"
+    elif any(k in lower for k in _CONV_GEMM):
+        return "conv/gemm"
+    if any(k in lower for k in _CONCAT_SLICE):
+        return "concat/slice"
     return "fusion"
+
+
+def breakdown_category(name: str) -> str:
+    """`fusion_breakdown`'s category of one kernel name; see there."""
+    kind = kernel_kind(name)
+    if kind in ("conv/gemm", "copy", "collective"):
+        return kind
+    lower = name.lower()
+    for category, keys in _FUSION_CATEGORIES:
+        if any(k in lower for k in keys):
+            return category
+    return "elementwise" if lower.startswith("loop_") else "other"
+
+
+def fusion_breakdown(kernels: Sequence[Kernel], steps: int) -> dict[str, dict[str, float]]:
+    """Per-step device time and kernel count of one device's kernels, by what the kernels do.
+
+    Categories (`BREAKDOWN_CATEGORIES`), decided from the kernel name in this order:
+      1. "conv/gemm", "copy", "collective": as `kernel_kind` says.
+      2. "pooling": names with "reduce_window", "select_and_scatter" or "scatter" (max/avg
+         pooling and the max-pool gradient), e.g. `loop_reduce_window_fusion`,
+         `input_scatter_fusion`.
+      3. "bn/reduction": names with "reduce" (batch-norm statistics and their gradients, loss and
+         norm sums), e.g. `input_reduce_fusion`, `input_add_reduce_fusion`,
+         `input_reduce_select_fusion`, `input_multiply_reduce_fusion`.
+      4. "transpose/layout": names with "transpose", e.g. `input_convert_transpose_fusion`.
+      5. "elementwise": other names starting with "loop_" (XLA's elementwise loop fusions,
+         concatenations and casts among them), e.g. `loop_convert_fusion_3`.
+      6. "other": everything else (e.g. unfused `wrapped_*` kernels, unknown library kernels).
+
+    Args:
+      kernels: one device's kernels over `steps` traced steps.
+      steps: the number of traced steps, to divide by.
+
+    Returns:
+      `{category: {"us_per_step": ..., "count_per_step": ...}}` for every category, in
+      `BREAKDOWN_CATEGORIES` order (zeros where no kernel falls in one).
+    """
+    totals = {c: [0.0, 0] for c in BREAKDOWN_CATEGORIES}
+    for k in kernels:
+        t = totals[breakdown_category(k.name)]
+        t[0] += k.end_us - k.start_us
+        t[1] += 1
+    return {
+        c: {"us_per_step": t / steps, "count_per_step": n / steps} for c, (t, n) in totals.items()
+    }
 
 
 def find_trace_file(log_dir: str) -> str:

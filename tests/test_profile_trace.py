@@ -100,3 +100,111 @@ ENTRY %main (p: f32[4]) -> f32[4] {
         {"op": "all-reduce", "start_after_compute": 0, "compute_overlapped": 2},
         {"op": "reduce-scatter", "start_after_compute": 2, "compute_overlapped": 0},
     ]
+
+
+# Kernel names as a GPU trace of an XLA train step shows them (CUDA 12, H100), and their kind.
+KIND_CASES = [
+    # XLA fusions are named after their ops; "convert" must not read as a convolution.
+    ("loop_convert_fusion_3", "fusion"),
+    ("input_convert_transpose_fusion", "fusion"),
+    ("input_reduce_fusion", "fusion"),
+    ("loop_multiply_fusion_12", "fusion"),
+    ("wrapped_convert", "fusion"),
+    ("loop_concatenate_fusion", "concat/slice"),
+    ("loop_dynamic_update_slice_fusion_1", "concat/slice"),
+    ("input_slice_fusion", "concat/slice"),
+    # XLA's own Triton GEMMs are GEMMs.
+    ("gemm_fusion_dot_4", "conv/gemm"),
+    # Library convolutions and GEMMs.
+    (
+        "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_tilesize128x128x64",
+        "conv/gemm",
+    ),
+    (
+        "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_bf16_s16816fprop_optimized>(Params)",
+        "conv/gemm",
+    ),
+    ("nvjet_sm90_tst_256x128_64x4_2x1_v_bz_coopB_TNN", "conv/gemm"),
+    (
+        "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float>(Params)",
+        "conv/gemm",
+    ),
+    (
+        "void nhwcAddPaddingKernel<__nv_bfloat16, __nv_bfloat16, float, true>(int, int, int)",
+        "conv/gemm",
+    ),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "collective"),
+    ("Memcpy DtoD (Device -> Device)", "copy"),
+    ("Memset (Device)", "copy"),
+]
+
+
+@pytest.mark.parametrize("name,kind", KIND_CASES)
+def test_kernel_kind(name, kind):
+    assert profile_trace.kernel_kind(name) == kind
+
+
+BREAKDOWN_CASES = [
+    ("sm90_xmma_fprop_implicit_gemm_bf16bf16", "conv/gemm"),
+    ("loop_convert_fusion_3", "elementwise"),
+    ("loop_concatenate_fusion", "elementwise"),
+    ("input_reduce_fusion", "bn/reduction"),
+    ("input_reduce_select_fusion", "bn/reduction"),
+    ("input_add_reduce_fusion", "bn/reduction"),
+    ("input_multiply_reduce_fusion_2", "bn/reduction"),
+    ("void cublasLt::splitKreduce_kernel<32, 16>", "conv/gemm"),  # a GEMM before "reduce"
+    ("input_convert_transpose_fusion", "transpose/layout"),
+    ("loop_transpose_fusion", "transpose/layout"),  # "transpose" before "loop_"
+    ("input_scatter_fusion", "pooling"),
+    ("loop_select_and_scatter_fusion", "pooling"),
+    ("loop_reduce_window_fusion", "pooling"),  # pooling before "reduce"
+    ("ncclDevKernel_ReduceScatter_Sum_f32", "collective"),  # not pooling, not a reduction
+    ("Memcpy HtoD (Pinned -> Device)", "copy"),
+    ("wrapped_convert", "other"),
+    ("fusion_7", "other"),
+]
+
+
+@pytest.mark.parametrize("name,category", BREAKDOWN_CASES)
+def test_breakdown_category_order(name, category):
+    assert profile_trace.breakdown_category(name) == category
+
+
+def test_fusion_breakdown_sums_time_and_counts_per_step():
+    def k(name, start, dur):
+        return profile_trace.Kernel(
+            name, start, start + dur, "Stream #1", profile_trace.kernel_kind(name)
+        )
+
+    # Two steps: conv 10 + 6, BN reductions 3 + 1 + 2, casts 0.5 + 1.5, a transpose 4, max-pool
+    # forward 2 and backward 6, an all-reduce 8, a copy 1, an unfused op 0.25.
+    kernels = [
+        k("sm90_xmma_fprop_implicit_gemm_bf16bf16", 0, 10),
+        k("nvjet_sm90_tst_256x128", 10, 6),
+        k("input_reduce_fusion", 16, 3),
+        k("input_add_reduce_fusion_1", 19, 1),
+        k("input_reduce_select_fusion", 20, 2),
+        k("loop_convert_fusion_3", 22, 0.5),
+        k("loop_convert_fusion_4", 22.5, 1.5),
+        k("input_convert_transpose_fusion", 24, 4),
+        k("loop_reduce_window_fusion", 28, 2),
+        k("input_scatter_fusion", 30, 6),
+        k("ncclDevKernel_AllReduce_Sum_f32", 30, 8),
+        k("Memcpy DtoD (Device -> Device)", 38, 1),
+        k("wrapped_convert", 39, 0.25),
+    ]
+    out = profile_trace.fusion_breakdown(kernels, steps=2)
+    assert list(out) == list(profile_trace.BREAKDOWN_CATEGORIES)
+    assert out == {
+        "conv/gemm": {"us_per_step": 8.0, "count_per_step": 1.0},
+        "bn/reduction": {"us_per_step": 3.0, "count_per_step": 1.5},
+        "elementwise": {"us_per_step": 1.0, "count_per_step": 1.0},
+        "transpose/layout": {"us_per_step": 2.0, "count_per_step": 0.5},
+        "pooling": {"us_per_step": 4.0, "count_per_step": 1.0},
+        "copy": {"us_per_step": 0.5, "count_per_step": 0.5},
+        "collective": {"us_per_step": 4.0, "count_per_step": 0.5},
+        "other": {"us_per_step": 0.125, "count_per_step": 0.5},
+    }
+    total = sum(k.end_us - k.start_us for k in kernels) / 2
+    assert sum(v["us_per_step"] for v in out.values()) == total
+    assert sum(v["count_per_step"] for v in out.values()) == len(kernels) / 2

@@ -66,7 +66,6 @@ def build_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) ->
         config.eval_batch_size,
         mesh,
         config.seed,
-        image_dtype=config.precision.compute,
     )
     steps = total_steps(config, data.info.num_train)
     compute = precision.compute_dtype(config.precision.compute)

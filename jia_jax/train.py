@@ -8,8 +8,8 @@ al.), and reduces the gradients with the configured strategy (`jia_jax.allreduce
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import math
+from collections.abc import Callable
 from typing import Any
 
 import flax
@@ -19,12 +19,12 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 from absl import logging
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
-from jia_jax import allreduce, comm_model
+from jia_jax import allreduce, comm_model, normalize, precision, resize
 from jia_jax import loss as loss_lib
 from jia_jax import mesh as mesh_lib
-from jia_jax import precision
 from jia_jax.models import call_order
 
 Batch = dict[str, jax.Array]
@@ -101,7 +101,7 @@ def local_grads_fn(model: nn.Module, compute: jnp.dtype, smoothing: float) -> Ca
         def scaled_loss(p):
             logits, new_vars = model.apply(
                 {"params": p, "batch_stats": batch_stats},
-                batch["image"].astype(compute),
+                normalize.model_input(batch["image"], compute),
                 train=True,
                 mutable=["batch_stats"],
                 rngs={"dropout": key},
@@ -297,6 +297,16 @@ def update_fn(
     return update
 
 
+def device_images(batch: Batch, config: ml_collections.ConfigDict) -> Batch:
+    """The batch with its images as the model takes them: canvases (host pipeline with
+    `data.resize_canvas`) resized, flipped and normalised here; other images as they are."""
+    if resize.BOX not in batch:
+        return batch
+    compute = precision.compute_dtype(config.precision.compute)
+    pixels = resize.crops_to_images(batch, config.data.image_size, compute)
+    return {"image": normalize.normalized(pixels, compute), "label": batch["label"]}
+
+
 def make_train_step(
     model: nn.Module,
     tx: optax.GradientTransformation,
@@ -323,6 +333,7 @@ def make_train_step(
     built = {}  # per image shape: (comm, shard_mapped step); shapes are known when tracing
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+        batch = device_images(batch, config)
         image_shape = batch["image"].shape[1:]
         if image_shape not in built:
             comm = resolve_comm(config.comm, model, mesh, state.params, image_shape)
@@ -354,7 +365,7 @@ def make_eval_step(
     def per_device(params, batch_stats, batch):
         logits = model.apply(
             {"params": cast_floats(params, compute), "batch_stats": batch_stats},
-            batch["image"].astype(compute),
+            normalize.model_input(batch["image"], compute),
             train=False,
         )
         mask = batch["mask"]

@@ -18,6 +18,7 @@ import json
 import multiprocessing
 import os
 import platform
+import sys
 import time
 from queue import Empty
 
@@ -27,11 +28,25 @@ import psutil
 import tensorflow_datasets as tfds
 from absl import flags
 
+from configs import default
 from jia_jax import tfds_input
+from scripts import bench_allreduce
 
 _NAME = "jia_bench_jpeg"
 _WIDTH, _HEIGHT = 500, 375
 _NUM_CLASSES = 1000
+# What the grain pipeline hands the trainer: host-bf16 is the pipeline before the device resize
+# (normalised on the host, in the model's dtype); host-uint8 leaves normalising to the device;
+# device also leaves the resize and flip to it (the trainer's default, data.resize_on_device).
+OUTPUTS = {
+    "host-bf16": {"image_dtype": "bfloat16", "resize_canvas": None},
+    "host-uint8": {"image_dtype": "uint8", "resize_canvas": None},
+    "device": {
+        "image_dtype": "uint8",
+        "resize_canvas": tuple(default.get_config().data.resize_canvas),
+    },
+}
+LOADERS = ["grain processes", "grain threads", "tf.data"]
 
 
 class JiaBenchJpeg(tfds.core.GeneratorBasedBuilder):
@@ -150,6 +165,7 @@ def _measure(config: dict, results: multiprocessing.Queue) -> None:
             image_dtype=config["image_dtype"],
             num_threads=config["threads"],
             num_workers=config["workers"],
+            resize_canvas=config["resize_canvas"],
         )
     # Worker processes start up during the first batches, each with its own first batch.
     for _ in range(config["warmup"] + config["workers"]):
@@ -160,7 +176,8 @@ def _measure(config: dict, results: multiprocessing.Queue) -> None:
         batch = next(batches)
         steps += 1
     seconds, cpu_seconds = time.perf_counter() - start, _cpu_seconds() - start_cpu
-    assert batch["image"].shape == (config["batch"], config["image_size"], config["image_size"], 3)
+    side = config["image_size"]
+    assert batch["image"].shape == (config["batch"], *(config["resize_canvas"] or (side, side)), 3)
     images = steps * config["batch"]
     results.put(
         {
@@ -186,31 +203,50 @@ def main() -> None:
     parser.add_argument("--num_images", type=int, default=2000)
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--image_dtype", default="bfloat16", help="the model's compute dtype")
+    parser.add_argument(
+        "--outputs",
+        nargs="+",
+        choices=sorted(OUTPUTS),
+        default=sorted(OUTPUTS),
+        help="what the grain pipeline hands the trainer (tf.data rows: bf16, host resize)",
+    )
+    parser.add_argument(
+        "--loaders", nargs="+", choices=LOADERS, default=LOADERS, help="tf.data needs TensorFlow"
+    )
     parser.add_argument("--warmup", type=int, default=3, help="batches before timing starts")
     parser.add_argument("--seconds", type=float, default=10, help="time each row this long")
     parser.add_argument("--cores", type=int, nargs="+", default=[1, os.cpu_count()])
+    parser.add_argument(
+        "--worker_threads", type=int, nargs="+", default=[2], help="threads per worker process"
+    )
     parser.add_argument("--out", default="bench_input.json")
     args = parser.parse_args()
 
-    with_tf = _has_tensorflow()
+    with_tf = "tf.data" in args.loaders and _has_tensorflow()
     dataset = prepare(args.data_dir, args.num_images, "array_record")
     if with_tf:
         prepare(args.data_dir, args.num_images, "tfrecord")
-    common = {
-        k: getattr(args, k)
-        for k in ("data_dir", "batch", "image_size", "image_dtype", "warmup", "seconds")
-    }
+    common = {k: getattr(args, k) for k in ("data_dir", "batch", "image_size", "warmup", "seconds")}
     configs = []
     for cores in args.cores:
-        configs.append(
-            {"loader": "grain threads", "cores": cores, "threads": 2 * cores, "workers": 0}
-        )
-        configs.append(
-            {"loader": "grain processes", "cores": cores, "threads": 2, "workers": cores}
-        )
+        for output in args.outputs:
+            grain_rows = {"output": output, **OUTPUTS[output]}
+            if "grain threads" in args.loaders:
+                configs.append(
+                    {"loader": "grain threads", "cores": cores, "threads": 2 * cores, "workers": 0}
+                    | grain_rows
+                )
+            if "grain processes" in args.loaders:
+                configs += [
+                    {"loader": "grain processes", "cores": cores, "threads": t, "workers": cores}
+                    | grain_rows
+                    for t in args.worker_threads
+                ]
         if with_tf:
-            configs.append({"loader": "tf.data", "cores": cores, "threads": cores, "workers": 0})
+            configs.append(
+                {"loader": "tf.data", "cores": cores, "threads": cores, "workers": 0}
+                | {"output": "host-bf16", **OUTPUTS["host-bf16"]}
+            )
     # A fresh (non-daemon, so grain may start workers) process per measurement: pinning and
     # thread pools do not leak between rows.
     context = multiprocessing.get_context("spawn")
@@ -232,22 +268,30 @@ def main() -> None:
     cpu = platform.processor() or platform.machine()
     print(
         f"{dataset['images']} JPEGs of {_WIDTH}x{_HEIGHT}, {dataset['mean_kb']:.0f} KB mean; "
-        f"batch {args.batch}, {args.image_size}px {args.image_dtype}; {cpu}, "
+        f"batch {args.batch}, {args.image_size}px; {cpu}, "
         f"{os.cpu_count()} cores"
     )
     print(
-        f"{'loader':<16} {'cores':>5} {'threads':>7} {'workers':>7} {'img/s':>8} "
+        f"{'loader':<16} {'output':<11} {'cores':>5} {'threads':>7} {'workers':>7} {'img/s':>8} "
         f"{'img/s/core':>10} {'img/cpu-s':>9}"
     )
     for r in results:
         print(
-            f"{r['loader']:<16} {r['cores']:>5} {r['threads']:>7} {r['workers']:>7} "
+            f"{r['loader']:<16} {r['output']:<11} {r['cores']:>5} {r['threads']:>7} {r['workers']:>7} "
             f"{r['images_per_s']:>8.0f} {r['images_per_s_per_core']:>10.0f} "
             f"{r['images_per_cpu_s']:>9.0f}"
         )
     with open(args.out, "w") as f:
         json.dump(
-            {"dataset": dataset, "cpu_count": os.cpu_count(), "results": results}, f, indent=1
+            {
+                "environment": {**bench_allreduce.environment(), "cpu": cpu},
+                "command": " ".join(sys.argv),
+                "dataset": dataset,
+                "cpu_count": os.cpu_count(),
+                "results": results,
+            },
+            f,
+            indent=1,
         )
 
 

@@ -122,20 +122,20 @@ def allreduce_table(doc: dict[str, Any]) -> str:
 
 
 def input_table(doc: dict[str, Any]) -> str:
-    """Train input images/s per loader and core count (scripts/bench_input.py)."""
+    """Train input images/s per loader, output and core count (scripts/bench_input.py)."""
     first = doc["results"][0]
     lines = [
         f"Train input ({doc['cpu_count']}-core host; {doc['dataset']['images']} JPEGs of "
         f"{doc['dataset']['mean_kb']:.0f} KB mean, batch {first['batch']}, "
-        f"{first['image_size']} px {first['image_dtype']}):",
+        f"{first['image_size']} px):",
         "",
-        "| loader | cores | threads | workers | images/s | images/s per core | "
+        "| loader | output | cores | threads | workers | images/s | images/s per core | "
         "images per CPU-second |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in doc["results"]:
         lines.append(
-            f"| {r['loader']} | {r['cores']} | {r['threads']} | {r['workers']} | "
+            f"| {r['loader']} | {r['output']} | {r['cores']} | {r['threads']} | {r['workers']} | "
             f"{r['images_per_s']:.0f} | {r['images_per_s_per_core']:.0f} | "
             f"{r['images_per_cpu_s']:.0f} |"
         )

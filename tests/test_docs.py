@@ -135,7 +135,7 @@ def test_large_batch_second_attempt_quotes_its_log():
 
 
 def test_input_table_renders_bench_input_json(tmp_path):
-    row = {"batch": 128, "image_size": 224, "image_dtype": "bfloat16", "threads": 2}
+    row = {"batch": 128, "image_size": 224, "output": "device", "threads": 2}
     doc = {
         "dataset": {"images": 2000, "mean_kb": 101.6},
         "cpu_count": 16,
@@ -155,11 +155,11 @@ def test_input_table_renders_bench_input_json(tmp_path):
     path.write_text(json.dumps(doc))
     assert render_benchmarks.render(str(path)) == (
         f"From `{path}`.\n\n"
-        "Train input (16-core host; 2000 JPEGs of 102 KB mean, batch 128, 224 px bfloat16):\n\n"
-        "| loader | cores | threads | workers | images/s | images/s per core | "
+        "Train input (16-core host; 2000 JPEGs of 102 KB mean, batch 128, 224 px):\n\n"
+        "| loader | output | cores | threads | workers | images/s | images/s per core | "
         "images per CPU-second |\n"
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
-        "| grain processes | 4 | 2 | 4 | 1001 | 250 | 241 |\n"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+        "| grain processes | device | 4 | 2 | 4 | 1001 | 250 | 241 |\n"
     )
 
 

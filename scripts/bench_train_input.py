@@ -1,0 +1,140 @@
+r"""Images/s of `python -m jia_jax.main` on real JPEGs against the same run on synthetic data.
+
+Each variant is one training run of the ResNet-50 64K config (bf16, `per_gpu` images per GPU, all
+visible GPUs, one process), in a child process, with checkpoints and mid-run evals off:
+  * `synthetic`: images made on the device (no input cost): the step's own speed;
+  * `host`: the tfds dataset written by `scripts/bench_input.py` (ArrayRecord, 500x375 JPEGs),
+    decoded and resized by `data.num_workers` worker processes (`data.resize_on_device=False`);
+  * `device`: the same, with the resize and flip left to the train step (`resize_on_device=True`).
+The rate of a run is the median of the trainer's own logged images/s over the logging intervals
+after the first (which holds compilation and the workers' start). Writes JSON with each run's
+command, log tail and ratio to `synthetic`.
+
+  python -m scripts.bench_input --data_dir=/tmp/jia_bench_data --cores 16   # writes the dataset
+  python -m scripts.bench_train_input --data_dir=/tmp/jia_bench_data --num_workers=15 \
+      --out=/tmp/bench_train_input.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+_RATE = re.compile(r"step (\d+)/\d+ \|.* \| ([\d.]+) img/s \|")
+VARIANTS = ("synthetic", "host", "device")
+
+
+def command(variant: str, args: argparse.Namespace, gpus: int, workdir: str) -> list[str]:
+    """The `jia_jax.main` command line of one variant."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "jia_jax.main",
+        f"--config={args.config}",
+        f"--workdir={workdir}",
+        f"--config.global_batch_size={args.per_gpu * gpus}",
+        f"--config.microbatch_size={args.per_gpu}",
+        f"--config.total_steps={args.steps}",
+        f"--config.log_every_steps={args.log_every}",
+        "--config.optimizer.warmup_epochs=0",
+        "--config.checkpoint_every_steps=1000000",
+        "--config.eval_every_steps=1000000",
+    ]
+    cmd += args.override
+    if variant == "synthetic":
+        return [*cmd, "--config.data.name=synthetic"]
+    return [
+        *cmd,
+        "--config.data.name=jia_bench_jpeg",
+        f"--config.data.data_dir={os.path.join(args.data_dir, 'array_record')}",
+        f"--config.data.num_workers={args.num_workers}",
+        f"--config.data.resize_on_device={variant == 'device'}",
+        # The generated dataset has one split; the final eval reads a slice of it.
+        "--config.data.eval_split=train[:10%]",
+        f"--config.eval_batch_size={args.per_gpu * gpus}",
+    ]
+
+
+def rates(log: str) -> list[tuple[int, float]]:
+    """(step, images/s) of each logged interval, in order."""
+    return [(int(m.group(1)), float(m.group(2))) for m in _RATE.finditer(log)]
+
+
+def run(variant: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
+    """One training run; its steady images/s (median of the intervals after the first)."""
+    cmd = command(variant, args, gpus, tempfile.mkdtemp(prefix=f"jia_jax_{variant}_"))
+    proc = subprocess.run(
+        cmd, check=False, capture_output=True, text=True, timeout=args.timeout_s, env=args.child_env
+    )
+    log = proc.stdout + proc.stderr
+    row: dict[str, Any] = {
+        "variant": variant,
+        "command": " ".join(cmd[1:]),
+        "returncode": proc.returncode,
+    }
+    row["log_tail"] = log.splitlines()[-12:]
+    intervals = rates(log)
+    row["intervals"] = intervals
+    if proc.returncode or len(intervals) < 2:
+        row["error"] = "the run failed or logged fewer than two intervals"
+        return row
+    row["images_per_s"] = statistics.median(rate for _, rate in intervals[1:])
+    return row
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data_dir", default="/tmp/jia_bench_data")
+    parser.add_argument("--config", default="configs/resnet50_64k.py")
+    parser.add_argument(
+        "--override", action="append", default=[], help="extra --config.x=y flags; repeatable"
+    )
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--num_workers", type=int, default=max((os.cpu_count() or 2) - 1, 1))
+    parser.add_argument("--per_gpu", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=240)
+    parser.add_argument("--log_every", type=int, default=40)
+    parser.add_argument("--timeout_s", type=float, default=400)
+    parser.add_argument("--out", default="bench_train_input.json")
+    args = parser.parse_args(argv)
+
+    # The children need the GPUs' memory: this process looks at the devices without taking it.
+    args.child_env = dict(os.environ)
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    import jax
+
+    from scripts import bench_allreduce
+
+    gpus = jax.local_device_count()
+    environment = {**bench_allreduce.environment(), "cpu_count": os.cpu_count()}
+    rows = [run(v, args, gpus) for v in args.variants.split(",")]
+    base = next((r for r in rows if r["variant"] == "synthetic" and "images_per_s" in r), None)
+    for r in rows:
+        if base and "images_per_s" in r:
+            r["ratio_vs_synthetic"] = r["images_per_s"] / base["images_per_s"]
+        print(
+            f"{r['variant']:<10} {r.get('images_per_s', float('nan')):>9.1f} img/s  "
+            f"ratio {r.get('ratio_vs_synthetic', float('nan')):.3f}  {r.get('error', '')}"
+        )
+    doc = {
+        "environment": environment,
+        "command": " ".join(sys.argv),
+        "gpus": gpus,
+        "args": {k: v for k, v in vars(args).items() if k != "child_env"},
+        "results": rows,
+    }
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    return doc
+
+
+if __name__ == "__main__":
+    main()

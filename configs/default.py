@@ -31,13 +31,6 @@ def get_config() -> ml_collections.ConfigDict:
     # Unreadable records (bad JPEG bytes, a failed checksum) a tfds dataset may have before the
     # run stops, naming file and record; each is logged and replaced by the next readable one.
     config.data.max_bad_records = 0
-    # tfds datasets: the host decodes each JPEG and ships the pixels around its random crop on a
-    # (rows, columns) canvas; the train step resizes, flips and normalises them on the device,
-    # which takes the costliest pass after decoding off the CPU (docs/input_pipeline.md). False:
-    # the host resizes (as eval always does). A canvas fits the crop windows of images up to
-    # 500x375 either way round; larger crops are resized on the host.
-    config.data.resize_on_device = True
-    config.data.resize_canvas = (384, 512)
 
     config.global_batch_size = 256
     config.eval_batch_size = 256

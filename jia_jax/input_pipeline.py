@@ -128,7 +128,6 @@ def create_input(
             image_dtype="uint8",
             num_workers=data.num_workers,
             max_bad_records=data.max_bad_records,
-            resize_canvas=tuple(data.resize_canvas) if data.resize_on_device else None,
         )
         return prefetch(global_batches(local, sharding))
 

@@ -33,7 +33,7 @@ import numpy as np
 import PIL.Image
 import tensorflow_datasets as tfds
 
-from jia_jax import bad_records, normalize, resize
+from jia_jax import bad_records, normalize
 
 IMAGENET_MEAN, IMAGENET_STD = normalize.IMAGENET_MEAN, normalize.IMAGENET_STD
 EVAL_CROP_FRACTION = 0.875
@@ -204,80 +204,22 @@ def eval_crop_box(width: int, height: int) -> tuple[float, float, float, float]:
 
 
 def _train_example(
-    index: int,
-    rng: np.random.Generator,
-    *,
-    source: Sequence[dict[str, Any]],
-    image_size: int,
-    canvas: tuple[int, int] | None = None,
+    index: int, rng: np.random.Generator, *, source: Sequence[dict[str, Any]], image_size: int
 ) -> dict[str, np.ndarray]:
-    """Record `index` augmented, or the next readable record if it is damaged.
-
-    With a `canvas` (rows, columns) the resize and flip are left to the device
-    (`jia_jax.resize`): the example holds the pixels around the crop box instead.
-    """
+    """Record `index` augmented, or the next readable record if it is damaged."""
     skipped, (image, label) = bad_records.first_readable(
         functools.partial(_read, source), index, len(source)
     )
     box = random_crop_box(rng, *image.size)
-    flip = rng.random() < 0.5
-    if canvas is None:
-        fields = {"image": _resized(image, box, image_size, flip)}
-    else:
-        fields = _window_on_canvas(image, box, image_size, canvas, flip)
+    # Resizing only the box is crop-then-resize in one pass, without copying the crop.
+    pixels = np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
+    if rng.random() < 0.5:
+        pixels = pixels[:, ::-1]
     return {
-        **fields,
+        "image": pixels,
         "label": label,
         bad_records.SKIPPED: np.int32(skipped),
         bad_records.SKIPPED_FROM: np.int64(index),
-    }
-
-
-def _resized(
-    image: PIL.Image.Image, box: tuple[float, ...], image_size: int, flip: bool
-) -> np.ndarray:
-    # Resizing only the box is crop-then-resize in one pass, without copying the crop.
-    pixels = np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
-    return pixels[:, ::-1] if flip else pixels
-
-
-def _window_on_canvas(
-    image: PIL.Image.Image,
-    box: tuple[int, int, int, int],
-    image_size: int,
-    canvas: tuple[int, int],
-    flip: bool,
-) -> dict[str, np.ndarray]:
-    """The crop box with the pixels its resize reads, on a zero canvas, and where the box is.
-
-    The window is stored transposed when only that fits; a window that fits neither way (a
-    large crop of a large image) is resized here, and the device gets an identity box.
-    """
-    left, top, right, bottom = box
-    x_margin, y_margin = (
-        resize.margin(right - left, image_size),
-        resize.margin(bottom - top, image_size),
-    )
-    x0, y0 = max(left - x_margin, 0), max(top - y_margin, 0)
-    x1, y1 = min(right + x_margin, image.width), min(bottom + y_margin, image.height)
-    rows, cols = canvas
-    out = np.zeros((rows, cols, 3), np.uint8)
-    if y1 - y0 <= rows and x1 - x0 <= cols:
-        transpose, window = 0, np.asarray(image.crop((x0, y0, x1, y1)))
-        placed = (top - y0, left - x0, bottom - y0, right - x0)
-    elif x1 - x0 <= rows and y1 - y0 <= cols:
-        transpose, window = 1, np.asarray(image.crop((x0, y0, x1, y1))).transpose(1, 0, 2)
-        placed = (left - x0, top - y0, right - x0, bottom - y0)
-    else:
-        transpose, window = 0, _resized(image, box, image_size, flip=False)
-        placed = (0, 0, image_size, image_size)
-    out[: window.shape[0], : window.shape[1]] = window
-    return {
-        "image": out,
-        resize.BOX: np.asarray(placed, np.float32),
-        resize.SIZE: np.asarray(window.shape[:2], np.int32),
-        resize.TRANSPOSE: np.int32(transpose),
-        resize.FLIP: np.int32(flip),
     }
 
 
@@ -360,7 +302,6 @@ def train_batches(
     num_threads: int = 4,
     num_workers: int = 0,
     max_bad_records: int = 0,
-    resize_canvas: tuple[int, int] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Endless train batches of this process, starting at `start_step`.
 
@@ -388,27 +329,16 @@ def train_batches(
         read absl flags, so the program must have parsed them (`absl.app.run` does).
       max_bad_records: unreadable records to replace (each by the next readable one, the same
         way every time) before stopping; see jia_jax/bad_records.py.
-      resize_canvas: (rows, columns) of a canvas at least `image_size` each way: the resize and
-        flip are left to the device (`jia_jax.resize.crops_to_images`), and each image is the
-        decoded window around its crop box on such a canvas, in uint8. None: resized here.
 
     Yields:
       {"image": image_dtype [local_batch, image_size, image_size, 3] normalised,
-       "label": int32 [local_batch]}; with a `resize_canvas`, "image" is uint8
-      [local_batch, rows, columns, 3] plus the `jia_jax.resize` keys (box, window_size,
-      transpose, flip).
+       "label": int32 [local_batch]}.
 
     Raises:
       DatasetNotPreparedError: the dataset is missing or not in ArrayRecord format.
       bad_records.CorruptDatasetError: a shard is damaged (at once), or more than
         `max_bad_records` records are (when the batch holding the next one is reached).
     """
-    canvas = None if resize_canvas is None else tuple(int(n) for n in resize_canvas)
-    if canvas is not None and (len(canvas) != 2 or min(canvas) < image_size):
-        raise ValueError(
-            f"resize_canvas={resize_canvas} must be (rows, columns), each at least "
-            f"image_size={image_size}."
-        )
     builder = _builder(name, data_dir)
     part = _process_part(builder, split, process_index, process_count, drop_remainder=True)
     if len(part.source) < local_batch:
@@ -424,16 +354,11 @@ def train_batches(
         .seed(process_seed)
         .shuffle()
         .repeat()
-        .random_map(
-            functools.partial(
-                _train_example, source=part.source, image_size=image_size, canvas=canvas
-            )
-        )
+        .random_map(functools.partial(_train_example, source=part.source, image_size=image_size))
     )
     # Slicing after batching skips whole batches by index arithmetic, without reading them.
     batches = examples.batch(local_batch, drop_remainder=True)[start_step:]
-    # Canvases are normalised by the device, after the resize.
-    batches = _normalized(batches, np.dtype(np.uint8 if canvas else image_dtype))
+    batches = _normalized(batches, np.dtype(image_dtype))
     return _iterate(batches, part, max_bad_records, num_threads, num_workers)
 
 

@@ -22,7 +22,7 @@ from absl import logging
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from jia_jax import allreduce, comm_model, normalize, precision, resize
+from jia_jax import allreduce, comm_model, normalize, precision
 from jia_jax import loss as loss_lib
 from jia_jax import mesh as mesh_lib
 from jia_jax.models import call_order
@@ -297,16 +297,6 @@ def update_fn(
     return update
 
 
-def device_images(batch: Batch, config: ml_collections.ConfigDict) -> Batch:
-    """The batch with its images as the model takes them: canvases (host pipeline with
-    `data.resize_canvas`) resized, flipped and normalised here; other images as they are."""
-    if resize.BOX not in batch:
-        return batch
-    compute = precision.compute_dtype(config.precision.compute)
-    pixels = resize.crops_to_images(batch, config.data.image_size, compute)
-    return {"image": normalize.normalized(pixels, compute), "label": batch["label"]}
-
-
 def make_train_step(
     model: nn.Module,
     tx: optax.GradientTransformation,
@@ -333,7 +323,6 @@ def make_train_step(
     built = {}  # per image shape: (comm, shard_mapped step); shapes are known when tracing
 
     def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
-        batch = device_images(batch, config)
         image_shape = batch["image"].shape[1:]
         if image_shape not in built:
             comm = resolve_comm(config.comm, model, mesh, state.params, image_shape)

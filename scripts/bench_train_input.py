@@ -4,8 +4,7 @@ Each variant is one training run of the ResNet-50 64K config (bf16, `per_gpu` im
 visible GPUs, one process), in a child process, with checkpoints and mid-run evals off:
   * `synthetic`: images made on the device (no input cost): the step's own speed;
   * `host`: the tfds dataset written by `scripts/bench_input.py` (ArrayRecord, 500x375 JPEGs),
-    decoded and resized by `data.num_workers` worker processes (`data.resize_on_device=False`);
-  * `device`: the same, with the resize and flip left to the train step (`resize_on_device=True`).
+    decoded and augmented by `data.num_workers` worker processes, uint8 to the device.
 The rate of a run is the median of the trainer's own logged images/s over the logging intervals
 after the first (which holds compilation and the workers' start). Writes JSON with each run's
 command, log tail and ratio to `synthetic`.
@@ -29,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 _RATE = re.compile(r"step (\d+)/\d+ \|.* \| ([\d.]+) img/s \|")
-VARIANTS = ("synthetic", "host", "device")
+VARIANTS = ("synthetic", "host")
 
 
 def command(variant: str, args: argparse.Namespace, gpus: int, workdir: str) -> list[str]:
@@ -56,7 +55,6 @@ def command(variant: str, args: argparse.Namespace, gpus: int, workdir: str) -> 
         "--config.data.name=jia_bench_jpeg",
         f"--config.data.data_dir={os.path.join(args.data_dir, 'array_record')}",
         f"--config.data.num_workers={args.num_workers}",
-        f"--config.data.resize_on_device={variant == 'device'}",
         # The generated dataset has one split; the final eval reads a slice of it.
         "--config.data.eval_split=train[:10%]",
         f"--config.eval_batch_size={args.per_gpu * gpus}",

@@ -4,8 +4,7 @@ Implements You et al. 2017, Algorithm 1, in the mixed-precision form of Jia et a
 dtype the weights and gradients arrive in (fp32, bf16, fp16), norms, trust ratios and the momentum
 buffer are fp32, and only the returned updates are cast back to each parameter's dtype. In fp16 the
 per-layer learning rate and the squared norms leave fp16's range, which is why the paper moves LARS
-to fp32. The squared norms of all LARS leaves are summed in one pass, with a fixed number of
-reductions however many leaves there are.
+to fp32.
 
 References:
   You, Gitman, Ginsburg, "Large Batch Training of Convolutional Networks", 2017,
@@ -19,7 +18,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 # A pytree of Python bools (True = apply LARS and weight decay) shaped like the params, or a
@@ -61,37 +59,25 @@ def _full_mask(mask: MaskOrFn, params: optax.Params) -> Any:
     return jax.tree.map(lambda m, sub: jax.tree.map(lambda _: bool(m), sub), mask_tree, params)
 
 
-# Masked leaves are zero-padded to whole rows of this many elements for their squared norms: long
-# enough that a conv kernel is a few rows, short enough that the padding (under a row per leaf) is
-# a negligible share of the bytes read.
-_NORM_ROW = 1024
-
-
-def _squared_norms(params: list[jax.Array], grads: list[jax.Array]) -> jax.Array:
-    """fp32 [2, n]: `sum(w**2)` (row 0) and `sum(g**2)` (row 1) of n leaves, in one pass.
-
-    One reduction per leaf and tensor would be one tiny GPU kernel each (~100 for ResNet-50), so
-    all leaves are concatenated, summed per row in one reduction, and the rows of each leaf added
-    up by a matmul with a static 0/1 matrix (one fp32 per row and leaf: 5 MB for ResNet-50). Only
-    the summation order differs from a norm per leaf.
-    """
-    rows = [-(-jnp.size(w) // _NORM_ROW) for w in params]
-
-    def padded(x, n_rows):
-        return jnp.pad(
-            jnp.ravel(jnp.asarray(x, jnp.float32)), (0, n_rows * _NORM_ROW - jnp.size(x))
-        )
-
-    flat = jnp.concatenate(
-        [padded(x, r) for x, r in zip(params, rows, strict=True)]
-        + [padded(x, r) for x, r in zip(grads, rows, strict=True)]
-    )
-    row_sums = jnp.sum(jnp.square(flat.reshape(2, sum(rows), _NORM_ROW)), axis=-1)
-    leaf_of_row = np.repeat(np.arange(len(rows)), rows)
-    one_hot = (leaf_of_row[:, None] == np.arange(len(rows))[None, :]).astype(np.float32)
-    # Not a segment_sum: GPUs scatter-add with atomics, so its result would vary run to run in the
-    # last bit; the matmul is deterministic. HIGHEST keeps GPUs from rounding the sums to TF32.
-    return jnp.dot(row_sums, one_hot, precision=jax.lax.Precision.HIGHEST)
+def _lars_direction(
+    grad: jax.Array,
+    param: jax.Array,
+    apply: bool,
+    weight_decay: float,
+    trust_coefficient: float,
+    eps: float,
+) -> jax.Array:
+    """fp32 `local_lr * (g + wd * w)` for one leaf, or fp32 `g` where `apply` is False."""
+    g = jnp.asarray(grad, jnp.float32)
+    if not apply:
+        return g
+    w = jnp.asarray(param, jnp.float32)
+    w_norm = jnp.linalg.norm(w)
+    g_norm = jnp.linalg.norm(g)
+    ratio = trust_coefficient * w_norm / (g_norm + weight_decay * w_norm + eps)
+    # A zero norm would give 0 (frozen layer) or 0/0; such leaves take the plain step instead.
+    ratio = jnp.where((w_norm == 0.0) | (g_norm == 0.0), 1.0, ratio)
+    return ratio * (g + weight_decay * w)
 
 
 def _directions(
@@ -102,27 +88,18 @@ def _directions(
     trust_coefficient: float,
     eps: float,
 ) -> optax.Updates:
-    """fp32 `local_lr * (g + wd * w)` of every leaf where `mask` is True, fp32 `g` elsewhere."""
+    """fp32 `_lars_direction` of every leaf."""
     if params is None:
         raise ValueError(
             "LARS needs the params (its trust ratio uses ||w||): call update(g, state, params)."
         )
-    grads, treedef = jax.tree.flatten(updates)
-    weights = treedef.flatten_up_to(params)
-    applies = treedef.flatten_up_to(_full_mask(mask, params))
-    out = [jnp.asarray(g, jnp.float32) for g in grads]
-    masked = [i for i, apply in enumerate(applies) if apply]
-    if not masked:
-        return treedef.unflatten(out)
-    w_norm, g_norm = jnp.sqrt(
-        _squared_norms([weights[i] for i in masked], [grads[i] for i in masked])
+    mask_tree = _full_mask(mask, params)
+    return jax.tree.map(
+        lambda g, w, m: _lars_direction(g, w, m, weight_decay, trust_coefficient, eps),
+        updates,
+        params,
+        mask_tree,
     )
-    ratio = trust_coefficient * w_norm / (g_norm + weight_decay * w_norm + eps)
-    # A zero norm would give 0 (frozen layer) or 0/0; such leaves take the plain step instead.
-    ratio = jnp.where((w_norm == 0.0) | (g_norm == 0.0), 1.0, ratio)
-    for k, i in enumerate(masked):
-        out[i] = ratio[k] * (out[i] + weight_decay * jnp.asarray(weights[i], jnp.float32))
-    return treedef.unflatten(out)
 
 
 def _cast_like(tree: optax.Updates, params: optax.Params) -> optax.Updates:

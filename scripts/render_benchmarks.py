@@ -1,5 +1,6 @@
 """Markdown tables from the JSON that scripts/bench_step.py, bench_allreduce.py, bench_input.py,
-profile_step.py and bench_multiprocess.py write.
+bench_train_input.py, bench_peers.py, profile_step.py (and its `.kernels.json.gz`: the step's
+device time by what the kernels do) and bench_multiprocess.py write.
 
 docs/benchmarks.md pastes this script's output, so no number there is typed by hand:
 
@@ -9,9 +10,12 @@ docs/benchmarks.md pastes this script's output, so no number there is typed by h
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from typing import Any
+
+from jia_jax import profile_trace
 
 
 def _environment(doc: dict[str, Any]) -> str:
@@ -191,11 +195,79 @@ def multiprocess_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def train_input_table(doc: dict[str, Any]) -> str:
+    """`jia_jax.main` images/s on generated JPEGs against synthetic data (bench_train_input)."""
+    env = doc["environment"]
+    lines = [
+        f"Training on real JPEGs ({doc['gpus']} x {env['device_kind']}, {env['cpu_count']} CPU "
+        f"cores, jax {env['jax_version']}; ResNet-50 bf16, {doc['args']['per_gpu']} images per "
+        f"GPU, {doc['args']['num_workers']} input worker processes; median of the logged "
+        "intervals after the first):",
+        "",
+        "| data | images/s | vs synthetic |",
+        "| --- | ---: | ---: |",
+    ]
+    for r in doc["results"]:
+        rate = f"{r['images_per_s']:.0f}" if "images_per_s" in r else "failed"
+        ratio = f"{r['ratio_vs_synthetic']:.3f}" if "ratio_vs_synthetic" in r else ""
+        lines.append(f"| {r['variant']} | {rate} | {ratio} |")
+    return "\n".join(lines)
+
+
+def peers_table(doc: dict[str, Any]) -> str:
+    """One-GPU step rates of the trainer and its peers, same call (scripts/bench_peers.py)."""
+    lines = [
+        f"One-GPU step ({_environment(doc)}; synthetic data, bf16; queued = one step in flight "
+        "ahead, as training runs):",
+        "",
+        "| model | images per GPU | kind | images/s queued | images/s synced | "
+        "trainer / faster peer |",
+        "| --- | ---: | --- | ---: | ---: | ---: |",
+    ]
+    for r in doc["results"]:
+        ratio = f"{r['ratio_vs_faster_peer']:.3f}" if "ratio_vs_faster_peer" in r else ""
+        lines.append(
+            f"| {r['model']} | {r['per_device_batch']} | {r['kind']} | {r['images_per_s']:.0f} | "
+            f"{r['synced_images_per_s']:.0f} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def breakdown_table(path: str) -> str:
+    """A profile's device time per step by what the kernels do (profile_trace.fusion_breakdown)."""
+    with gzip.open(path, "rt") as f:
+        cases = json.load(f)
+    with open(path.removesuffix(".kernels.json.gz")) as f:
+        rows = json.load(f)["results"]  # in the order of the cases, as profile_step writes both
+    lines = [
+        "Device time per step by kind of kernel (ms, kernels per step in brackets):",
+        "",
+        "| case | GPU | " + " | ".join(profile_trace.BREAKDOWN_CATEGORIES) + " | total |",
+        "| --- | ---: | " + " | ".join("---:" for _ in profile_trace.BREAKDOWN_CATEGORIES) + " | ---: |",
+    ]
+    for (case, devices), row in zip(cases.items(), rows, strict=True):
+        for dev, records in sorted(devices.items()):
+            kernels = [profile_trace.Kernel(*k) for k in records]
+            split = profile_trace.fusion_breakdown(kernels, row["traced_steps"])
+            cells = [
+                f"{v['us_per_step'] / 1e3:.2f} ({v['count_per_step']:.0f})" for v in split.values()
+            ]
+            total = sum(v["us_per_step"] for v in split.values()) / 1e3
+            lines.append(f"| {case} | {dev[-1]} | " + " | ".join(cells) + f" | {total:.2f} |")
+    return "\n".join(lines)
+
+
 def render(path: str) -> str:
     """The block docs/benchmarks.md pastes for one JSON file: its path, then its table."""
+    if path.endswith(".kernels.json.gz"):
+        return f"From `{path}`.\n\n{breakdown_table(path)}\n"
     with open(path) as f:
         doc = json.load(f)
-    if "variants" in doc:
+    if "gpus" in doc and doc["results"] and "variant" in doc["results"][0]:
+        table = train_input_table(doc)
+    elif doc["results"] and "kind" in doc["results"][0]:
+        table = peers_table(doc)
+    elif "variants" in doc:
         table = step_table(doc)
     elif "dataset" in doc:
         table = input_table(doc)

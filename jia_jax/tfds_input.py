@@ -15,10 +15,9 @@ aspect ratio 3/4-4/3, at most 10 tries, else a centre crop), horizontal flip, bi
 pixels as resizing the shorter side to `image_size / 0.875` and cropping the centre). Both
 normalise by the ImageNet mean and std and return NHWC images in `image_dtype` and int32 labels.
 
-`image_dtype` should be the model's compute dtype: its first convolution casts the input to that
-dtype anyway (numpy and XLA both round to nearest even), so emitting bf16 loses nothing and halves
-the bytes that worker processes hand over and that cross PCIe; with 16 worker processes on a 16-core
-host it raised throughput by about 18% over float32.
+`image_dtype` uint8 (what the trainer asks for) leaves the pixels as they are: the train and eval
+steps normalise them on the device (`jia_jax/normalize.py`), which halves the bytes of bf16 and
+takes the per-pixel arithmetic off the host CPU; any float dtype normalises here.
 """
 
 import functools

@@ -36,16 +36,20 @@ def step_table(doc: dict[str, Any]) -> str:
     lines = [
         f"Train step ({_environment(doc)}; per-device batch as listed, bf16, synthetic data):",
         "",
-        "| model | mesh | strategy | bucket MiB | per-device batch | step ms | images/s | "
-        "images/s per GPU | efficiency vs 1x1 | compiled collectives |",
+        (
+            "| model | mesh | strategy | bucket MiB | per-device batch | step ms | images/s | "
+            "images/s per GPU | efficiency vs 1x1 | compiled collectives |"
+        ),
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     if synced:
         # Queued (one step in flight ahead, as training runs) and synced (each step waited for).
         lines[2:] = [
-            "| model | mesh | strategy | wire | bucket MiB | per-device batch | step ms queued | "
-            "step ms synced | images/s queued | efficiency queued | efficiency synced | "
-            "compiled collectives |",
+            (
+                "| model | mesh | strategy | wire | bucket MiB | per-device batch | step ms queued | "
+                "step ms synced | images/s queued | efficiency queued | efficiency synced | "
+                "compiled collectives |"
+            ),
             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         ]
     rows = [(r, "") for r in doc["results"]]
@@ -83,8 +87,10 @@ def step_table(doc: dict[str, Any]) -> str:
 def allreduce_table(doc: dict[str, Any]) -> str:
     """Bus bandwidth per case and its ratio to one plain psum of the same bytes, same run."""
     lines = [
-        f"All-reduce ({_environment(doc)}): bus bandwidth 2(n-1)/n * bytes / time; ratio = ours / "
-        "one plain `psum` of a flat buffer of the same bytes in the same run:",
+        (
+            f"All-reduce ({_environment(doc)}): bus bandwidth 2(n-1)/n * bytes / time; ratio = ours / "
+            "one plain `psum` of a flat buffer of the same bytes in the same run:"
+        ),
         "",
         "| payload | wire dtype | mesh | strategy | bucket MiB | time ms | bus GB/s | ratio |",
         "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |",
@@ -98,8 +104,10 @@ def allreduce_table(doc: dict[str, Any]) -> str:
             "listed with their error"
         )
         lines[2:] = [
-            "| payload | wire dtype | mesh | strategy | bucket MiB | time ms | bus GB/s | ratio | "
-            "per-call ms |",
+            (
+                "| payload | wire dtype | mesh | strategy | bucket MiB | time ms | bus GB/s | ratio | "
+                "per-call ms |"
+            ),
             "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
         ]
     for r in doc["results"]:
@@ -129,12 +137,16 @@ def input_table(doc: dict[str, Any]) -> str:
     """Train input images/s per loader, output and core count (scripts/bench_input.py)."""
     first = doc["results"][0]
     lines = [
-        f"Train input ({doc['cpu_count']}-core host; {doc['dataset']['images']} JPEGs of "
-        f"{doc['dataset']['mean_kb']:.0f} KB mean, batch {first['batch']}, "
-        f"{first['image_size']} px):",
+        (
+            f"Train input ({doc['cpu_count']}-core host; {doc['dataset']['images']} JPEGs of "
+            f"{doc['dataset']['mean_kb']:.0f} KB mean, batch {first['batch']}, "
+            f"{first['image_size']} px):"
+        ),
         "",
-        "| loader | output | cores | threads | workers | images/s | images/s per core | "
-        "images per CPU-second |",
+        (
+            "| loader | output | cores | threads | workers | images/s | images/s per core | "
+            "images per CPU-second |"
+        ),
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in doc["results"]:
@@ -149,16 +161,22 @@ def input_table(doc: dict[str, Any]) -> str:
 def profile_table(doc: dict[str, Any]) -> str:
     """Where one step's device time goes, per case and GPU (scripts/profile_step.py)."""
     lines = [
-        f"Step profile ({_environment(doc)}; ms per step over the "
-        f"{doc['results'][0].get('traced_steps', doc['args']['trace_steps'])} traced queued "
-        "steps; busy times sum kernel durations; exposed = collective time with no compute "
-        "kernel running; overlapped = the rest of it):",
+        (
+            f"Step profile ({_environment(doc)}; ms per step over the "
+            f"{doc['results'][0].get('traced_steps', doc['args']['trace_steps'])} traced queued "
+            "steps; busy times sum kernel durations; exposed = collective time with no compute "
+            "kernel running; overlapped = the rest of it):"
+        ),
         "",
-        "| case | GPU | step ms queued | step ms synced | span | idle | conv/GEMM | fusions | "
-        "concat/slice | collectives | exposed | overlapped | kernels | collectives' compute "
-        "ops between start and done |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-        "---: | --- |",
+        (
+            "| case | GPU | step ms queued | step ms synced | span | idle | conv/GEMM | fusions | "
+            "concat/slice | collectives | exposed | overlapped | kernels | collectives' compute "
+            "ops between start and done |"
+        ),
+        (
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+            "---: | --- |"
+        ),
     ]
     for r in doc["results"]:
         wire = f":{r['wire']}" if r.get("wire") else ""
@@ -199,10 +217,12 @@ def train_input_table(doc: dict[str, Any]) -> str:
     """`jia_jax.main` images/s on generated JPEGs against synthetic data (bench_train_input)."""
     env = doc["environment"]
     lines = [
-        f"Training on real JPEGs ({doc['gpus']} x {env['device_kind']}, {env['cpu_count']} CPU "
-        f"cores, jax {env['jax_version']}; ResNet-50 bf16, {doc['args']['per_gpu']} images per "
-        f"GPU, {doc['args']['num_workers']} input worker processes; median of the logged "
-        "intervals after the first):",
+        (
+            f"Training on real JPEGs ({doc['gpus']} x {env['device_kind']}, {env['cpu_count']} CPU "
+            f"cores, jax {env['jax_version']}; ResNet-50 bf16, {doc['args']['per_gpu']} images per "
+            f"GPU, {doc['args']['num_workers']} input worker processes; median of the logged "
+            "intervals after the first):"
+        ),
         "",
         "| data | images/s | vs synthetic |",
         "| --- | ---: | ---: |",
@@ -217,11 +237,15 @@ def train_input_table(doc: dict[str, Any]) -> str:
 def peers_table(doc: dict[str, Any]) -> str:
     """One-GPU step rates of the trainer and its peers, same call (scripts/bench_peers.py)."""
     lines = [
-        f"One-GPU step ({_environment(doc)}; synthetic data, bf16; queued = one step in flight "
-        "ahead, as training runs):",
+        (
+            f"One-GPU step ({_environment(doc)}; synthetic data, bf16; queued = one step in flight "
+            "ahead, as training runs):"
+        ),
         "",
-        "| model | images per GPU | kind | images/s queued | images/s synced | "
-        "trainer / faster peer |",
+        (
+            "| model | images per GPU | kind | images/s queued | images/s synced | "
+            "trainer / faster peer |"
+        ),
         "| --- | ---: | --- | ---: | ---: | ---: |",
     ]
     for r in doc["results"]:
@@ -243,7 +267,9 @@ def breakdown_table(path: str) -> str:
         "Device time per step by kind of kernel (ms, kernels per step in brackets):",
         "",
         "| case | GPU | " + " | ".join(profile_trace.BREAKDOWN_CATEGORIES) + " | total |",
-        "| --- | ---: | " + " | ".join("---:" for _ in profile_trace.BREAKDOWN_CATEGORIES) + " | ---: |",
+        "| --- | ---: | "
+        + " | ".join("---:" for _ in profile_trace.BREAKDOWN_CATEGORIES)
+        + " | ---: |",
     ]
     for (case, devices), row in zip(cases.items(), rows, strict=True):
         for dev, records in sorted(devices.items()):
@@ -263,9 +289,10 @@ def render(path: str) -> str:
         return f"From `{path}`.\n\n{breakdown_table(path)}\n"
     with open(path) as f:
         doc = json.load(f)
-    if "gpus" in doc and doc["results"] and "variant" in doc["results"][0]:
+    first = (doc.get("results") or [{}])[0]
+    if "gpus" in doc and "variant" in first:
         table = train_input_table(doc)
-    elif doc["results"] and "kind" in doc["results"][0]:
+    elif "kind" in first:
         table = peers_table(doc)
     elif "variants" in doc:
         table = step_table(doc)

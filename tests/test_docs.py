@@ -1,12 +1,13 @@
 """Docs quote their raw files: benchmark tables are the render of their JSON, and the figures the
 prose derives from them are recomputed here from the same files (cheap; catches drift)."""
 
+import gzip
 import json
 import pathlib
 import re
 
-from scripts import large_batch_digits
-from scripts import render_benchmarks
+from jia_jax import profile_trace
+from scripts import large_batch_digits, render_benchmarks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RAW = REPO / "docs" / "benchmarks"
@@ -34,7 +35,9 @@ def assert_quoted(text: str, quotes: list[str]) -> None:
 def test_benchmark_tables_are_the_render_of_their_json(monkeypatch):
     monkeypatch.chdir(REPO)  # the render names the path as given, relative to the repository
     doc = read("docs/benchmarks.md")
-    paths = re.findall(r"^From `(docs/benchmarks/[^`]+\.json)`\.$", doc, re.MULTILINE)
+    paths = re.findall(
+        r"^From `(docs/benchmarks/[^`]+\.json(?:\.kernels\.json\.gz)?)`\.$", doc, re.MULTILINE
+    )
     assert len(paths) >= 4
     for path in paths:
         assert render_benchmarks.render(path).rstrip("\n") in doc, path
@@ -188,16 +191,118 @@ def test_two_gpu_answers_agree_with_the_json():
     assert_quoted(
         text,
         [
-            f"scales **{r256[default]['efficiency']:.3f}** queued "
-            f"({r256[default]['efficiency_synced']:.3f} synced)",
+            (
+                f"scales **{r256[default]['efficiency']:.3f}** queued "
+                f"({r256[default]['efficiency_synced']:.3f} synced)"
+            ),
             f"(`peer_ad_psum_raveled`, {r256['resnet50', '1x2', 'peer_ad_psum_raveled']['efficiency']:.3f}",
             f"scales **{r64[default]['efficiency']:.3f}** queued",
             f"(peers {span(peers64, '.3f')}, `xla` {r64['resnet50', '1x2', 'xla']['efficiency']:.3f})",
             f"scales **{alex['alexnet_bn', '1x2', 'hierarchical']['efficiency']:.3f}** queued",
             f"{mp64['one_process']['images_per_s']:,.0f} images/s on 2 GPUs",
-            f"{mp64['one_process']['images_per_s'] / 2 / one_gpu:.3f} and "
-            f"{mp64['processes']['images_per_s'] / 2 / one_gpu:.3f}",
+            (
+                f"{mp64['one_process']['images_per_s'] / 2 / one_gpu:.3f} and "
+                f"{mp64['processes']['images_per_s'] / 2 / one_gpu:.3f}"
+            ),
             f"**{ar['resnet50', 'float32', 'flat']['ratio']:.2f}** of one psum's",
             f"(ratios {mp['throughput_ratio']:.4f} and {mp64['throughput_ratio']:.4f})",
+        ],
+    )
+
+
+def _section(title: str) -> str:
+    return read("docs/benchmarks.md").split(title)[1].split("\n## ")[0]
+
+
+def test_input_answers_agree_with_the_json():
+    text = _section("real input at step speed (issue 10)")
+    rows = {(r["output"], r["threads"]): r for r in load("bench_input_1xH100.json")["results"]}
+    now, before = rows[("host-uint8", 4)], rows[("host-bf16", 4)]
+    ends = {
+        gpus: {r["variant"]: r for r in load(f"bench_train_input_{gpus}xH100.json")["results"]}
+        for gpus in (1, 2)
+    }
+    log = read("docs/benchmarks/input_stage_costs_1xH100.log")
+    stage = {
+        name: float(ms) for name, ms in re.findall(r"^(\S.*?)\s{2,}([\d.]+) ms$", log, re.MULTILINE)
+    }
+    assert_quoted(
+        text,
+        [
+            f"{now['images_per_s']:,.0f} images/s on 16 cores ({now['images_per_s_per_core']:.0f} per core)",
+            (
+                f"against {before['images_per_s']:,.0f} ({before['images_per_s_per_core']:.0f} per core) before: "
+                f"{now['images_per_s'] / before['images_per_s']:.2f}×"
+            ),
+            f"the 16 cores decode {now['images_per_s'] / 6000:.2f} of it",
+            f"runs at {ends[1]['host']['ratio_vs_synthetic']:.3f} of its synthetic speed",
+            (
+                f"at {ends[2]['host']['ratio_vs_synthetic']:.3f}. The device-side resize "
+                f"({ends[1]['device']['ratio_vs_synthetic']:.3f} on one H100)"
+            ),
+            (
+                f"Pillow decode {stage['pil decode']:.3f}, the crop-box bilinear resize "
+                f"{stage['pil resize box']:.3f}, normalising to bf16 "
+                f"{stage['normalize bf16 per batch/128'] / 128:.3f} "
+                f"({stage['normalize bf16 per batch/128']:.3f} per batch of 128), stacking a uint8 batch "
+                f"{stage['stack 128 uint8 /128'] / 128:.3f} ({stage['stack 128 uint8 /128']:.3f} per 128)"
+            ),
+            f"(simplejpeg {stage['simplejpeg decode']:.3f}, OpenCV {stage['cv2 imdecode']:.3f})",
+            f"({stage['cv2 resize linear']:.3f} bilinear, {stage['cv2 resize area']:.3f} area)",
+        ],
+    )
+
+
+def test_one_gpu_step_answers_agree_with_the_json():
+    text = _section("the ResNet-50 step against plain flax and torch.compile (issue 11)")
+    main = {r["per_device_batch"]: r for r in load("bench_peers_1xH100_trainer.json")["results"]}
+    rows = load("bench_peers_1xH100.json")["results"]
+    peer = {(r["kind"], r["per_device_batch"]): r["images_per_s"] for r in rows}
+    fast = {b: max(peer[("flax", b)], peer[("torch", b)]) for b in (256, 64)}
+    cases = json.loads(gzip.decompress((RAW / "profile_1xH100.json.kernels.json.gz").read_bytes()))
+    [kernels] = cases["resnet50:1x1:xla:256"].values()
+    split = profile_trace.fusion_breakdown([profile_trace.Kernel(*k) for k in kernels], 4)
+    ms = {k: v["us_per_step"] / 1e3 for k, v in split.items()}
+    assert_quoted(
+        text,
+        [
+            (
+                f"({main[256]['images_per_s']:,.0f} images/s queued at 256 per GPU) runs at "
+                f"{main[256]['images_per_s'] / fast[256]:.3f}× the faster peer (plain flax, "
+                f"{peer[('flax', 256)]:,.0f}; torch.compile {peer[('torch', 256)]:,.0f})"
+            ),
+            (
+                f"at 64 per GPU at {main[64]['images_per_s'] / fast[64]:.3f}× "
+                f"({main[64]['images_per_s']:,.0f} against flax's {peer[('flax', 64)]:,.0f})"
+            ),
+            f"keeps {main[64]['images_per_s'] / main[256]['images_per_s']:.3f} of the 256-image",
+            (
+                f"One-pass LARS norms: {peer[('trainer', 256)]:,.0f} and {peer[('trainer', 64)]:,.0f} "
+                f"(+{100 * (peer[('trainer', 256)] / main[256]['images_per_s'] - 1):.1f}% and "
+                f"+{100 * (peer[('trainer', 64)] / main[64]['images_per_s'] - 1):.1f}%)"
+            ),
+            f"take {ms['conv/gemm']:.2f} of {sum(ms.values()):.2f} ms",
+            f"reductions {ms['bn/reduction']:.2f} ms in {split['bn/reduction']['count_per_step']:.0f} kernels",
+            f"optimizer) {ms['elementwise']:.2f} ms, max-pooling {ms['pooling']:.2f} ms",
+        ],
+    )
+
+
+def test_input_pipeline_doc_quotes_the_json():
+    rows = {(r["output"], r["threads"]): r for r in load("bench_input_1xH100.json")["results"]}
+    now, before = rows[("host-uint8", 4)], rows[("host-bf16", 4)]
+    one, two = (
+        {r["variant"]: r for r in load(f"bench_train_input_{n}xH100.json")["results"]}
+        for n in (1, 2)
+    )
+    assert_quoted(
+        read("docs/input_pipeline.md"),
+        [
+            f"raised the input rate {now['images_per_s'] / before['images_per_s']:.2f}×",
+            f"one core decodes and augments {now['images_per_s_per_core']:.0f} images/s",
+            f"cores give {now['images_per_s']:,.0f} images/s where the trainer's step on synthetic "
+            f"data runs {one['synthetic']['images_per_s']:,.0f}",
+            f"runs at {one['host']['ratio_vs_synthetic']:.3f} of its synthetic speed on one H100 "
+            f"and {two['host']['ratio_vs_synthetic']:.3f} on two",
         ],
     )

@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-_RATE = re.compile(r"step (\d+)/\d+ \|.* \| ([\d.]+) img/s \|")
+_RATE = re.compile(r"step\s+(\d+)/\d+ \|.* \| ([\d.]+) img/s \|")
 VARIANTS = ("synthetic", "host")
 
 

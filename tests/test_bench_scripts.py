@@ -4,6 +4,7 @@ No timing is asserted, only that every requested case is measured and that the d
 (bus bandwidth, ratios, images/s, efficiency) are consistent with the measured times.
 """
 
+import json
 import math
 import os
 import statistics
@@ -11,8 +12,7 @@ import statistics
 import jax
 import pytest
 
-from scripts import bench_allreduce, bench_peers
-from scripts import bench_step
+from scripts import bench_allreduce, bench_peers, bench_step, bench_train_input
 
 # Hand count for AlexNet-BN of width 3: kernels of conv1-5, fc6, fc7 (no bias before a BN) (7),
 # scale and bias of the 8 BatchNorms (after each of those and after pool5) (16), fc8 kernel and
@@ -214,3 +214,46 @@ def test_bench_peers_rates_the_trainer_against_the_plain_flax_step(tmp_path):
     )
     assert "ratio_vs_faster_peer" not in flax
     assert doc["environment"]["device_count"] >= 1
+
+
+def test_bench_train_input_reads_every_logged_interval():
+    # The trainer pads the step to the width of the total ("step  40/240"): every line counts.
+    log = "\n".join(
+        [
+            "I1126 loop.py:204] step  40/240 | learning_rate 0.1 | loss 6.7 | 420.7 img/s | ETA 0:04:03",
+            "I1126 loop.py:204] step 120/240 | learning_rate 0.04 | loss 6.6 | 8408.0 img/s | ETA 0:00:07",
+            "unrelated line | 5.0 img/s |",
+        ]
+    )
+    assert bench_train_input.rates(log) == [(40, 420.7), (120, 8408.0)]
+
+
+def test_bench_train_input_compares_real_jpegs_with_synthetic_data(tmp_path):
+    """The whole script on CPU (8 devices, 2x4) with a tiny model: both runs train and the ratio
+    is their quotient."""
+    from absl import flags
+
+    from scripts import bench_input
+
+    flags.FLAGS.mark_as_parsed()
+    bench_input.prepare(str(tmp_path), 24, "array_record")
+    out = tmp_path / "out.json"
+    doc = bench_train_input.main(
+        [
+            f"--data_dir={tmp_path}",
+            "--config=configs/digits.py",
+            "--override=--config.data.image_size=16",
+            "--per_gpu=2",
+            "--steps=6",
+            "--log_every=2",
+            "--num_workers=0",
+            f"--out={out}",
+        ]
+    )
+    rows = {r["variant"]: r for r in doc["results"]}
+    assert set(rows) == {"synthetic", "host"}, rows
+    for r in rows.values():
+        assert r["returncode"] == 0 and [s for s, _ in r["intervals"]] == [2, 4, 6], r["log_tail"]
+    ratio = rows["host"]["images_per_s"] / rows["synthetic"]["images_per_s"]
+    assert rows["host"]["ratio_vs_synthetic"] == pytest.approx(ratio)
+    assert json.loads(out.read_text())["results"][1]["variant"] == "host"

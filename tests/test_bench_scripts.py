@@ -257,3 +257,15 @@ def test_bench_train_input_compares_real_jpegs_with_synthetic_data(tmp_path):
     ratio = rows["host"]["images_per_s"] / rows["synthetic"]["images_per_s"]
     assert rows["host"]["ratio_vs_synthetic"] == pytest.approx(ratio)
     assert json.loads(out.read_text())["results"][1]["variant"] == "host"
+
+
+def test_flag_variants_rerun_the_one_device_row_of_a_one_gpu_run():
+    # A one-GPU run (meshes 1x1 only) used to skip every --xla_flags_variant without a word.
+    one = {"model": "resnet50", "devices": 1, "step_time_s": 0.045, "images_per_s": 5700.0}
+    two = {"model": "resnet50", "devices": 2, "step_time_s": 0.046, "images_per_s": 11100.0}
+    slower_two = {**two, "images_per_s": 10000.0}
+    failed = {"model": "resnet50", "devices": 2, "error": "boom"}
+    assert bench_step.variant_row([one], "resnet50") is one
+    assert bench_step.variant_row([one, failed], "resnet50") is one
+    assert bench_step.variant_row([one, slower_two, two], "resnet50") is two
+    assert bench_step.variant_row([one], "alexnet_bn") is None

@@ -41,18 +41,18 @@ def to64(tree):
     return jax.tree.map(lambda x: np.asarray(x, np.float64), tree)
 
 
-def ref_direction(g, w, apply, wd, eta):
+def ref_direction(g, w, apply, wd, eta, eps=0.0):
     """local_lr * (g + wd * w), or g for masked-out leaves; float64."""
     if not apply:
         return g
     w_norm, g_norm = np.linalg.norm(w), np.linalg.norm(g)
-    ratio = eta * w_norm / (g_norm + wd * w_norm) if w_norm > 0 and g_norm > 0 else 1.0
+    ratio = eta * w_norm / (g_norm + wd * w_norm + eps) if w_norm > 0 and g_norm > 0 else 1.0
     return ratio * (g + wd * w)
 
 
-def ref_lars(grads, params, v, lr, mask, nesterov):
+def ref_lars(grads, params, v, lr, mask, nesterov, eps=0.0):
     """Algorithm 1 on float64 pytrees: returns (updates to add to params, new momentum)."""
-    d = jax.tree.map(lambda g, w, m: lr * ref_direction(g, w, m, WD, ETA), grads, params, mask)
+    d = jax.tree.map(lambda g, w, m: lr * ref_direction(g, w, m, WD, ETA, eps), grads, params, mask)
     v = jax.tree.map(lambda vi, di: MOMENTUM * vi + di, v, d)
     step = jax.tree.map(lambda vi, di: MOMENTUM * vi + di, v, d) if nesterov else v
     return jax.tree.map(np.negative, step), v
@@ -328,25 +328,6 @@ def varied_tree(rng, zero):
     }
 
 
-def algorithm1(grads, params, v, lr, mask, wd, eta, eps, momentum):
-    """You et al. 2017, Algorithm 1, one step in float64 numpy on dicts of arrays.
-
-    Returns the directions `lr * local_lr * (g + wd * w)` (masked-out leaves: `lr * g`), the new
-    momentum `m * v + direction` and the update `-v`.
-    """
-    direction, new_v = {}, {}
-    for k, g in grads.items():
-        g, w = np.asarray(g, np.float64), np.asarray(params[k], np.float64)
-        if mask[k]:
-            w_norm, g_norm = np.sqrt(np.sum(w * w)), np.sqrt(np.sum(g * g))
-            local_lr = eta * w_norm / (g_norm + wd * w_norm + eps)
-            direction[k] = lr * (local_lr if w_norm > 0 and g_norm > 0 else 1.0) * (g + wd * w)
-        else:
-            direction[k] = lr * g
-        new_v[k] = momentum * v[k] + direction[k]
-    return direction, new_v, {k: -x for k, x in new_v.items()}
-
-
 def assert_close_per_dtype(ours, want, atol):
     for k, (_, dtype, _) in VARIED.items():
         assert ours[k].dtype == dtype, k
@@ -358,10 +339,14 @@ def assert_close_per_dtype(ours, want, atol):
 def test_scale_by_lars_on_varied_leaves_matches_float64_algorithm1():
     rng = np.random.default_rng(8)
     params, grads = varied_tree(rng, "zero_w"), varied_tree(rng, "zero_g")
-    zeros = {k: np.zeros(s) for k, (s, _, _) in VARIED.items()}
     tx = scale_by_lars(weight_decay=WD, trust_coefficient=ETA, mask=VARIED_MASK, eps=VARIED_EPS)
     out, _ = jax.jit(tx.update)(grads, tx.init(params), params)
-    want, _, _ = algorithm1(grads, params, zeros, 1.0, VARIED_MASK, WD, ETA, VARIED_EPS, 0.0)
+    want = jax.tree.map(
+        lambda g, w, m: ref_direction(g, w, m, WD, ETA, VARIED_EPS),
+        to64(grads),
+        to64(params),
+        VARIED_MASK,
+    )
     # `g + wd * w` may cancel in an element: an absolute term of the relative bound times |g|, |w|.
     assert_close_per_dtype(out, want, atol=FP32_TOL * 10.0)
     # Zero norms give ratio 1, so the outputs are g + wd * w themselves.
@@ -388,12 +373,15 @@ def test_lars_on_varied_leaves_matches_float64_algorithm1(nesterov):
     for t in range(3):
         grads = varied_tree(rng, "zero_g")
         updates, state = update(grads, state, params)
-        d, v, want = algorithm1(
-            grads, params, v, lr_schedule(t), VARIED_MASK, WD, ETA, VARIED_EPS, MOMENTUM
-        )
-        v_abs = {k: MOMENTUM * v_abs[k] + np.abs(d[k]) for k in d}
-        if nesterov:
-            want = {k: -(MOMENTUM * v[k] + d[k]) for k in d}
+        g64, w64 = to64(grads), to64(params)
+        want, v = ref_lars(g64, w64, v, lr_schedule(t), VARIED_MASK, nesterov, VARIED_EPS)
+        v_abs = {
+            k: MOMENTUM * v_abs[k]
+            + np.abs(
+                lr_schedule(t) * ref_direction(g64[k], w64[k], VARIED_MASK[k], WD, ETA, VARIED_EPS)
+            )
+            for k in VARIED
+        }
         # Each term of v carries the fp32 relative bound; terms of either sign may cancel, so the
         # absolute error is bounded by that bound times the sum of the terms' magnitudes.
         atol = FP32_TOL * 2 * max(np.max(x, initial=0.0) for x in v_abs.values())

@@ -35,6 +35,7 @@ FREE_ON_RESUME = (
     "eval_batch_size",
     "checkpoint_every_steps",
     "checkpoint_keep",
+    "profile.*",
     "data.data_dir",
     "data.num_workers",
     "distributed.*",

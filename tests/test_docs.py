@@ -6,8 +6,9 @@ import json
 import pathlib
 import re
 
-from jia_jax import profile_trace
-from scripts import large_batch_digits, render_benchmarks
+from scripts import large_batch_digits
+from scripts.bench import profile_trace
+from scripts.bench import render as render_benchmarks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RAW = REPO / "docs" / "benchmarks"

@@ -1,10 +1,10 @@
-"""Markdown tables from the JSON that scripts/bench_step.py, bench_allreduce.py, bench_input.py,
-bench_train_input.py, bench_peers.py, profile_step.py (and its `.kernels.json.gz`: the step's
-device time by what the kernels do) and bench_multiprocess.py write.
+"""Markdown tables from the JSON that the benchmarks of `scripts/bench/` write: step, allreduce,
+input, train_input, peers, profile_step (and its `.kernels.json.gz`: the step's device time by what
+the kernels do) and multiprocess.
 
 docs/benchmarks.md pastes this script's output, so no number there is typed by hand:
 
-  python -m scripts.render_benchmarks docs/benchmarks/bench_step_4xH200.json \
+  python -m scripts.bench.render docs/benchmarks/bench_step_4xH200.json \
       docs/benchmarks/bench_allreduce_4xH200.json
 """
 
@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from jia_jax import profile_trace
+from scripts.bench import profile_trace
 
 
 def _environment(doc: dict[str, Any]) -> str:

@@ -1,18 +1,11 @@
-"""Markdown tables from the JSON that the benchmarks of `scripts/bench/` write: step, allreduce,
-input, train_input, peers, profile_step (and its `.kernels.json.gz`: the step's device time by what
-the kernels do) and multiprocess.
-
-docs/benchmarks.md pastes this script's output, so no number there is typed by hand:
-
-  python -m scripts.bench.render docs/benchmarks/bench_step_4xH200.json \
-      docs/benchmarks/bench_allreduce_4xH200.json
-"""
+"""The tables of the JSON that the benchmarks of `scripts/bench/` write: step, allreduce, input,
+train_input, peers, profile_step (and its `.kernels.json.gz`: the step's device time by what the
+kernels do) and multiprocess."""
 
 from __future__ import annotations
 
 import gzip
 import json
-import sys
 from typing import Any
 
 from scripts.bench import profile_trace
@@ -283,34 +276,23 @@ def breakdown_table(path: str) -> str:
     return "\n".join(lines)
 
 
-def render(path: str) -> str:
-    """The block docs/benchmarks.md pastes for one JSON file: its path, then its table."""
+def table(path: str) -> str:
+    """The table of one raw file, of whichever benchmark wrote it."""
     if path.endswith(".kernels.json.gz"):
-        return f"From `{path}`.\n\n{breakdown_table(path)}\n"
+        return breakdown_table(path)
     with open(path) as f:
         doc = json.load(f)
     first = (doc.get("results") or [{}])[0]
     if "gpus" in doc and "variant" in first:
-        table = train_input_table(doc)
-    elif "kind" in first:
-        table = peers_table(doc)
-    elif "variants" in doc:
-        table = step_table(doc)
-    elif "dataset" in doc:
-        table = input_table(doc)
-    elif "one_process" in doc:
-        table = multiprocess_table(doc)
-    elif doc["results"] and "schedule" in doc["results"][0]:
-        table = profile_table(doc)
-    else:
-        table = allreduce_table(doc)
-    return f"From `{path}`.\n\n{table}\n"
-
-
-def main(paths: list[str]) -> None:
-    for path in paths:
-        print(render(path))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+        return train_input_table(doc)
+    if "kind" in first:
+        return peers_table(doc)
+    if "variants" in doc:
+        return step_table(doc)
+    if "dataset" in doc:
+        return input_table(doc)
+    if "one_process" in doc:
+        return multiprocess_table(doc)
+    if doc["results"] and "schedule" in doc["results"][0]:
+        return profile_table(doc)
+    return allreduce_table(doc)

@@ -7,10 +7,9 @@ import pathlib
 import re
 import statistics
 
-from scripts import large_batch_digits
 from scripts.bench import profile_trace
 from scripts import render
-from scripts.render import scaling
+from scripts.render import large_batch, scaling
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RAW = REPO / "docs" / "benchmarks"
@@ -38,7 +37,7 @@ def assert_quoted(text: str, quotes: list[str]) -> None:
 def test_tables_are_the_render_of_their_sources(monkeypatch):
     monkeypatch.chdir(REPO)  # the render names the path as given, relative to the repository
     sources = {}
-    for doc in ("docs/benchmarks.md", "docs/scaling.md"):
+    for doc in ("docs/benchmarks.md", "docs/scaling.md", "docs/large_batch.md"):
         text = read(doc)
         sources[doc] = re.findall(r"^From `([^`]+)`\.$", text, re.MULTILINE)
         for source in sources[doc]:
@@ -129,7 +128,7 @@ def test_allreduce_answers_agree_with_the_json():
 
 def test_large_batch_table_is_the_render_of_its_json():
     raw = load("large_batch_digits.json")
-    table = large_batch_digits.markdown_table(raw["rows"], raw["meta"])
+    table = large_batch.table(raw["rows"], raw["meta"])
     assert read("docs/benchmarks/large_batch_digits_table.md") == table
     assert table in read("docs/large_batch.md")
 

@@ -8,8 +8,8 @@ this module says how it is timed, where it runs and how its record is kept:
   * `run_children` / `worker`: cases in child processes under a wall-clock budget, a child that
     dies losing only the case it was running, its rows rewritten to a file after every case;
   * `environment`: commit, devices and versions of the run; `write_json`: the record, atomically;
-  * `trainer_progress`: the figures of `jia_jax.main`'s progress lines, for benchmarks that run
-    the trainer itself.
+  * `run_logged` / `trainer_progress`: a trainer command's output, and the figures of
+    `jia_jax.main`'s progress lines in it, for benchmarks that run the trainer itself.
 """
 
 from __future__ import annotations
@@ -189,6 +189,22 @@ def write_json(path: str, doc: dict[str, Any]) -> None:
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
     os.replace(tmp, path)
+
+
+def run_logged(
+    command: Sequence[str], env: dict[str, str] | None = None, timeout: float | None = None
+) -> tuple[int, str]:
+    """Runs `command` from the repository root: its exit status and its output (stdout, stderr)."""
+    proc = subprocess.run(
+        list(command),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
 
 
 def trainer_progress(log: str) -> list[dict[str, float]]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from typing import Any
@@ -33,12 +32,9 @@ def last_progress(log: str) -> dict[str, float]:
 
 def run(command: list[str], env: dict[str, str]) -> dict[str, Any]:
     """Runs a trainer command; returns its last progress figures and the command."""
-    proc = subprocess.run(
-        command, cwd=harness.REPO, env=env, capture_output=True, text=True, check=False
-    )
-    log = proc.stdout + proc.stderr
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}:\n{log[-3000:]}")
+    returncode, log = harness.run_logged(command, env)
+    if returncode:
+        raise RuntimeError(f"{' '.join(command)} exited {returncode}:\n{log[-3000:]}")
     return {"command": " ".join(command), **last_progress(log)}
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -63,19 +62,16 @@ def command(variant: str, args: argparse.Namespace, gpus: int, workdir: str) -> 
 def run(variant: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
     """One training run; its steady images/s (median of the intervals after the first)."""
     cmd = command(variant, args, gpus, tempfile.mkdtemp(prefix=f"jia_jax_{variant}_"))
-    proc = subprocess.run(
-        cmd, check=False, capture_output=True, text=True, timeout=args.timeout_s, env=args.child_env
-    )
-    log = proc.stdout + proc.stderr
+    returncode, log = harness.run_logged(cmd, env=args.child_env, timeout=args.timeout_s)
     row: dict[str, Any] = {
         "variant": variant,
         "command": " ".join(cmd[1:]),
-        "returncode": proc.returncode,
+        "returncode": returncode,
     }
     row["log_tail"] = log.splitlines()[-12:]
     intervals = [(p["step"], p["images_per_s"]) for p in harness.trainer_progress(log)]
     row["intervals"] = intervals
-    if proc.returncode or len(intervals) < 2:
+    if returncode or len(intervals) < 2:
         row["error"] = "the run failed or logged fewer than two intervals"
         return row
     row["images_per_s"] = statistics.median(rate for _, rate in intervals[1:])

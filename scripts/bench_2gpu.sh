@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The 2-GPU measurements of docs/benchmarks.md (issue: gradient communication), in two parts that
 # each fit a 10-minute call; run from the repository root on a host with 2 GPUs:
-#   OUT=/tmp/out bash scripts/bench_2gpu.sh steps     # bench_step: ResNet-50 @256 and @64, AlexNet-BN
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh steps     # scripts.bench.step: ResNet-50 @256 and @64, AlexNet-BN
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh comm      # all-reduce, profile, 2 processes x 1 GPU
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh small     # 64 images/GPU: 1 GPU, 1 process x 2, 2 x 1
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh pgle      # the default with profile-guided scheduling, and auto

@@ -127,7 +127,7 @@ def allreduce_table(doc: dict[str, Any]) -> str:
 
 
 def input_table(doc: dict[str, Any]) -> str:
-    """Train input images/s per loader, output and core count (scripts/bench_input.py)."""
+    """Train input images/s per loader, output and core count (scripts/bench/input.py)."""
     first = doc["results"][0]
     lines = [
         (
@@ -152,7 +152,7 @@ def input_table(doc: dict[str, Any]) -> str:
 
 
 def profile_table(doc: dict[str, Any]) -> str:
-    """Where one step's device time goes, per case and GPU (scripts/profile_step.py)."""
+    """Where one step's device time goes, per case and GPU (scripts/bench/profile_step.py)."""
     lines = [
         (
             f"Step profile ({_environment(doc)}; ms per step over the "
@@ -189,7 +189,7 @@ def profile_table(doc: dict[str, Any]) -> str:
 
 
 def multiprocess_table(doc: dict[str, Any]) -> str:
-    """One process on 1 x n against the same run split over processes (bench_multiprocess)."""
+    """One process on 1 x n against the same run split over processes (scripts/bench/multiprocess.py)."""
     lines = [
         f"One process against several ({_environment(doc)}; the trainer's last logged interval):",
         "",
@@ -207,7 +207,7 @@ def multiprocess_table(doc: dict[str, Any]) -> str:
 
 
 def train_input_table(doc: dict[str, Any]) -> str:
-    """`jia_jax.main` images/s on generated JPEGs against synthetic data (bench_train_input)."""
+    """`jia_jax.main` images/s on generated JPEGs against synthetic data (scripts/bench/train_input.py)."""
     env = doc["environment"]
     lines = [
         (
@@ -228,7 +228,7 @@ def train_input_table(doc: dict[str, Any]) -> str:
 
 
 def peers_table(doc: dict[str, Any]) -> str:
-    """One-GPU step rates of the trainer and its peers, same call (scripts/bench_peers.py)."""
+    """One-GPU step rates of the trainer and its peers, same call (scripts/bench/peers.py)."""
     lines = [
         (
             f"One-GPU step ({_environment(doc)}; synthetic data, bf16; queued = one step in flight "

@@ -276,3 +276,17 @@ def test_flag_variants_rerun_the_one_device_row_of_a_one_gpu_run():
     assert bench_step.variant_row([one, failed], "resnet50") is one
     assert bench_step.variant_row([one, slower_two, two], "resnet50") is two
     assert bench_step.variant_row([one], "alexnet_bn") is None
+
+
+def test_harness_times_every_step_and_queues_one_more():
+    step = jax.jit(lambda state, batch: (state + batch, {"loss": state}))
+    state, synced = harness.time_steps(step, jax.numpy.zeros(()), 1.0, 3, queued=False)
+    assert float(state) == 3 and len(synced) == 3
+    # Queued: a sample is the time between two completions, and one step is always in flight
+    # ahead: 3 samples take 5 steps (it ran 4 and gave 2 samples before the fix).
+    state, queued = harness.time_steps(step, state, 1.0, 3, queued=True)
+    assert float(state) == 8 and len(queued) == 3
+    rates = harness.step_rates(8, synced, queued)
+    assert rates["step_time_s"] == statistics.median(queued)
+    assert rates["images_per_s"] == pytest.approx(8 / statistics.median(queued), rel=1e-12)
+    assert rates["synced_images_per_s"] == pytest.approx(8 / statistics.median(synced), rel=1e-12)

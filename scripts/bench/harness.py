@@ -50,10 +50,13 @@ def time_steps(step, state, batch, steps: int, queued: bool) -> tuple[Any, list[
     Synced: each step is waited for before the next is dispatched (dispatch + device time).
     Queued: one step in flight ahead, as the training loop runs: step t+1 is dispatched, then
     step t's metrics are waited for; a sample is the time between two such completions, so the
-    queue never drains and the device time between steps is what training sees.
+    queue never drains and the device time between steps is what training sees. It runs
+    `steps + 2` steps (before the second was added, queued timing gave `steps - 1` samples:
+    `bench_peers_1xH100*.json` hold 19 for `--steps=20`).
     """
     samples, prev, last = [], None, None
-    for _ in range(steps + 1 if queued else steps):
+    # Queued: the first completion starts the clock, so `steps` samples take `steps + 2` steps.
+    for _ in range(steps + 2 if queued else steps):
         start = time.perf_counter()
         state, metrics = step(state, batch)
         if not queued:

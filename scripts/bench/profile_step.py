@@ -125,9 +125,9 @@ def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     log_dir = tempfile.mkdtemp(prefix="jia_jax_trace_")
     jax.block_until_ready(state)
     with jax.profiler.trace(log_dir):
-        # Queued timing dispatches one step more than it times: the trace holds trace_steps + 1.
+        # Queued timing runs two steps more than it times: the trace holds trace_steps + 2.
         state, _ = harness.time_steps(compiled, state, batch, args.trace_steps, queued=True)
-    traced = args.trace_steps + 1
+    traced = args.trace_steps + 2
     kernels = profile_trace.load_kernels(log_dir)
     row["devices"] = {
         dev: {

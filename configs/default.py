@@ -26,7 +26,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.eval_split = "validation"
     # Input worker processes per training process (tfds datasets); about the CPU cores each
     # process can spare. A GPU needs its step's images/s / the images/s per core that
-    # scripts/bench_input.py measures on the host (docs/input_pipeline.md, "Cores per GPU").
+    # scripts/bench/input.py measures on the host (docs/input_pipeline.md, "Cores per GPU").
     config.data.num_workers = 0
     # Unreadable records (bad JPEG bytes, a failed checksum) a tfds dataset may have before the
     # run stops, naming file and record; each is logged and replaced by the next readable one.

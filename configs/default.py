@@ -96,7 +96,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.comm.hybrid_crossover_bytes = 4 * MIB
 
     # A jax.profiler trace of `steps` steps from `first_step` (-1: none) in
-    # <workdir>/profile/process_<i>, for TensorBoard's profile plugin or scripts/bench_hosts.py.
+    # <workdir>/profile/process_<i>, for TensorBoard's profile plugin or scripts/bench/hosts.py.
     config.profile = ml_collections.ConfigDict({"first_step": -1, "steps": 5})
 
     config.log_every_steps = 100

@@ -209,9 +209,11 @@ class PeerWatch:
         self._close()
 
     def _close(self) -> None:
+        # The watch thread may be dropping a finished peer's link at this very moment.
         self._stop.set()
-        for sock in self._links.values():
-            sock.close()
+        with self._send_lock:
+            for sock in self._links.values():
+                sock.close()
 
     def _send_all(self, message: bytes) -> None:
         with self._send_lock:

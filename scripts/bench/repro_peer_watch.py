@@ -147,6 +147,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--mib", type=float, default=48)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--combos",
+        type=lambda text: [tuple(c == "1" for c in pair) for pair in text.split(",")],
+        default=[(True, True), (True, False), (False, True), (False, False)],
+        help="recoverable/poll pairs as 0/1 digits, e.g. 11,10,01",
+    )
     parser.add_argument("--out", default="repro_peer_watch.json")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--recoverable", action="store_true", help=argparse.SUPPRESS)
@@ -158,9 +164,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         child(args)
         return None
     doc: dict[str, Any] = {"args": vars(args), "results": []}
-    for _, recoverable, poll in itertools.product(
-        range(args.repeats), (True, False), (True, False)
-    ):
+    for _, (recoverable, poll) in itertools.product(range(args.repeats), args.combos):
         row = run_variant(args, recoverable, poll)
         doc["results"].append(row)
         harness.write_json(args.out, doc)

@@ -2,7 +2,7 @@
 
 Float64 comparisons run under `jax.enable_x64`: there the only differences are float64 roundings
 (unit roundoff u = 2^-53 ~ 1.1e-16), so a wrong formula shows as an O(1) error against tolerances
-of ~1e-11. bf16 comparisons use a float64 reference on the same (bf16-exact) inputs, with bounds
+of 1e-10 (one layer) to 1e-8 (a whole net). bf16 comparisons use a float64 reference on the same (bf16-exact) inputs, with bounds
 from the bf16 rounding of the output (unit roundoff 2^-8) and fp32 rounding of the reductions.
 """
 
@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from configs import default
 from jia_jax.models import create_model, layers
 from jia_jax.models.space_to_depth import SpaceToDepthConv, conv_as_space_to_depth
 
@@ -31,7 +32,7 @@ def x64():
         yield
 
 
-def _bn_inputs(shape, dtype, seed=0):
+def _bn_inputs(shape, dtype, param_dtype, seed=0):
     """x with a different offset per channel (|mean| up to 6 std), params, running stats, dy."""
     rng = np.random.default_rng(seed)
     c = shape[-1]
@@ -46,15 +47,18 @@ def _bn_inputs(shape, dtype, seed=0):
         "var": rng.uniform(0.5, 2.0, c),
     }
     # Round each value to the dtype the layer gets it in, so the float64 reference sees the same.
-    activations = ("x", "residual", "dy")
+    rounding = dict.fromkeys(("x", "residual", "dy"), dtype) | dict.fromkeys(
+        ("scale", "bias"), param_dtype
+    )
+    stats_dtype = jnp.promote_types(param_dtype, jnp.float32)
     return {
-        k: np.asarray(jnp.asarray(v, dtype if k in activations else jnp.float32), np.float64)
+        k: np.asarray(jnp.asarray(v, rounding.get(k, stats_dtype)), np.float64)
         for k, v in data.items()
     }
 
 
 def _run_bn(fused, train, data, relu, residual, dtype, param_dtype):
-    """Output, updated batch_stats and the gradients (x, scale, bias[, residual]) for dy."""
+    """Output, updated batch_stats and the gradients ({scale, bias}, x[, residual]) for dy."""
     module = layers.BatchNormAct(
         use_running_average=not train,
         momentum=MOMENTUM,
@@ -63,8 +67,9 @@ def _run_bn(fused, train, data, relu, residual, dtype, param_dtype):
         param_dtype=param_dtype,
         fused=fused,
     )
-    # Running averages in param_dtype: fp32 as the models', float64 in the float64 tests.
-    stats = {k: jnp.asarray(data[k], param_dtype) for k in ("mean", "var")}
+    # Running averages in fp32 as the models' (float64 in the float64 tests).
+    stats_dtype = jnp.promote_types(param_dtype, jnp.float32)
+    stats = {k: jnp.asarray(data[k], stats_dtype) for k in ("mean", "var")}
 
     def f(params, x, *res):
         return module.apply(
@@ -111,7 +116,7 @@ def test_fused_bn_float64_matches_flax_and_numpy(x64, train, relu, residual):
     sum of g * xhat) have sum|terms| <~ 100 * 81, so every compared quantity is within
     100 * 1.1e-16 * 8100 ~ 1e-10 of exact in the worst case. A wrong formula errs by O(1).
     """
-    data = _bn_inputs((4, 5, 5, 3), jnp.float64)
+    data = _bn_inputs((4, 5, 5, 3), jnp.float64, jnp.float64)
     args = (train, data, relu, residual, jnp.float64, jnp.float64)
     y, stats, grads = _run_bn(True, *args)
     y_flax, stats_flax, grads_flax = _run_bn(False, *args)
@@ -130,10 +135,13 @@ def test_fused_bn_float64_matches_flax_and_numpy(x64, train, relu, residual):
         assert 0 < np.mean(y_ref == 0) < 1
 
 
+@pytest.mark.parametrize("param_dtype", [jnp.float32, jnp.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("relu, residual", VARIANTS)
-def test_fused_bn_bf16_within_bf16_rounding_of_float64(train, relu, residual):
-    """bf16 activations, fp32 params: output and gradients within bf16 rounding of float64.
+def test_fused_bn_bf16_within_bf16_rounding_of_float64(train, relu, residual, param_dtype):
+    """bf16 activations: output and gradients within bf16 rounding of float64.
+
+    Parameters in fp32 (the master copy) or bf16 (the compute copy the trainer differentiates).
 
     The output and the input gradient are each rounded to bf16 once, from an fp32 expression:
     |y - y64| <= 2^-8 |y64| + slack * max|y64|, slack the fp32 error before that rounding, chiefly
@@ -142,17 +150,18 @@ def test_fused_bn_bf16_within_bf16_rounding_of_float64(train, relu, residual):
     288 * 2^-24 * 10 ~ 2e-4, with randomly signed roundings sqrt(288) * 2^-24 * 10 ~ 1e-5, so
     slack = 1e-4. Statistics reduced in bf16, or the plain layers' second bf16 rounding (BN
     output, then the sum), exceed the 2^-8 bound by ~1e-3 * max|y64|: ten times slack. The scale
-    and bias gradients stay fp32 sums: error <= n * 2^-24 * sum|terms|.
+    and bias gradients are fp32 sums, error <= n * 2^-24 * sum|terms|, then rounded to
+    param_dtype: + 2^-8 |grad| for bf16.
     """
     slack = 1e-4
-    data = _bn_inputs((8, 6, 6, 4), jnp.bfloat16, seed=1)
-    y, stats, grads = _run_bn(True, train, data, relu, residual, jnp.bfloat16, jnp.float32)
+    data = _bn_inputs((8, 6, 6, 4), jnp.bfloat16, param_dtype, seed=1)
+    y, stats, grads = _run_bn(True, train, data, relu, residual, jnp.bfloat16, param_dtype)
     y_ref, z_ref, xhat, stats_ref = _reference_bn(data, train, relu, residual)
 
     assert y.dtype == jnp.bfloat16
     assert all(s.dtype == jnp.float32 for s in stats.values())
     assert [g.dtype for g in jax.tree.leaves(grads)] == (
-        [jnp.float32, jnp.float32, jnp.bfloat16] + [jnp.bfloat16] * residual
+        [param_dtype, param_dtype, jnp.bfloat16] + [jnp.bfloat16] * residual
     )
     err = np.abs(np.asarray(y, np.float64) - y_ref)
     assert np.all(err <= BF16_U * np.abs(y_ref) + slack * np.abs(y_ref).max())
@@ -168,9 +177,12 @@ def test_fused_bn_bf16_within_bf16_rounding_of_float64(train, relu, residual):
     g = np.where(z_ref > 0, data["dy"], 0.0) if relu else data["dy"]
     n = math.prod(g.shape[:-1])
     axes = tuple(range(g.ndim - 1))
+    rounding = BF16_U if param_dtype == jnp.bfloat16 else 0.0
     for name, terms in (("bias", g), ("scale", g * xhat)):
-        bound = n * FP32_U * np.abs(terms).sum(axes)
-        assert np.all(np.abs(d_params[name] - np.asarray(ref_params[name])) <= bound), name
+        want = np.asarray(ref_params[name])
+        bound = n * FP32_U * np.abs(terms).sum(axes) + rounding * np.abs(want)
+        got = np.asarray(d_params[name], np.float64)
+        assert np.all(np.abs(got - want) <= bound), name
     if residual:  # the masked bf16 dy itself, exactly
         np.testing.assert_array_equal(np.asarray(d_res[0], np.float64), g)
 
@@ -250,7 +262,11 @@ def test_options_keep_the_variables_of_the_plain_net(name, count):
         model = create_model(name, num_classes=1000, dtype="bfloat16", **options)
         return jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False))
 
-    plain, fused = variables(), variables(fused_bn=True, space_to_depth_stem=True)
+    # The options as a run passes them: --config.model.fused_bn=True etc. on a default config.
+    config = default.get_config()
+    config.model.fused_bn = config.model.space_to_depth_stem = True
+    options = {k: v for k, v in config.model.items() if k != "name"}
+    plain, fused = variables(), variables(**options)
     assert jax.tree.structure(fused) == jax.tree.structure(plain)
     assert jax.tree.leaves(fused) == jax.tree.leaves(plain)  # ShapeDtypeStructs
     assert _count(fused["params"]) == count

@@ -16,6 +16,7 @@ import pytest
 
 from configs import default
 from jia_jax.models import create_model, layers
+from jia_jax.models.call_order import backward_leaf_order
 from jia_jax.models.space_to_depth import SpaceToDepthConv, conv_as_space_to_depth
 
 BF16_U = 2.0**-8  # unit roundoff of bf16 (8 significant bits)
@@ -72,8 +73,13 @@ def _run_bn(fused, train, data, relu, residual, dtype, param_dtype):
     stats = {k: jnp.asarray(data[k], stats_dtype) for k in ("mean", "var")}
 
     def f(params, x, *res):
+        shortcut = (lambda: res[0]) if res else None  # the models pass the shortcut as a function
         return module.apply(
-            {"params": params, "batch_stats": stats}, x, *res, relu=relu, mutable=["batch_stats"]
+            {"params": params, "batch_stats": stats},
+            x,
+            shortcut,
+            relu=relu,
+            mutable=["batch_stats"],
         )
 
     params = {k: jnp.asarray(data[k], param_dtype) for k in ("scale", "bias")}
@@ -255,18 +261,21 @@ def _count(tree) -> int:
 
 @pytest.mark.parametrize("name, count", [("resnet50", 25_557_032), ("alexnet_bn", 62_388_424)])
 def test_options_keep_the_variables_of_the_plain_net(name, count):
-    """Same variable tree, shapes and dtypes (so checkpoints load either way) at 224x224."""
+    """Same variable tree, shapes and dtypes (so checkpoints load either way) at 224x224, and the
+    same call order, hence the same all-reduce buckets (`call_order`)."""
     x = jnp.zeros((1, 224, 224, 3), jnp.float32)
 
     def variables(**options):
         model = create_model(name, num_classes=1000, dtype="bfloat16", **options)
-        return jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False))
+        order = backward_leaf_order(model, x.shape[1:])
+        return jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False)), order
 
     # The options as a run passes them: --config.model.fused_bn=True etc. on a default config.
     config = default.get_config()
     config.model.fused_bn = config.model.space_to_depth_stem = True
     options = {k: v for k, v in config.model.items() if k != "name"}
-    plain, fused = variables(), variables(**options)
+    (plain, plain_order), (fused, fused_order) = variables(), variables(**options)
+    assert fused_order == plain_order
     assert jax.tree.structure(fused) == jax.tree.structure(plain)
     assert jax.tree.leaves(fused) == jax.tree.leaves(plain)  # ShapeDtypeStructs
     assert _count(fused["params"]) == count

@@ -27,14 +27,23 @@ class BatchNormAct(nn.BatchNorm):
 
     @nn.compact
     def __call__(
-        self, x: jax.Array, residual: jax.Array | None = None, *, relu: bool = False
+        self,
+        x: jax.Array,
+        residual: Callable[[], jax.Array] | None = None,
+        *,
+        relu: bool = False,
     ) -> jax.Array:
-        """``relu(residual + bn(x))``, the ReLU only if ``relu``, the add only with a residual."""
+        """``relu(residual() + bn(x))``, the ReLU only if ``relu``, the add only with a residual.
+
+        ``residual`` is a function (a ResNet shortcut, itself maybe a conv + BN), called after
+        the plain BatchNorm, so the submodules are called in the order of the plain net, which
+        `call_order` turns into the all-reduce's buckets; the fused op needs it before.
+        """
         if self.fused:
-            return self._fused(x, residual, relu)
+            return self._fused(x, None if residual is None else residual(), relu)
         y = super().__call__(x)
         if residual is not None:
-            y = residual + y
+            y = residual() + y
         return nn.relu(y) if relu else y
 
     def _fused(self, x: jax.Array, residual: jax.Array | None, relu: bool) -> jax.Array:

@@ -52,7 +52,7 @@ class BasicBlock(nn.Module):
         y = self.conv(self.features, (3, 3), self.strides, padding=_pad(3), name="conv1")(x)
         y = self.norm(name="bn1")(y, relu=True)
         y = self.conv(self.features, (3, 3), padding=_pad(3), name="conv2")(y)
-        shortcut = _shortcut(x, y, self.strides, self.conv, self.norm)
+        shortcut = _shortcut(x, y.shape, self.strides, self.conv, self.norm)
         # Zero gamma: the residual branch starts at 0, so the block starts as the identity
         # (Goyal et al. 2017, sec. 5.1), which is what makes very large batches trainable early on.
         return self.norm(scale_init=nn.initializers.zeros, name="bn2")(y, shortcut, relu=True)
@@ -75,21 +75,23 @@ class BottleneckBlock(nn.Module):
         y = self.conv(self.features, (3, 3), self.strides, padding=_pad(3), name="conv2")(y)
         y = self.norm(name="bn2")(y, relu=True)
         y = self.conv(4 * self.features, (1, 1), name="conv3")(y)
-        shortcut = _shortcut(x, y, self.strides, self.conv, self.norm)
+        shortcut = _shortcut(x, y.shape, self.strides, self.conv, self.norm)
         return self.norm(scale_init=nn.initializers.zeros, name="bn3")(y, shortcut, relu=True)
 
 
 def _shortcut(
-    x: jax.Array, y: jax.Array, strides: int, conv: ModuleDef, norm: ModuleDef
-) -> jax.Array:
-    """Identity, or a strided 1x1 projection + BN where the residual branch `y` changes the shape.
+    x: jax.Array, shape: tuple[int, ...], strides: int, conv: ModuleDef, norm: ModuleDef
+) -> Callable[[], jax.Array]:
+    """Identity, or a strided 1x1 projection + BN where the residual branch changes the shape.
 
-    Called before the branch's last BN, which adds the shortcut (`layers.BatchNormAct`).
+    Returned as a function for the branch's last BN to call (`layers.BatchNormAct`); the layers
+    are made here, so that they belong to the block, not to that BN.
     """
-    if x.shape == y.shape:
-        return x
-    x = conv(y.shape[-1], (1, 1), strides, name="proj_conv")(x)
-    return norm(name="proj_bn")(x)
+    if x.shape == shape:
+        return lambda: x
+    proj_conv = conv(shape[-1], (1, 1), strides, name="proj_conv")
+    proj_bn = norm(name="proj_bn")
+    return lambda: proj_bn(proj_conv(x))
 
 
 class ResNet(nn.Module):

@@ -5,13 +5,15 @@ The training-mode function is a `jax.custom_vjp`:
     ``relu((x - mean) * rstd * scale + bias + residual)`` as one elementwise expression;
   backward: the two reductions it needs, ``sum(g)`` and ``sum(g * xhat)`` with ``g`` the incoming
     gradient after the ReLU mask, in one pass, then the input gradient in one elementwise pass.
-It saves ``x``, the per-channel mean and 1/std, and (with the ReLU) the output, whose sign is the
-ReLU mask; the output is the next convolution's input, so keeping it costs no extra memory.
+It saves ``x`` (in the compute dtype; ``xhat`` is recomputed inside the backward's passes instead
+of stored in fp32), ``scale``, the per-channel mean and 1/std, and (with the ReLU) the output,
+whose sign is the ReLU mask; the output is the next convolution's input, kept anyway.
 
 Semantics are flax's `nn.BatchNorm` (force_float32_reductions) followed by ``nn.relu(residual +
 y)``: statistics, normalisation and the running averages in at least fp32, output in the compute
-dtype. The one difference is rounding: the add and the ReLU happen before the single cast to the
-compute dtype, where the plain layers round the BN output first and the sum again.
+dtype. The differences are rounding only: the add and the ReLU happen before the single cast to
+the compute dtype, where the plain layers round the BN output first and the sum again; and the
+one-pass variance is shifted (`_moments`), more accurate than flax's for offset channels.
 """
 
 from __future__ import annotations

@@ -14,8 +14,11 @@ def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0
 
-    # `name` picks the architecture; the other fields are passed to its constructor.
-    config.model = ml_collections.ConfigDict({"name": "resnet50"})
+    # `name` picks the architecture; the other fields are passed to its constructor. `fused_bn`
+    # and `space_to_depth_stem` compute the same function faster (the model docstrings say how).
+    config.model = ml_collections.ConfigDict(
+        {"name": "resnet50", "fused_bn": False, "space_to_depth_stem": False}
+    )
 
     config.data = ml_collections.ConfigDict()
     config.data.name = "imagenet2012"

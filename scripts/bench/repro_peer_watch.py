@@ -67,7 +67,7 @@ def child(args: argparse.Namespace) -> None:
     grads = jax.make_array_from_callback(
         (mesh.devices.size * n,), NamedSharding(mesh, spec), lambda i: np.ones(n, jnp.bfloat16)
     )
-    w = jnp.ones((4096, 4096), jnp.bfloat16)
+    w = jnp.ones((args.width, args.width), jnp.bfloat16)
 
     def per_device(g, w):
         h = w
@@ -109,6 +109,7 @@ def run_variant(args: argparse.Namespace, recoverable: bool, poll: bool) -> dict
                 f"--process_id={i}",
                 f"--seconds={args.seconds}",
                 f"--mib={args.mib}",
+                f"--width={args.width}",
             ]
             + (["--recoverable"] if recoverable else [])
             + (["--poll"] if poll else [])
@@ -147,6 +148,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--mib", type=float, default=48)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--width", type=int, default=4096, help="matrices of the compute chain")
     parser.add_argument(
         "--combos",
         type=lambda text: [tuple(c == "1" for c in pair) for pair in text.split(",")],

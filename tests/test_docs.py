@@ -422,6 +422,14 @@ def test_across_hosts_answers_agree_with_the_json():
             f"made it worse, {sol['efficiency']:.3f}",
         ],
     )
+    assert_quoted(
+        read("docs/scaling.md"),
+        [
+            f"joined by a {socket_4x4 * 8:.0f} Gbit/s socket network",
+            f"({by['flat']['efficiency']:.3f} of four single GPUs",
+            f"beat `hierarchical` ({by['default']['efficiency']:.3f})",
+        ],
+    )
     across = [r["node"]["bus_gb_s"] * 8 for r in link.values() if r["variant"] != "one_host"]
     assert_quoted(read("README.md"), [f"a {span(across, '.0f')} Gbit/s network"])
     killed = read("docs/benchmarks/sigkill_2x2_4xH100.log")

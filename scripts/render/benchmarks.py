@@ -333,9 +333,15 @@ def hosts_table(doc: dict[str, Any]) -> str:
 
 def repro_table(doc: dict[str, Any]) -> str:
     """Each combination of recoverable mode and polling thread (scripts/bench/repro_peer_watch.py)."""
+    args = doc["args"]
+    length = (
+        f"{args['steps']} steps"
+        if "steps" in args
+        else f"{args['seconds']} s by each process's own clock"
+    )
     lines = [
-        f"2 emulated hosts x {doc['args']['gpus_per_host']} GPUs, {doc['args']['seconds']} s of "
-        f"a data-parallel loop ({_where(doc)}):",
+        f"2 emulated hosts x {args['gpus_per_host']} GPUs, {length} of a data-parallel loop "
+        f"({_where(doc)}):",
         "",
         "| recoverable mode | get_live_nodes thread | exit statuses | steps | heap crash |",
         "| --- | --- | --- | --- | --- |",

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import statistics
+import sys
 
 import jax
 import pytest
@@ -15,8 +16,10 @@ import pytest
 from scripts.bench import allreduce as bench_allreduce
 from scripts.bench import harness
 from scripts.bench import hosts as bench_hosts
+from scripts.bench import input_stage_costs as bench_input_stage_costs
 from scripts.bench import link as bench_link
 from scripts.bench import peers as bench_peers
+from scripts.bench import plot_profile as bench_plot_profile
 from scripts.bench import repro_peer_watch as bench_repro
 from scripts.bench import step as bench_step
 from scripts.bench import train_input as bench_train_input
@@ -301,6 +304,8 @@ def _cpu_processes(monkeypatch, devices: int) -> None:
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
     monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count={devices}")
+    # scripts/launch_local.sh starts `python3`: this interpreter.
+    monkeypatch.setenv("PATH", f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}")
 
 
 def test_bench_hosts_rates_emulated_hosts_against_one_device(tmp_path, monkeypatch):
@@ -371,3 +376,23 @@ def test_repro_peer_watch_records_each_combination(tmp_path, monkeypatch):
     assert (row["recoverable"], row["poll_get_live_nodes"]) == (False, False)
     assert row["returncodes"] == [0, 0] and not row["crashed"], row["log_tails"]
     assert row["steps"] == [5, 5]
+
+
+def test_plot_profile_draws_a_recorded_profile(tmp_path):
+    out = tmp_path / "timeline.png"
+    bench_plot_profile.main(
+        [
+            os.path.join(harness.REPO, "docs/benchmarks/profile_2xH100.json.kernels.json.gz"),
+            "resnet50:1x2:hierarchical:256:bfloat16",
+            str(out),
+        ]
+    )
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_input_stage_costs_times_every_stage(capsys):
+    bench_input_stage_costs.main()
+    lines = capsys.readouterr().out.splitlines()
+    times = {line[:40].strip(): float(line[40:].split()[0]) for line in lines[1:]}
+    assert {"pil decode", "pil resize box"} <= set(times), lines
+    assert all(ms > 0 for ms in times.values()), times

@@ -29,6 +29,7 @@ import argparse
 import glob
 import os
 import statistics
+import sys
 import tempfile
 from collections.abc import Sequence
 from typing import Any
@@ -122,7 +123,7 @@ def host_row(args: argparse.Namespace, batch: int, strategy: str, env: dict[str,
 def one_gpu_row(args: argparse.Namespace, batch: int, env: dict[str, str]) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
         command = [
-            "python3",
+            sys.executable,
             "-m",
             "jia_jax.main",
             f"--workdir={workdir}",

@@ -69,6 +69,7 @@ def build_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) ->
     )
     steps = total_steps(config, data.info.num_train)
     compute = precision.compute_dtype(config.precision.compute)
+    precision.check_wire_dtype(config.comm.dtype, compute)
     model_kwargs = {k: v for k, v in config.model.items() if k != "name"}
     model = models.create_model(
         config.model.name, num_classes=data.info.num_classes, dtype=compute, **model_kwargs
@@ -144,6 +145,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     trainer = build_trainer(config, mesh)
     data, steps = trainer.data, trainer.steps
+    # Built (and its limit checked) before the workdir is touched.
+    overflow = metrics_lib.OverflowWatch(
+        minimum=config.precision.loss_scale.minimum,
+        limit=config.precision.loss_scale.max_skips_at_minimum,
+    )
     train_step = train.make_train_step(trainer.model, trainer.tx, trainer.schedule, config, mesh)
     eval_step = train.make_eval_step(trainer.model, config, mesh) if data.eval else None
 
@@ -184,10 +190,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             else ("loss",)
         )
         results: dict[str, float] = {}
-        overflow = metrics_lib.OverflowWatch(
-            minimum=config.precision.loss_scale.minimum,
-            limit=config.precision.loss_scale.max_skips_at_minimum,
-        )
 
         def log(fetched: tuple[int, dict[str, float]] | None) -> None:
             # `fetched`: a step's metrics, one step late (or at a save, the step just done).

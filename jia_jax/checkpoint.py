@@ -173,20 +173,25 @@ class Checkpointer:
           NoReadableCheckpointError: There were checkpoints, and none could be read.
         """
         _check_has_shardings(abstract_state)
-        unreadable = []
+        moved = []  # one "step N (why) -> where" per unreadable checkpoint, newest first
         for step in sorted(self._manager.all_steps(), reverse=True):
             restored, reason = _try_restore(self._manager, step, abstract_state)
             # Every process must resume from the same step, even if only one failed to read.
             if not any_process(reason is not None):
+                if moved:
+                    logging.warning(
+                        "Unreadable checkpoint %s; resuming from the checkpoint of step %d.",
+                        "; ".join(moved),
+                        step,
+                    )
                 return step, restored[_STATE], dict(restored[_META])
-            _quarantine(self._manager, step, reason or "it failed to load on another process")
-            unreadable.append(step)
-        if unreadable:
+            reason = reason or "it failed to load on another process"
+            moved.append(f"of step {step} ({reason}) moved to {_quarantine(self._manager, step)}")
+        if moved:
             # Starting over silently would throw a run away, e.g. on a bug in our restore path.
             raise NoReadableCheckpointError(
-                f"No checkpoint in {self._directory} could be read (steps {unreadable}, moved to "
-                f"{self._directory / _CORRUPT_DIR}; see the warnings above). Rerun to start "
-                "from step 0 in this workdir, or use a new --workdir."
+                f"No checkpoint in {self._directory} could be read: {'; '.join(moved)}. Rerun "
+                "to start from step 0 in this workdir, or use a new --workdir."
             )
         return None
 
@@ -244,7 +249,8 @@ class Checkpointer:
 
 
 def _error_summary(error: BaseException) -> str:
-    text = str(error)
+    # One line: TensorStore errors carry a multi-line spec of the array.
+    text = " ".join(str(error).split())
     if len(text) > _MAX_ERROR_CHARS:
         half = _MAX_ERROR_CHARS // 2
         text = f"{text[:half]} ... {text[-half:]}"
@@ -277,9 +283,9 @@ def _try_restore(
     return restored, None
 
 
-def _quarantine(manager: ocp.CheckpointManager, step: int, reason: str) -> None:
+def _quarantine(manager: ocp.CheckpointManager, step: int) -> epath.Path:
     """Moves the checkpoint of `step` to ``corrupt/`` (kept for inspection, out of the way of the
-    resumed run's own save of that step) and logs why. A collective over processes."""
+    resumed run's own save of that step) and returns where. A collective over processes."""
     directory = epath.Path(manager.directory)
     corrupt_dir = directory / _CORRUPT_DIR
     destination = corrupt_dir / str(step)
@@ -292,14 +298,7 @@ def _quarantine(manager: ocp.CheckpointManager, step: int, reason: str) -> None:
         (directory / str(step)).rename(destination)
     ocp.multihost.sync_global_processes(f"jia_jax_checkpoint_quarantine_{step}")
     manager.reload()
-    logging.warning(
-        "Checkpoint at step %d in %s is unreadable (%s); moved it to %s and trying the "
-        "previous checkpoint.",
-        step,
-        directory,
-        reason,
-        destination,
-    )
+    return destination
 
 
 # Array layout: the checkpoint must hold the arrays (names, shapes, dtypes) of the state.

@@ -167,7 +167,7 @@ def markdown_table(rows: list[dict[str, object]], meta: dict[str, str]) -> str:
         )
     lines += [
         "",
-        f"Command: `{meta['command']}`  ",
+        f"Command as run (a record; its output paths may have moved since): `{meta['command']}`  ",
         f"Commit: `{meta['commit']}`  ",
         f"Machine: {meta['machine']}",
     ]

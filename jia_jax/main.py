@@ -92,7 +92,10 @@ def check_workdir(workdir: str) -> None:
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+        sys.exit(
+            f"FATAL Flags parsing error: unexpected arguments {argv[1:]}; flags are written "
+            "--name=value (no spaces around '=')."
+        )
     logging.get_absl_handler().addFilter(_hide_library_info)
     try:
         check_workdir(_WORKDIR.value)

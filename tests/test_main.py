@@ -125,6 +125,10 @@ DIGITS = ("--config=configs/digits.py", "--config.model.width=2", "--config.data
             r"--config\.model\.width=8: the config has no field 'width'\.",
         ),
         (
+            (*DIGITS, "total_steps=3"),
+            r"unexpected arguments \['total_steps=3'\]; flags are written --name=value",
+        ),
+        (
             ("--config=configs/no_such_config.py",),
             r"cannot load the config file: .*No such file .*no_such_config\.py",
         ),
@@ -139,7 +143,16 @@ DIGITS = ("--config=configs/digits.py", "--config.model.width=2", "--config.data
             r"^ValueError: comm\.dtype='float16' needs precision\.compute='float16'.*'bfloat16'",
         ),
     ],
-    ids=["misspelled", "new_key", "config_file", "max_skips", "eval_0", "eval_neg", "fp16_wire"],
+    ids=[
+        "misspelled",
+        "new_key",
+        "stray_args",
+        "config_file",
+        "max_skips",
+        "eval_0",
+        "eval_neg",
+        "fp16_wire",
+    ],
 )
 def test_config_mistake_is_one_line_and_leaves_no_workdir(tmp_path, args, pattern):
     result = run_main(*args, f"--workdir={tmp_path / 'run'}", timeout=120)

@@ -139,6 +139,10 @@ DIGITS = ("--config=configs/digits.py", "--config.model.width=2", "--config.data
         ((*DIGITS, "--config.eval_batch_size=0"), r"^ValueError: eval_batch_size=0 must be pos"),
         ((*DIGITS, "--config.eval_batch_size=-8"), r"^ValueError: eval_batch_size=-8 must be pos"),
         (
+            (*DIGITS, "--config.distributed.coordinator_address=127.0.0.1:12345"),
+            r"^ValueError: distributed\.coordinator_address is set, so distributed\.num_processes",
+        ),
+        (
             (*DIGITS, "--config.comm.dtype=float16"),
             r"^ValueError: comm\.dtype='float16' needs precision\.compute='float16'.*'bfloat16'",
         ),
@@ -151,6 +155,7 @@ DIGITS = ("--config=configs/digits.py", "--config.model.width=2", "--config.data
         "max_skips",
         "eval_0",
         "eval_neg",
+        "launch",
         "fp16_wire",
     ],
 )

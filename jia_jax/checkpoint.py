@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import types
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Self
@@ -279,8 +280,38 @@ def _try_restore(
     except CheckpointMismatchError:
         raise
     except Exception as error:  # noqa: BLE001 (any read failure makes it "unreadable")
+        _drop_closed_loop_callbacks()
         return None, _error_summary(error)
     return restored, None
+
+
+def _drop_closed_loop_callbacks() -> None:
+    """Keeps the aftermath of a failed read off the console (the warning says what happened).
+
+    When one read of a restore fails, orbax closes its event loop while TensorStore still
+    completes the other reads on its own threads; each hands its result to the closed loop, and
+    Python reports the `RuntimeError('Event loop is closed')` that `call_soon_threadsafe` raises
+    there as unraisable, a traceback per array. Those, and only those, are dropped from then on.
+    """
+    if getattr(sys.unraisablehook, "drops_closed_loop_callbacks", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        error = unraisable.exc_value
+        frames = {frame.f_code.co_name for frame in _frames(unraisable.exc_traceback)}
+        closed_loop = isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+        if not (closed_loop and "call_soon_threadsafe" in frames):
+            previous(unraisable)
+
+    hook.drops_closed_loop_callbacks = True
+    sys.unraisablehook = hook
+
+
+def _frames(tb: types.TracebackType | None) -> Iterator[types.FrameType]:
+    while tb is not None:
+        yield tb.tb_frame
+        tb = tb.tb_next
 
 
 def _quarantine(manager: ocp.CheckpointManager, step: int) -> epath.Path:

@@ -229,7 +229,9 @@ def test_truncated_latest_checkpoint_falls_back_to_previous(env, reference, tmp_
     previous = TOTAL_STEPS - CHECKPOINT_EVERY
     # One warning line names the moved step, why, where it went and the step resumed from; no
     # TensorStore specs, tracebacks or asyncio reports around it.
-    [warning] = [line for line in log.splitlines() if not line.startswith("I")]
+    warnings = [line for line in log.splitlines() if not line.startswith("I")]
+    assert len(warnings) == 1, log
+    [warning] = warnings
     assert re.search(
         rf"Unreadable checkpoint of step {TOTAL_STEPS} \(.+\) moved to \S+/corrupt/{TOTAL_STEPS}; "
         rf"resuming from the checkpoint of step {previous}\.$",

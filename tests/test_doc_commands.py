@@ -55,6 +55,9 @@ OTHER_TOOLS = {
     "source",
     "truncate",
     "nvidia-smi",
+    # shell utilities a walkthrough may use around the real commands
+    *("cd", "export", "wait", "kill", "sleep", "echo", "cat", "ls", "mkdir", "rm", "cp", "tail"),
+    *("tee", "grep", "git"),
 }
 # Launchers in front of the real command: `mpirun -np 4 python ...`, `taskset -c 0 python ...`.
 LAUNCHERS = {"sbatch", "srun", "mpirun", "taskset", "env", "nohup"}
@@ -129,7 +132,7 @@ def _python_blocks_and_commands(page: str) -> tuple[list[tuple[str, str, bool]],
 
 
 def _shell_commands(page: str, first_line: int, code: str) -> list[Command]:
-    """A shell block's simple commands (continuations joined, split at && ; & |)."""
+    """A shell block's simple commands (continuations joined, split at &&, ||, ;, & and |)."""
     commands, pending, pending_line = [], "", first_line
     for number, line in enumerate(code.splitlines(), first_line):
         if not pending:
@@ -137,7 +140,7 @@ def _shell_commands(page: str, first_line: int, code: str) -> list[Command]:
         if line.rstrip().endswith("\\"):
             pending += line.rstrip()[:-1] + " "
             continue
-        for part in re.split(r"\s(?:&&|\|\||;|&)\s|\s&$", pending + line):
+        for part in re.split(r"\s(?:&&|\|\||\||&)\s|\s*;\s*|\s&$", pending + line):
             if part.strip() and not part.strip().startswith("#"):
                 commands.append(Command(f"{page}:{pending_line}", " ".join(part.split())))
         pending = ""

@@ -14,8 +14,11 @@ def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0
 
-    # `name` picks the architecture; the other fields are passed to its constructor.
-    config.model = ml_collections.ConfigDict({"name": "resnet50"})
+    # `name` picks the architecture; the other fields are passed to its constructor. `fused_bn`
+    # and `space_to_depth_stem` compute the same function faster (the model docstrings say how).
+    config.model = ml_collections.ConfigDict(
+        {"name": "resnet50", "fused_bn": False, "space_to_depth_stem": False}
+    )
 
     config.data = ml_collections.ConfigDict()
     config.data.name = "imagenet2012"
@@ -26,7 +29,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.eval_split = "validation"
     # Input worker processes per training process (tfds datasets); about the CPU cores each
     # process can spare. A GPU needs its step's images/s / the images/s per core that
-    # scripts/bench_input.py measures on the host (docs/input_pipeline.md, "Cores per GPU").
+    # scripts/bench/input.py measures on the host (docs/input_pipeline.md, "Cores per GPU").
     config.data.num_workers = 0
     # Unreadable records (bad JPEG bytes, a failed checksum) a tfds dataset may have before the
     # run stops, naming file and record; each is logged and replaced by the next readable one.
@@ -48,10 +51,11 @@ def get_config() -> ml_collections.ConfigDict:
             "coordinator_address": ml_collections.config_dict.placeholder(str),
             "num_processes": ml_collections.config_dict.placeholder(int),
             "process_id": ml_collections.config_dict.placeholder(int),
-            # A process silent this long is dead: the others stop with one line naming it and
-            # the checkpoint to resume from (jia_jax/liveness.py). JAX's default is 100 s.
+            # A process that exits, or is silent this long, has stopped: the others stop with
+            # one line naming it and the checkpoint to resume from (jia_jax/liveness.py).
             "heartbeat_timeout_s": 30,
-            # False: no watch (JAX's own coordination service aborts the survivors instead).
+            # False: no watch (JAX's own coordination service aborts the survivors after
+            # heartbeat_timeout_s instead, with a dump of every thread).
             "watch_peers": True,
         }
     )
@@ -93,6 +97,10 @@ def get_config() -> ml_collections.ConfigDict:
     # `hybrid`: buckets below this go hierarchical. Not yet measured across nodes (one host only):
     # the value follows Jia et al.'s finding that hierarchical wins for small messages.
     config.comm.hybrid_crossover_bytes = 4 * MIB
+
+    # A jax.profiler trace of `steps` steps from `first_step` (-1: none) in
+    # <workdir>/profile/process_<i>, for TensorBoard's profile plugin or scripts/bench/hosts.py.
+    config.profile = ml_collections.ConfigDict({"first_step": -1, "steps": 5})
 
     config.log_every_steps = 100
     config.eval_every_steps = 5000

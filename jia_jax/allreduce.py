@@ -258,7 +258,9 @@ def stacked_mean(grads: Any, wire_dtype: Any) -> Any:
     def mean(g: jax.Array) -> jax.Array:
         n = g.shape[0]
         addends = (g.astype(jnp.float32) / n if first else g).astype(wire)
-        total = jnp.sum(addends, axis=0)
+        # Not `jnp.sum`: it accumulates bf16/fp16 in fp32, and the all-reduce XLA makes of the
+        # reduction would then carry fp32, twice the wire's bytes.
+        total = jax.lax.reduce(addends, np.array(0, wire), jax.lax.add, (0,))
         return (total if first else total.astype(jnp.float32) / n).astype(g.dtype)
 
     return jax.tree_util.tree_map(mean, grads)

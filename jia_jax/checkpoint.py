@@ -13,10 +13,10 @@ Typical use in the training loop::
   restored = ckpt.restore_latest(abstract_state)  # abstract_state: from jax.eval_shape
   with PreemptionHandler() as preemption:
     for step in range(start, total_steps):
-      state, metrics = train_step(state, batch)
+      # The step reduces every process's request (jia_jax/train.py, `stop_flags`).
+      state, metrics = train_step(state, batch, stop_flags(mesh, preemption.requested))
       ckpt.save(step, state, meta)  # no-op unless step % save_every_steps == 0
-      # A collective: every process calls it at the same steps.
-      if step % log_every_steps == 0 and preemption.agreed_stop():
+      if metrics["stop"] > 0:  # a process received a signal: every process sees it here
         ckpt.save(step, state, meta, force=True)
         break
   ckpt.close()  # waits for the last save
@@ -423,9 +423,9 @@ class PreemptionHandler:
 
     The first signal of each kind only sets a flag; the handler that was installed before is
     then put back, so a second Ctrl-C (or SIGTERM) acts as usual. Create it in the main thread
-    (Python delivers signals there). The training loop calls `agreed_stop()` every N steps —
-    the same steps on every process — and on True saves with ``force=True``, waits and exits
-    with status 0.
+    (Python delivers signals there). The training loop hands `requested` to every step, whose
+    metrics then tell every process that some process asked (`jia_jax.train.make_train_step`),
+    and on that saves with ``force=True``, waits and exits with status 0.
 
     Args:
       signals: The signals to catch.
@@ -439,10 +439,6 @@ class PreemptionHandler:
     def requested(self) -> bool:
         """Whether this process received a stop signal."""
         return self._requested
-
-    def agreed_stop(self) -> bool:
-        """True on all processes if any process received a stop signal (a collective)."""
-        return any_process(self._requested)
 
     def close(self) -> None:
         """Puts back the signal handlers that were installed before."""

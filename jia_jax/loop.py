@@ -24,8 +24,6 @@ from jia_jax import recipe
 from jia_jax import schedules
 from jia_jax import train
 
-# How often all processes agree on whether a preemption signal arrived (one tiny collective).
-_PREEMPTION_POLL_STEPS = 4
 _DIVERGED_HINT = (
     "Nothing was saved for this step: the newest checkpoint is the last finite state. Try a lower "
     "optimizer.learning_rate or a longer optimizer.warmup_epochs."
@@ -83,6 +81,42 @@ def build_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) ->
         model, tx, mesh, image_shape, config.precision, config.seed
     )
     return Trainer(data, steps, model, schedule, tx, init_state, abstract_state)
+
+
+class Tracing:
+    """A `jax.profiler` trace of the steps `profile.first_step` .. + `profile.steps` - 1.
+
+    The steps before the first are waited for, so the trace holds those steps and only those.
+    """
+
+    def __init__(self, profile: ml_collections.ConfigDict, log_dir: str) -> None:
+        if profile.first_step >= 0 and profile.steps < 1:
+            raise ValueError(f"profile.steps={profile.steps} must be at least 1.")
+        self._first, self._end, self._log_dir = (
+            profile.first_step,
+            profile.first_step + profile.steps,
+            log_dir,
+        )
+
+        self._running = False
+
+    def before(self, step: int, state: train.TrainState) -> None:
+        """Call before dispatching `step`; `state` is the input of that step."""
+        if step == self._first:
+            jax.block_until_ready(state)
+            jax.profiler.start_trace(self._log_dir)
+            self._running = True
+        elif step == self._end:
+            self.stop(state)
+
+    def stop(self, state: train.TrainState) -> None:
+        """Ends the trace once `state` is computed (also where the run ends inside it)."""
+        if not self._running:
+            return
+        jax.block_until_ready(state)
+        jax.profiler.stop_trace()
+        self._running = False
+        logging.info("profile of steps %d-%d in %s", self._first, self._end - 1, self._log_dir)
 
 
 def evaluate(eval_step, state: train.TrainState, data: input_pipeline.Input) -> dict[str, float]:
@@ -196,6 +230,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             if fetched is None:
                 return
             step, values = fetched
+            values = {k: v for k, v in values.items() if k != train.STOP_KEY}
             overflow.update(step, values)
             if step % config.log_every_steps and step != steps:
                 return
@@ -206,13 +241,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             logging.info(metrics_lib.format_progress(step, steps, values, throughput))
 
         batches = data.train(start_step)
+        # A stop signal travels inside the step (`train.make_train_step`'s `stop`): no collective
+        # or host wait of its own. Both flag arrays are made once: no transfer per step.
+        stop_flags = {asked: train.stop_flags(mesh, asked) for asked in (False, True)}
+        profile_dir = os.path.join(workdir, "profile", f"process_{jax.process_index()}")
+        tracing = Tracing(config.profile, os.path.abspath(profile_dir))
         for step in range(start_step, steps):
-            state, device_metrics = train_step(state, next(batches))
+            tracing.before(step, state)
+            state, device_metrics = train_step(
+                state, next(batches), stop_flags[preemption.requested]
+            )
             done = step + 1
             peers.step = done
             # Fetching the previous step's scalars every step keeps at most two steps in flight.
-            log(pending.push(done, device_metrics))
-            if done % _PREEMPTION_POLL_STEPS == 0 and preemption.agreed_stop():
+            fetched = pending.push(done, device_metrics)
+            log(fetched)
+            # Every process fetches the same step's metrics here, so all stop at the same step.
+            if fetched is not None and fetched[1][train.STOP_KEY] > 0:
                 save(done, force=True)
                 logging.warning(
                     "Preemption signal: saved the checkpoint of step %d; exiting.", done
@@ -223,6 +268,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 results.update(evaluate(eval_step, state, data))
                 writer.write_scalars(done, results)
                 logging.info("step %d: eval top-1 %.4f", done, results["eval/top1"])
+        tracing.stop(state)
         log(pending.flush())
         if eval_step is not None:
             results.update(evaluate(eval_step, state, data))

@@ -37,9 +37,9 @@ def initialize_distributed(dist: ml_collections.ConfigDict) -> liveness.PeerWatc
       dist: the `distributed` config block.
 
     Returns:
-      The watch that ends this process with one line if another one stops sending heartbeats
-      for `dist.heartbeat_timeout_s` (jia_jax/liveness.py); it watches nothing for one process,
-      or if `jax.distributed` was started before.
+      The watch that ends this process with one line if another one stops, or is silent for
+      `dist.heartbeat_timeout_s` (jia_jax/liveness.py); it watches nothing for one process,
+      with `dist.watch_peers` off, or if `jax.distributed` was started before.
     """
     if jax.distributed.is_initialized():
         return liveness.PeerWatch()
@@ -59,8 +59,7 @@ def initialize_distributed(dist: ml_collections.ConfigDict) -> liveness.PeerWatc
         explicit = {}
     else:
         return liveness.PeerWatch()
-    timeout_kwargs = liveness.initialize_kwargs(dist.heartbeat_timeout_s)
-    recoverable = dist.watch_peers and liveness.enable_recoverable_service()
+    timeout_kwargs = liveness.initialize_kwargs(dist.heartbeat_timeout_s, dist.watch_peers)
     jax.distributed.initialize(**explicit, **timeout_kwargs)
     logging.info(
         "jax.distributed: process %d of %d, %d local devices",
@@ -68,7 +67,7 @@ def initialize_distributed(dist: ml_collections.ConfigDict) -> liveness.PeerWatc
         jax.process_count(),
         jax.local_device_count(),
     )
-    if not recoverable:
+    if not dist.watch_peers:
         return liveness.PeerWatch()
     return liveness.PeerWatch.of_this_job(dist.heartbeat_timeout_s)
 

@@ -17,9 +17,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from absl import logging
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jia_jax import allreduce, comm_model, normalize, precision
@@ -29,6 +30,8 @@ from jia_jax.models import call_order
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
+# The metric that says a process asked the run to stop (`make_train_step`'s `stop`).
+STOP_KEY = "stop"
 
 
 class TrainState(flax.struct.PyTreeNode):
@@ -176,10 +179,15 @@ def _per_device_step(model, config, comm, mesh, image_shape):
     leaf_order = None if xla_reduces else call_order.backward_leaf_order(model, image_shape)
 
     def per_device(params, batch_stats, scale, batch, key):
+        batch = dict(batch)
+        stop = batch.pop(STOP_KEY, None)
         low_params = cast_floats(params, compute)
         # A different dropout mask on every device (and microbatch), all a function of the step.
         key = jax.random.fold_in(key, device_index(mesh))
         grads, new_stats, metrics = grads_fn(low_params, batch_stats, scale, batch, key)
+        if stop is not None:
+            # Its mean over the devices is > 0 where any process asked to stop.
+            metrics[STOP_KEY] = stop[0].astype(jnp.float32)
         if xla_reduces:
             # Hand per-device values out stacked along a device axis; their mean is written as
             # array code outside, so XLA chooses and combines the collectives itself.
@@ -303,11 +311,16 @@ def make_train_step(
     learning_rate: optax.Schedule,
     config: ml_collections.ConfigDict,
     mesh: Mesh,
-) -> Callable[[TrainState, Batch], tuple[TrainState, Metrics]]:
-    """Returns the jitted `step(state, batch) -> (state, metrics)`; `state` is donated.
+) -> Callable[..., tuple[TrainState, Metrics]]:
+    """Returns the jitted `step(state, batch, stop=None) -> (state, metrics)`; `state` is donated.
 
     Three pieces, in order: per-device gradients (forward/backward, microbatches), their
     reduction over the mesh (`comm.strategy`), the fp32 update of the replicated state.
+
+    `stop`, if given, is a per-device int array sharded like the batch (`stop_flags`): 1 where
+    the device's process asks the run to stop. `metrics["stop"]` is then its mean over the
+    devices, reduced with the other metrics, so every process learns of a request anywhere from
+    the metrics it fetches anyway: no collective or host wait of its own.
 
     Args:
       model: the flax module, built with the compute dtype.
@@ -322,8 +335,12 @@ def make_train_step(
     update = update_fn(tx, learning_rate, config)
     built = {}  # per image shape: (comm, shard_mapped step); shapes are known when tracing
 
-    def step(state: TrainState, batch: Batch) -> tuple[TrainState, Metrics]:
+    def step(
+        state: TrainState, batch: Batch, stop: jax.Array | None = None
+    ) -> tuple[TrainState, Metrics]:
         image_shape = batch["image"].shape[1:]
+        if stop is not None:
+            batch = {**batch, STOP_KEY: stop}
         if image_shape not in built:
             comm = resolve_comm(config.comm, model, mesh, state.params, image_shape)
             built[image_shape] = comm, _per_device_step(model, config, comm, mesh, image_shape)
@@ -339,6 +356,20 @@ def make_train_step(
         return update(state, grads, new_stats, metrics)
 
     return jax.jit(step, donate_argnums=0)
+
+
+def stop_flags(mesh: Mesh, requested: bool) -> jax.Array:
+    """This process's stop request on each of its devices, sharded like a batch (`make_train_step`).
+
+    Built from local values only, so each process may pass its own.
+    """
+    devices = mesh.devices.size
+    sharding = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))
+    return jax.make_array_from_callback(
+        (devices,),
+        sharding,
+        lambda index: np.full(np.empty(devices)[index].shape, int(requested), np.int32),
+    )
 
 
 def make_eval_step(

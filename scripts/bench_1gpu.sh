@@ -11,22 +11,22 @@ export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotun
 data=/tmp/jia_bench_data
 case "$1" in
   input)
-    taskset -c 0 python3 -m scripts.input_stage_costs | tee "$OUT/input_stage_costs.log"
-    python3 -m scripts.bench_input --data_dir=$data --cores 16 --worker_threads 2 4 8 \
+    taskset -c 0 python3 -m scripts.bench.input_stage_costs | tee "$OUT/input_stage_costs.log"
+    python3 -m scripts.bench.input --data_dir=$data --cores 16 --worker_threads 2 4 8 \
       --loaders "grain processes" --seconds 8 --out="$OUT/bench_input.json"
-    python3 -m scripts.bench_train_input --data_dir=$data --num_workers=$(($(nproc) - 1)) \
+    python3 -m scripts.bench.train_input --data_dir=$data --num_workers=$(($(nproc) - 1)) \
       --out="$OUT/bench_train_input.json"
     ;;
   step)
-    python3 -m scripts.bench_peers --models=resnet50 --batches=256,64 --out="$OUT/bench_peers.json"
-    python3 -m scripts.bench_peers --models=alexnet_bn --batches=512 --kinds=trainer,flax \
+    python3 -m scripts.bench.peers --models=resnet50 --batches=256,64 --out="$OUT/bench_peers.json"
+    python3 -m scripts.bench.peers --models=alexnet_bn --batches=512 --kinds=trainer,flax \
       --out="$OUT/bench_peers_alexnet.json"
-    python3 -m scripts.profile_step --trace_steps=3 --out="$OUT/profile_1gpu.json" \
+    python3 -m scripts.bench.profile_step --trace_steps=3 --out="$OUT/profile_1gpu.json" \
       --cases=resnet50:1x1:xla:256,resnet50:1x1:xla:64
     ;;
   flags)
     # Command buffers (CUDA graphs) matter most where kernels are short: the 64-image step.
-    python3 -m scripts.bench_step --models=resnet50 --per_device_batch=64 --meshes=1x1 \
+    python3 -m scripts.bench.step --models=resnet50 --per_device_batch=64 --meshes=1x1 \
       --strategies=xla --budget_s=300 --variant_budget_s=240 --grace_s=20 \
       --xla_flags_variant="--xla_gpu_enable_command_buffer=" \
       --xla_flags_variant="--xla_gpu_graph_min_graph_size=2" \

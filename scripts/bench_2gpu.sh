@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The 2-GPU measurements of docs/benchmarks.md (issue: gradient communication), in two parts that
 # each fit a 10-minute call; run from the repository root on a host with 2 GPUs:
-#   OUT=/tmp/out bash scripts/bench_2gpu.sh steps     # bench_step: ResNet-50 @256 and @64, AlexNet-BN
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh steps     # scripts.bench.step: ResNet-50 @256 and @64, AlexNet-BN
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh comm      # all-reduce, profile, 2 processes x 1 GPU
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh small     # 64 images/GPU: 1 GPU, 1 process x 2, 2 x 1
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh pgle      # the default with profile-guided scheduling, and auto
@@ -11,26 +11,26 @@ export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotun
 peers=peer_ad_psum,peer_ad_psum_raveled,peer_concat_buckets
 case "$1" in
   steps)
-    python3 -m scripts.bench_step --models=resnet50 --meshes=1x1,1xn \
+    python3 -m scripts.bench.step --models=resnet50 --meshes=1x1,1xn \
       --strategies=hierarchical,xla,$peers --budget_s=170 --variant_budget_s=0 --grace_s=20 \
       --out="$OUT/bench_step_2gpu_256.json"
-    python3 -m scripts.bench_step --models=resnet50 --per_device_batch=64 --meshes=1x1,1xn \
+    python3 -m scripts.bench.step --models=resnet50 --per_device_batch=64 --meshes=1x1,1xn \
       --strategies=hierarchical,xla,$peers --budget_s=150 --variant_budget_s=0 --grace_s=20 \
       --out="$OUT/bench_step_2gpu_64.json"
-    python3 -m scripts.bench_step --models=alexnet_bn --meshes=1x1,1xn --strategies=hierarchical,xla \
+    python3 -m scripts.bench.step --models=alexnet_bn --meshes=1x1,1xn --strategies=hierarchical,xla \
       --budget_s=90 --variant_budget_s=0 --grace_s=20 --out="$OUT/bench_step_2gpu_alexnet.json"
     ;;
   comm)
-    python3 -m scripts.bench_allreduce --sizes_mib=97.5 --bucket_mib=16 --dtypes=float32,bfloat16 \
+    python3 -m scripts.bench.allreduce --sizes_mib=97.5 --bucket_mib=16 --dtypes=float32,bfloat16 \
       --strategies=xla,flat,hierarchical --repeats=7 --budget_s=100 --out="$OUT/bench_allreduce_2gpu.json"
-    python3 -m scripts.profile_step --trace_steps=5 --out="$OUT/profile_2gpu.json" \
+    python3 -m scripts.bench.profile_step --trace_steps=5 --out="$OUT/profile_2gpu.json" \
       --cases=resnet50:1x1:xla:256,resnet50:1x2:hierarchical:256:bfloat16,resnet50:1x1:flat:256:bfloat16,resnet50:1x1:xla:64,resnet50:1x2:hierarchical:64:bfloat16
     mp=(--config=configs/resnet50_64k.py --config.data.name=synthetic --config.global_batch_size=512
       --config.total_steps=40 --config.log_every_steps=20 --config.optimizer.warmup_epochs=0
       --config.checkpoint_every_steps=1000 --config.eval_every_steps=1000)
-    python3 -m scripts.bench_multiprocess --processes=2 --gpus=2 \
+    python3 -m scripts.bench.multiprocess --processes=2 --gpus=2 \
       --out="$OUT/bench_multiprocess_2gpu.json" -- "${mp[@]}" ||
-      python3 -m scripts.bench_multiprocess --processes=2 --gpus=2 \
+      python3 -m scripts.bench.multiprocess --processes=2 --gpus=2 \
         --out="$OUT/bench_multiprocess_2gpu_nowatch.json" -- "${mp[@]}" \
         --config.distributed.watch_peers=false
     ;;
@@ -42,17 +42,17 @@ case "$1" in
       --config.checkpoint_every_steps=1000 --config.eval_every_steps=1000)
     CUDA_VISIBLE_DEVICES=0 python3 -m jia_jax.main "${small[@]}" --config.global_batch_size=64 \
       --workdir=/tmp/jia_jax_1gpu_64 2>&1 | tee "$OUT/main_1gpu_64.log" | grep "step 80/"
-    python3 -m scripts.bench_multiprocess --processes=2 --gpus=2 \
+    python3 -m scripts.bench.multiprocess --processes=2 --gpus=2 \
       --out="$OUT/bench_multiprocess_2gpu_64.json" -- "${small[@]}" --config.global_batch_size=128
     ;;
   pgle)
     # Not yet run. XLA waits for each early all-reduce right after starting it (docs/benchmarks.md,
     # profile): with measured costs its scheduler may overlap more. PGLE needs the jit path.
     for batch in 256 64; do
-      python3 -m scripts.bench_step --models=resnet50 --per_device_batch=$batch --meshes=1x1,1xn \
+      python3 -m scripts.bench.step --models=resnet50 --per_device_batch=$batch --meshes=1x1,1xn \
         --strategies=hierarchical,auto --budget_s=120 --variant_budget_s=0 --grace_s=20 \
         --dispatch=jit --out="$OUT/bench_step_2gpu_jit_$batch.json"
-      JAX_ENABLE_PGLE=true JAX_PGLE_PROFILING_RUNS=3 python3 -m scripts.bench_step --models=resnet50 \
+      JAX_ENABLE_PGLE=true JAX_PGLE_PROFILING_RUNS=3 python3 -m scripts.bench.step --models=resnet50 \
         --per_device_batch=$batch --meshes=1x1,1xn --strategies=hierarchical --warmup_steps=8 \
         --budget_s=120 --variant_budget_s=0 --grace_s=20 --dispatch=jit \
         --out="$OUT/bench_step_2gpu_pgle_$batch.json"

@@ -1,6 +1,6 @@
 r"""Fits the communication model (`jia_jax/comm_model.py`) to this repository's benchmark JSONs.
 
-Reads the output of `scripts/bench_allreduce.py` and `scripts/bench_step.py`, and writes the
+Reads the output of `scripts/bench/allreduce.py` and `scripts/bench/step.py`, and writes the
 calibration the trainer loads (`jia_jax/comm_calibration.json`):
 
   * intra-node link (`launch_s`, `alpha_s`, `beta_bytes_per_s`): weighted least squares (relative
@@ -20,7 +20,8 @@ host-timed all-reduce files (the harness times back-to-back calls from Python) t
 is the host's dispatch, not the collective. Refit after new benchmarks with:
 
   python -m scripts.calibrate_comm docs/benchmarks/*.json
-  python -m scripts.predict_scaling          # re-renders docs/scaling.md and docs/scaling.png
+  python -m scripts.render scaling:held_out   # and the other tables of docs/scaling.md
+  python -m scripts.predict_scaling           # redraws docs/scaling.png
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ _NCCL_TUNING = (
     "NCCL's tuning model, NVIDIA/nccl src/graph/tuning.cc (commit 01afd20a): per-step latency "
     "of the ring with the Simple protocol"
 )
-# Published figures; the doc (scripts/predict_scaling.py) renders them with their sources.
+# Published figures; docs/scaling.md shows them with their sources (`scripts.render scaling:links`).
 NCCL_BASE_LATENCY_S = 8.4e-6  # baseLat, ring / Simple, same file
 FABRICS: dict[str, dict[str, Any]] = {
     "ndr400_per_gpu": {

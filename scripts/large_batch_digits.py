@@ -43,6 +43,7 @@ from configs import digits_large_batch  # noqa: E402
 from jia_jax import input_pipeline  # noqa: E402
 from jia_jax import loop  # noqa: E402
 from jia_jax import mesh as mesh_lib  # noqa: E402
+from scripts.render import large_batch  # noqa: E402
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, object]]:
@@ -145,35 +146,6 @@ def provenance() -> dict[str, str]:
     }
 
 
-def markdown_table(rows: list[dict[str, object]], meta: dict[str, str]) -> str:
-    """One line per recipe (top-1 as mean ± sample std over seeds, then each seed's value), then
-    the provenance."""
-    baseline = rows[0]["mean_top1"]
-    lines = [
-        "| recipe | batch | optimizer | peak LR | warmup (epochs) | decay | steps | "
-        "test top-1 % (mean ± std) | vs first row (points) | per seed | s / run |",
-        "| --- | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: |",
-    ]
-    for row in rows:
-        optimizer = row["optimizer"]
-        if row["trust_coefficient"] is not None:
-            optimizer += f" (η={row['trust_coefficient']:g})"
-        per_seed = ", ".join(f"{100 * t:.2f}" for t in row["top1"])
-        lines.append(
-            f"| {row['recipe']} | {row['batch']} | {optimizer} | {row['peak_lr']:.4g} | "
-            f"{row['warmup_epochs']:g} | {row['decay']} | {row['steps']} | "
-            f"{100 * row['mean_top1']:.2f} ± {100 * row['std_top1']:.2f} | "
-            f"{100 * (row['mean_top1'] - baseline):+.2f} | {per_seed} | {row['mean_seconds']:.0f} |"
-        )
-    lines += [
-        "",
-        f"Command as run (a record; its output paths may have moved since): `{meta['command']}`  ",
-        f"Commit: `{meta['commit']}`  ",
-        f"Machine: {meta['machine']}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -219,7 +191,7 @@ def main() -> None:
         )
 
     meta = provenance()
-    table = markdown_table(rows, meta)
+    table = large_batch.table(rows, meta)
     print(table)
     if args.table:
         with open(args.table, "w") as f:

@@ -4,14 +4,23 @@
 #
 #   scripts/launch_local.sh 2 4 configs/digits.py /tmp/jia_jax/digits_mp       # CPU: 2 x 4 devices
 #   scripts/launch_local.sh 2 1 configs/resnet50_64k.py /tmp/r50 --config.data.name=synthetic
+#   scripts/launch_local.sh --hosts 2 2 configs/resnet50_64k.py /tmp/r50 --config.data.name=synthetic
 #
 # With GPUs (nvidia-smi lists at least PROCESSES x DEVICES_PER_PROCESS of them) process i sees
 # GPUs i*D .. i*D+D-1 through CUDA_VISIBLE_DEVICES and NCCL joins the processes; otherwise each
 # process simulates D CPU devices and gloo joins them. JIA_JAX_PLATFORM=cpu|gpu forces one.
 # The mesh is node=PROCESSES x gpu=DEVICES_PER_PROCESS. Exits with the first failing status.
+#
+# --hosts: each process is a host of its own to NCCL (a cluster on one machine). NCCL tells hosts
+# apart by a host hash that NCCL_HOSTID overrides; processes of different hashes never use NVLink
+# or shared memory between them, only its network transport: here TCP sockets on loopback, a
+# 20-55 Gbit/s network between NVLink islands (docs/benchmarks.md, "Across hosts", measures it).
+# The socket settings are the fastest measured there; any NCCL_* variable already set wins.
 set -euo pipefail
+hosts=0
+if [ "${1:-}" = --hosts ]; then hosts=1; shift; fi
 if [ $# -lt 4 ]; then
-  echo "usage: $0 PROCESSES DEVICES_PER_PROCESS CONFIG WORKDIR [--config.x=y ...]" >&2
+  echo "usage: $0 [--hosts] PROCESSES DEVICES_PER_PROCESS CONFIG WORKDIR [--config.x=y ...]" >&2
   exit 2
 fi
 procs=$1 devices=$2 config=$3 workdir=$4
@@ -22,6 +31,12 @@ if [ -z "$platform" ]; then
   if [ "$gpus" -ge $((procs * devices)) ]; then platform=gpu; else platform=cpu; fi
 fi
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+network=()
+if [ "$hosts" = 1 ]; then
+  network=(NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" NCCL_NET="${NCCL_NET:-Socket}"
+    NCCL_IB_DISABLE="${NCCL_IB_DISABLE:-1}" NCCL_SOCKET_NTHREADS="${NCCL_SOCKET_NTHREADS:-4}"
+    NCCL_NSOCKS_PERTHREAD="${NCCL_NSOCKS_PERTHREAD:-4}")
+fi
 pids=()
 for ((i = 0; i < procs; i++)); do
   if [ "$platform" = gpu ]; then
@@ -32,6 +47,7 @@ for ((i = 0; i < procs; i++)); do
     env_vars=(XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=${devices}"
       JAX_PLATFORMS=cpu JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo)
   fi
+  if [ "$hosts" = 1 ]; then env_vars+=(NCCL_HOSTID="jia_jax_host_$i" "${network[@]}"); fi
   env "${env_vars[@]}" python3 -m jia_jax.main --config="$config" --workdir="$workdir" \
     --config.distributed.coordinator_address="127.0.0.1:${port}" \
     --config.distributed.num_processes="$procs" --config.distributed.process_id="$i" \

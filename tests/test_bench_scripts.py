@@ -12,7 +12,11 @@ import statistics
 import jax
 import pytest
 
-from scripts import bench_allreduce, bench_peers, bench_step, bench_train_input
+from scripts.bench import allreduce as bench_allreduce
+from scripts.bench import harness
+from scripts.bench import peers as bench_peers
+from scripts.bench import step as bench_step
+from scripts.bench import train_input as bench_train_input
 
 # Hand count for AlexNet-BN of width 3: kernels of conv1-5, fc6, fc7 (no bias before a BN) (7),
 # scale and bias of the 8 BatchNorms (after each of those and after pool5) (16), fc8 kernel and
@@ -216,7 +220,7 @@ def test_bench_peers_rates_the_trainer_against_the_plain_flax_step(tmp_path):
     assert doc["environment"]["device_count"] >= 1
 
 
-def test_bench_train_input_reads_every_logged_interval():
+def test_trainer_progress_reads_every_logged_interval():
     # The trainer pads the step to the width of the total ("step  40/240"): every line counts.
     log = "\n".join(
         [
@@ -225,7 +229,10 @@ def test_bench_train_input_reads_every_logged_interval():
             "unrelated line | 5.0 img/s |",
         ]
     )
-    assert bench_train_input.rates(log) == [(40, 420.7), (120, 8408.0)]
+    assert [(p["step"], p["images_per_s"]) for p in harness.trainer_progress(log)] == [
+        (40, 420.7),
+        (120, 8408.0),
+    ]
 
 
 def test_bench_train_input_compares_real_jpegs_with_synthetic_data(tmp_path):
@@ -233,7 +240,7 @@ def test_bench_train_input_compares_real_jpegs_with_synthetic_data(tmp_path):
     is their quotient."""
     from absl import flags
 
-    from scripts import bench_input
+    from scripts.bench import input as bench_input
 
     flags.FLAGS.mark_as_parsed()
     bench_input.prepare(str(tmp_path), 24, "array_record")
@@ -269,3 +276,17 @@ def test_flag_variants_rerun_the_one_device_row_of_a_one_gpu_run():
     assert bench_step.variant_row([one, failed], "resnet50") is one
     assert bench_step.variant_row([one, slower_two, two], "resnet50") is two
     assert bench_step.variant_row([one], "alexnet_bn") is None
+
+
+def test_harness_times_every_step_and_queues_one_more():
+    step = jax.jit(lambda state, batch: (state + batch, {"loss": state}))
+    state, synced = harness.time_steps(step, jax.numpy.zeros(()), 1.0, 3, queued=False)
+    assert float(state) == 3 and len(synced) == 3
+    # Queued: a sample is the time between two completions, and one step is always in flight
+    # ahead: 3 samples take 5 steps (it ran 4 and gave 2 samples before the fix).
+    state, queued = harness.time_steps(step, state, 1.0, 3, queued=True)
+    assert float(state) == 8 and len(queued) == 3
+    rates = harness.step_rates(8, synced, queued)
+    assert rates["step_time_s"] == statistics.median(queued)
+    assert rates["images_per_s"] == pytest.approx(8 / statistics.median(queued), rel=1e-12)
+    assert rates["synced_images_per_s"] == pytest.approx(8 / statistics.median(synced), rel=1e-12)

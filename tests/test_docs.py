@@ -5,9 +5,11 @@ import gzip
 import json
 import pathlib
 import re
+import statistics
 
-from jia_jax import profile_trace
-from scripts import large_batch_digits, render_benchmarks
+from scripts.bench import profile_trace
+from scripts import render
+from scripts.render import large_batch, scaling
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RAW = REPO / "docs" / "benchmarks"
@@ -32,15 +34,16 @@ def assert_quoted(text: str, quotes: list[str]) -> None:
     assert not missing, f"not in the docs as recomputed from the JSON: {missing}"
 
 
-def test_benchmark_tables_are_the_render_of_their_json(monkeypatch):
+def test_tables_are_the_render_of_their_sources(monkeypatch):
     monkeypatch.chdir(REPO)  # the render names the path as given, relative to the repository
-    doc = read("docs/benchmarks.md")
-    paths = re.findall(
-        r"^From `(docs/benchmarks/[^`]+\.json(?:\.kernels\.json\.gz)?)`\.$", doc, re.MULTILINE
-    )
-    assert len(paths) >= 4
-    for path in paths:
-        assert render_benchmarks.render(path).rstrip("\n") in doc, path
+    sources = {}
+    for doc in ("docs/benchmarks.md", "docs/scaling.md", "docs/large_batch.md"):
+        text = read(doc)
+        sources[doc] = re.findall(r"^From `([^`]+)`\.$", text, re.MULTILINE)
+        for source in sources[doc]:
+            assert render.render(source).rstrip("\n") in text, (doc, source)
+    assert len(sources["docs/benchmarks.md"]) >= 4
+    assert sorted(sources["docs/scaling.md"]) == sorted(f"scaling:{t}" for t in scaling.TABLES)
 
 
 def step_runs() -> list[tuple[float, list[dict]]]:
@@ -55,7 +58,8 @@ def step_runs() -> list[tuple[float, list[dict]]]:
 
 
 def test_step_answers_agree_with_the_json():
-    answers = read("docs/benchmarks.md").split("### All-reduce bus bandwidth")[0]
+    doc = read("docs/benchmarks.md")
+    answers = doc.split("#### Train-step weak scaling")[1].split("#### All-reduce bus bandwidth")[0]
     runs = step_runs()
     ms = {
         (r["model"], r["mesh_shape"], r["strategy"], r["bucket_mib"]): 1e3 * r["step_time_s"]
@@ -90,7 +94,7 @@ def test_step_answers_agree_with_the_json():
 
 
 def test_allreduce_answers_agree_with_the_json():
-    answers = read("docs/benchmarks.md").split("### All-reduce bus bandwidth")[1].split("\n## ")[0]
+    answers = read("docs/benchmarks.md").split("#### All-reduce bus bandwidth")[1].split("\n## ")[0]
     rows = [r for r in load("bench_allreduce_4xH200.json")["results"] if "time_s" in r]
     flat = [r for r in rows if r["leaves"] <= 1]
     tree = [r for r in rows if r["leaves"] > 1 and r["strategy"] != "plain"]
@@ -124,7 +128,7 @@ def test_allreduce_answers_agree_with_the_json():
 
 def test_large_batch_table_is_the_render_of_its_json():
     raw = load("large_batch_digits.json")
-    table = large_batch_digits.markdown_table(raw["rows"], raw["meta"])
+    table = large_batch.table(raw["rows"], raw["meta"])
     assert read("docs/benchmarks/large_batch_digits_table.md") == table
     assert table in read("docs/large_batch.md")
 
@@ -156,7 +160,7 @@ def test_input_table_renders_bench_input_json(tmp_path):
     }
     path = tmp_path / "bench_input.json"
     path.write_text(json.dumps(doc))
-    assert render_benchmarks.render(str(path)) == (
+    assert render.render(str(path)) == (
         f"From `{path}`.\n\n"
         "Train input (16-core host; 2000 JPEGs of 102 KB mean, batch 128, 224 px):\n\n"
         "| loader | output | cores | threads | workers | images/s | images/s per core | "
@@ -167,7 +171,7 @@ def test_input_table_renders_bench_input_json(tmp_path):
 
 
 def test_two_gpu_answers_agree_with_the_json():
-    text = read("docs/benchmarks.md").split("## 2026-11-26 — 4× NVIDIA H200")[0]
+    text = " ".join(_section(s) for s in ("## One host", "## Across hosts", "## AlexNet-BN"))
 
     def eff(name):
         return {
@@ -211,11 +215,12 @@ def test_two_gpu_answers_agree_with_the_json():
 
 
 def _section(title: str) -> str:
-    return read("docs/benchmarks.md").split(title)[1].split("\n## ")[0]
+    """One section of docs/benchmarks.md, from `title` to the next `## ` heading."""
+    return read("docs/benchmarks.md").split(f"\n{title}\n")[1].split("\n## ")[0]
 
 
 def test_input_answers_agree_with_the_json():
-    text = _section("real input at step speed (issue 10)")
+    text = _section("## Input")
     rows = {(r["output"], r["threads"]): r for r in load("bench_input_1xH100.json")["results"]}
     now, before = rows[("host-uint8", 4)], rows[("host-bf16", 4)]
     ends = {
@@ -254,7 +259,7 @@ def test_input_answers_agree_with_the_json():
 
 
 def test_one_gpu_step_answers_agree_with_the_json():
-    text = _section("the ResNet-50 step against plain flax and torch.compile (issue 11)")
+    text = _section("## One GPU against peers")
     main = {r["per_device_batch"]: r for r in load("bench_peers_1xH100_trainer.json")["results"]}
     rows = load("bench_peers_1xH100.json")["results"]
     peer = {(r["kind"], r["per_device_batch"]): r["images_per_s"] for r in rows}
@@ -306,3 +311,83 @@ def test_input_pipeline_doc_quotes_the_json():
             f"and {two['host']['ratio_vs_synthetic']:.3f} on two",
         ],
     )
+
+
+def test_scaling_prose_quotes_the_calibration_and_the_model():
+    """docs/scaling.md's hand-written figures, recomputed from the calibration, the raw files and
+    the model (the same functions that render its tables)."""
+    from scripts import predict_scaling as ps
+    from scripts import validate_comm as vc
+
+    cal, rows = scaling.inputs()
+    entries, _ = scaling.validation()
+    stats = vc.validation_stats(entries)
+    spread = vc.same_collective_spread(rows)
+    residual = {m: 1e3 * statistics.median(v) for m, v in vc.comm_residuals(entries).items()}
+    pairs = {p["what"]: p for p in vc.bucket_pairs(entries)}
+    hier, hybrid = pairs["resnet50 1x4 hierarchical"], pairs["resnet50 1x4 hybrid"]
+    plain = {
+        (r.file, r.data["payload"], r.data["dtype"], r.data["mesh"]): r.data["time_s"]
+        for r in rows
+        if r.kind == "allreduce" and r.data["strategy"] == "plain" and "time_s" in r.data
+    }
+    slow_xla = [
+        e["row"].data["time_s"] / plain[key]
+        for e in entries
+        if e["row"].data.get("strategy") == "xla" and e["row"].kind == "allreduce"
+        for key in [(e["row"].file, *(e["row"].data[k] for k in ("payload", "dtype", "mesh")))]
+        if e["row"].data["time_s"] > 1.5 * plain[key]
+    ]
+    p = scaling.predictions()
+    per_image, paper = p["per_image"], p["paper"]
+    r50, alex = paper["resnet50"], paper["alexnet_bn"]
+    default = p["scaling"][cal["default_fabric"]]
+    shapes = {n: vc.model_shapes(n).backward for n in ps.MODELS}
+    picks = ps.auto_picks(cal)
+    hierarchical = {(mesh, links) for _, mesh, links, plan in picks if plan.strategy != "flat"}
+    assert hierarchical == {("2x8", "ndr400_per_node")}
+    assert all(plan.buckets == 1 for *_, plan in picks)
+    intra = cal["intra"]
+    assert_quoted(
+        read("docs/scaling.md"),
+        [
+            f"Held-out median error: **{100 * stats['median']:.1f}%** over {stats['count']}",
+            f"launch {1e6 * intra['launch_s']:.1f} us per collective",
+            f"alpha {1e6 * intra['alpha_s']:.2f} us per ring step and beta "
+            f"{intra['beta_bytes_per_s'] / 1e9:.1f} GB/s",
+            f"**Overlap** of communication with backward: {cal['overlap']['value']:.3f}",
+            f"**Median absolute error: {100 * stats['median']:.1f}%** over {stats['count']} rows "
+            f"({stats['within10']} within 10%); all-reduce rows {100 * stats['allreduce']:.1f}%, "
+            f"step rows {100 * stats['step']:.1f}%, the communication part of the step rows "
+            f"alone {100 * stats['step_comm']:.0f}%",
+            f"differ by {100 * min(spread):.0f}–{100 * max(spread):.0f}%",
+            f"The largest error is {100 * max(abs(e['error']) for e in entries):+.1f}%",
+            f"({min(slow_xla):.1f}–{max(slow_xla):.1f}x)",
+            f"takes {1e3 * hier['measured_s']:.3f} ms (hierarchical) and "
+            f"{1e3 * hybrid['measured_s']:.3f} ms (hybrid) longer, where the model predicts "
+            f"{1e3 * hier['predicted_s']:.3f} ms",
+            f"AlexNet-BN {residual['alexnet_bn']:.3f} ms (8 rows, {len(shapes['alexnet_bn'])} "
+            f"gradient leaves), ResNet-50 {residual['resnet50']:.3f} ms (12 rows, "
+            f"{len(shapes['resnet50'])} leaves)",
+            f"keeps {default['resnet50'][-1]['flat']['efficiency']:.3f} of its one-GPU rate at "
+            f"2,048 GPUs; AlexNet-BN, whose step computes much less per gradient byte, "
+            f"{default['alexnet_bn'][-1]['flat']['efficiency']:.3f}",
+            f"flat ring per tensor {r50['speedup_per_leaf']:.0f}x (ResNet-50) and "
+            f"{alex['speedup_per_leaf']:.0f}x (AlexNet-BN)",
+            f"({len(shapes['resnet50'])} against {len(shapes['alexnet_bn'])} tensors)",
+            f"computes an image {per_image['resnet50'] / per_image['alexnet_bn']:.1f}x faster",
+            f"gradients are {sum(shapes['alexnet_bn']) / sum(shapes['resnet50']):.1f}x larger",
+            f"communication alone is {alex['comm_epoch_s']:.2f} s per epoch, "
+            f"{100 * alex['comm_epoch_s'] / alex['epoch_reported_s']:.0f}% of the paper's",
+            f"ResNet-50's is {1e3 * r50['best'].comm_s:.1f} ms per step against "
+            f"{1e3 * r50['compute_s']:.1f} ms of compute",
+            f"predicts {r50['epoch_predicted_s']:.2f} s per epoch against the paper's "
+            f"{r50['epoch_reported_s']:.2f} s ({r50['epoch_predicted_s'] / r50['epoch_reported_s']:.2f}x), "
+            f"efficiency {r50['efficiency_predicted']:.2f} against the implied "
+            f"{r50['efficiency_reported']:.2f}",
+        ],
+    )
+    # The paper's speed-ups lie between the model's two baselines, as the prose says.
+    for name, e in paper.items():
+        assert e["speedup_fused"] <= ps.PAPER[name]["speedup_vs_nccl"] <= e["speedup_per_leaf"]
+    assert (r50["best"].strategy, alex["best"].strategy) == ("hierarchical", "flat")

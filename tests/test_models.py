@@ -11,6 +11,7 @@ import pytest
 
 from jia_jax.models import MODEL_NAMES, create_model
 from jia_jax.models.alexnet import adaptive_avg_pool
+from jia_jax.models.layers import BatchNormAct
 from jia_jax.models.resnet import BasicBlock, BottleneckBlock, ResNet
 
 
@@ -159,14 +160,15 @@ def test_resnet_last_bn_gamma_zero_init(tiny_resnet50):
                 np.testing.assert_array_equal(p["scale"], expected, err_msg=f"{block}/{layer}")
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["plain_bn", "fused_bn"])
 @pytest.mark.parametrize("block_cls, channels", [(BasicBlock, 4), (BottleneckBlock, 16)])
-def test_fresh_residual_block_is_identity(block_cls, channels):
+def test_fresh_residual_block_is_identity(block_cls, channels, fused):
     """Zero last gamma (and zero beta) make the residual branch 0: the block is relu(x)."""
     block = block_cls(
         features=4,
         strides=1,
         conv=functools.partial(nn.Conv, use_bias=False),
-        norm=functools.partial(nn.BatchNorm, use_running_average=False),
+        norm=functools.partial(BatchNormAct, use_running_average=False, fused=fused),
     )
     x = jnp.asarray(np.random.default_rng(4).standard_normal((2, 5, 5, channels)), jnp.float32)
     variables = jax.jit(block.init)(jax.random.key(0, impl="rbg"), x)

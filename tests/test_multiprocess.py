@@ -188,10 +188,10 @@ def test_dead_process_stops_the_survivor_with_one_line_and_restart_resumes_bitwi
 
     stderr = survivor_log.read_text()
     assert status == liveness.EXIT_STATUS, stderr
-    lines = re.findall(r"^.*stopped sending heartbeats.*$", stderr, re.MULTILINE)
+    lines = re.findall(r"^.*of 2 stopped .*$", stderr, re.MULTILINE)
     assert len(lines) == 1, stderr
     match = re.search(
-        r"\] process 1 of 2 stopped sending heartbeats at step (\d+); "
+        r"\] process 1 of 2 stopped at step (\d+); "
         r"restart the job to resume from step (\d+)$",
         lines[0],
     )
@@ -210,11 +210,10 @@ def test_dead_process_stops_the_survivor_with_one_line_and_restart_resumes_bitwi
 
 def test_failure_message_names_the_process_step_and_checkpoint():
     assert liveness.failure_message([1], 2, 40, 30) == (
-        "process 1 of 2 stopped sending heartbeats at step 40; "
-        "restart the job to resume from step 30"
+        "process 1 of 2 stopped at step 40; restart the job to resume from step 30"
     )
     assert liveness.failure_message([1, 3], 4, None, None) == (
-        "processes 1, 3 of 4 stopped sending heartbeats before the first step; "
+        "processes 1, 3 of 4 stopped before the first step; "
         "restart the job; it starts again from step 0 (no committed checkpoint found)"
     )
 
@@ -226,20 +225,11 @@ def test_newest_checkpoint_ignores_unfinished_saves(tmp_path):
     assert liveness.newest_checkpoint(tmp_path / "missing") is None
 
 
-def test_heartbeat_timeout_is_validated_and_passed_to_jax():
+def test_heartbeat_timeout_is_validated_and_jax_waits_longer_than_the_watch():
     assert liveness.initialize_kwargs(7) == {"heartbeat_timeout_seconds": 7}
+    # Watched: JAX's own abort must come after the watch's one line.
+    watched = liveness.initialize_kwargs(7, watched=True)["heartbeat_timeout_seconds"]
+    assert watched > 7 + liveness._POLL_S
     with pytest.raises(ValueError, match="heartbeat_timeout_s=0 must be at least 1"):
         liveness.initialize_kwargs(0)
     assert digits.get_config().distributed.heartbeat_timeout_s <= 30
-
-
-def test_no_recoverable_mode_where_the_client_cannot_be_watched(monkeypatch):
-    class OldJaxlib:
-        class DistributedRuntimeClient:  # no get_live_nodes
-            wait_at_barrier = None
-
-    monkeypatch.setattr(liveness.jax_distributed, "_jax", OldJaxlib)
-    before = jax.config.jax_enable_recoverability
-    # Recoverable mode without a watch would leave the others waiting for a dead process.
-    assert not liveness.enable_recoverable_service()
-    assert jax.config.jax_enable_recoverability == before

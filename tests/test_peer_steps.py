@@ -6,7 +6,7 @@ import optax
 
 from jia_jax import mesh as mesh_lib
 from jia_jax import optimizers
-from scripts import peer_steps
+from scripts.bench import peer_steps
 from tests.test_train import LR, build, global_batch, tiny_config
 
 

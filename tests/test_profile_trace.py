@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from jia_jax import profile_trace
-from scripts.profile_step import collective_schedule
+from scripts.bench import profile_trace
+from scripts.bench.profile_step import collective_schedule
 
 
 def _events():

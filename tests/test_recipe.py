@@ -90,3 +90,17 @@ def test_same_recipe_on_another_device_count_is_a_change():
         recipe.check_resume(
             digits_meta(config, num_devices=16), current, allow_change=False, step=5, directory="/c"
         )
+
+
+def test_fused_model_options_are_free_on_resume():
+    """A checkpoint from before the options existed resumes with them on (same function)."""
+    config = default.get_config()
+    current = recipe.of_run(config.to_json(), num_devices=8)
+    del config.model["fused_bn"], config.model["space_to_depth_stem"]
+    meta = {"step": 5, "seed": 0, "config": config.to_json(), "num_devices": 8}
+    assert current["model.fused_bn"] is False
+    current |= {"model.fused_bn": True, "model.space_to_depth_stem": True}
+    recipe.check_resume(meta, current, allow_change=False, step=5, directory="/c")
+    current["model.bn_momentum"] = 0.99  # other model fields stay compared
+    with pytest.raises(recipe.ConfigChangedError, match="model.bn_momentum"):
+        recipe.check_resume(meta, current, allow_change=False, step=5, directory="/c")

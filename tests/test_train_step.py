@@ -2,10 +2,13 @@
 the 'xla' mean cannot overflow fp16, a bf16 wire trains like an fp32 one, and the loss is the
 config's label-smoothed cross-entropy."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from jia_jax import allreduce
 from jia_jax import mesh as mesh_lib
@@ -96,6 +99,18 @@ def test_xla_strategy_mean_divides_before_an_fp16_sum():
         np.testing.assert_array_equal(
             np.asarray(allreduce.stacked_mean(stacked, wire)["w"], np.float64), 40960.0
         )
+
+
+@pytest.mark.parametrize("wire", ["bfloat16", "float16", "float32"])
+def test_xla_strategy_reduces_over_the_devices_in_the_wire_dtype(wire):
+    # XLA turns the reduction over the sharded device axis into the all-reduce: its operand dtype
+    # is what crosses the wire. jnp.sum accumulated bf16/fp16 in fp32 (twice the bytes).
+    mesh = mesh_lib.create_mesh(2, 4)
+    stacked = jax.ShapeDtypeStruct((8, 1024), jnp.bfloat16, sharding=mesh_lib.batch_sharding(mesh))
+    mean = jax.jit(lambda g: allreduce.stacked_mean(g, wire))
+    hlo = mean.lower(stacked).as_text(dialect="hlo")
+    reduces = re.findall(r"= (\w+)\[1024\]\{0\} reduce\(", hlo)
+    assert reduces == [{"bfloat16": "bf16", "float16": "f16", "float32": "f32"}[wire]], hlo
 
 
 def test_a_bf16_wire_trains_within_its_rounding_of_an_fp32_wire():
@@ -209,3 +224,30 @@ def test_step_loss_is_the_label_smoothed_cross_entropy():
     assert abs(loss - reference(smoothing)) < 1e-4, (loss, reference(smoothing))
     # The test can fail: without smoothing the loss is far outside that tolerance.
     assert abs(reference(smoothing) - reference(0.0)) > 1e-2, (reference(smoothing), reference(0.0))
+
+
+@pytest.mark.parametrize("strategy", ["xla", "hierarchical"])
+def test_a_stop_request_on_some_devices_reaches_every_device_and_changes_no_maths(strategy):
+    # One process asks to stop (its 4 devices of the 2x4 mesh): the step's "stop" metric is the
+    # fraction of devices asking (4/8, exact in fp32), the same for every process, and the
+    # update equals a step without the flag bit for bit (the flag only rides along).
+    mesh = mesh_lib.create_mesh(2, 4)
+    config = tiny_config(strategy)
+    _, state, step = build(config, mesh)
+    host_state = jax.device_get(state)
+
+    def fresh():  # the step donates its state
+        return jax.device_put(host_state, mesh_lib.replicated_sharding(mesh))
+
+    batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in global_batch().items()}
+    asked = np.array([0, 0, 0, 0, 1, 1, 1, 1], np.int32)
+    flags = jax.device_put(asked, mesh_lib.batch_sharding(mesh))
+    flagged, metrics = jax.device_get(step(fresh(), batch, flags))
+    assert metrics[train.STOP_KEY] == 0.5
+    plain, plain_metrics = jax.device_get(step(fresh(), batch))
+    assert train.STOP_KEY not in plain_metrics
+    assert _tree_max_abs_diff(flagged.params, plain.params) == 0.0
+    assert metrics["loss"] == plain_metrics["loss"]
+    quiet = jax.device_get(step(fresh(), batch, train.stop_flags(mesh, False)))[1]
+    assert quiet[train.STOP_KEY] == 0.0
+    assert jax.device_get(step(fresh(), batch, train.stop_flags(mesh, True)))[1]["stop"] == 1.0

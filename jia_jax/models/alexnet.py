@@ -84,6 +84,12 @@ class AlexNetBN(nn.Module):
         stride-2 max-pools pad by 1 (output ceil(H/2)), so an 8x8 image reaches pool5 as 1x1.
         Whatever pool5's size, an adaptive average pool brings it to 6x6 (the identity at
         224x224 with the standard stem), so fc6 keeps its 9216*width/96-wide input.
+      fused_bn: Every BatchNorm, with the ReLU that follows it, as one op with a hand-written
+        backward (`fused_bn.py`) written for fewer memory passes: the same function and
+        parameters; per-device statistics only (``bn_axis_name`` None).
+      space_to_depth_stem: conv1 (11x11, stride 4) computed as a 3x3 stride-1 conv on the 4x4
+        space-to-depth input of 48 channels (`space_to_depth.py`): the same function and the
+        same 11x11x3 kernel parameter. Not with ``small_inputs`` (its conv1 has stride 1).
     """
 
     num_classes: int
@@ -95,6 +101,12 @@ class AlexNetBN(nn.Module):
     bn_axis_name: str | None = None
     dropout_rate: float = 0.0
     small_inputs: bool = False
+    fused_bn: bool = False
+    space_to_depth_stem: bool = False
+
+    def __post_init__(self) -> None:
+        layers.check_stem_options(self)
+        super().__post_init__()
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
@@ -130,16 +142,17 @@ class AlexNetBN(nn.Module):
         if self.small_inputs:
             x = conv(c1, (3, 3), padding=((1, 1), (1, 1)), name="conv1")(x)
         else:
-            x = conv(c1, (11, 11), 4, padding=((2, 2), (2, 2)), name="conv1")(x)
-        x = max_pool(nn.relu(norm(name="conv1_bn")(x)))
+            stem_conv = layers.stem_conv(self, _kernel_init)
+            x = stem_conv(c1, (11, 11), 4, padding=((2, 2), (2, 2)), name="conv1")(x)
+        x = max_pool(norm(name="conv1_bn")(x, relu=True))
         x = conv(c2, (5, 5), padding=((2, 2), (2, 2)), name="conv2")(x)
-        x = max_pool(nn.relu(norm(name="conv2_bn")(x)))
+        x = max_pool(norm(name="conv2_bn")(x, relu=True))
         x = conv(c3, (3, 3), padding=((1, 1), (1, 1)), name="conv3")(x)
-        x = nn.relu(norm(name="conv3_bn")(x))
+        x = norm(name="conv3_bn")(x, relu=True)
         x = conv(c4, (3, 3), padding=((1, 1), (1, 1)), name="conv4")(x)
-        x = nn.relu(norm(name="conv4_bn")(x))
+        x = norm(name="conv4_bn")(x, relu=True)
         x = conv(c5, (3, 3), padding=((1, 1), (1, 1)), name="conv5")(x)
-        x = max_pool(nn.relu(norm(name="conv5_bn")(x)))
+        x = max_pool(norm(name="conv5_bn")(x, relu=True))
         x = norm(name="pool5_bn")(x)
         x = adaptive_avg_pool(x, _POOL5_SIZE)
         x = x.reshape(x.shape[0], -1)
@@ -147,7 +160,7 @@ class AlexNetBN(nn.Module):
         fc_width = self.width * _FC_UNITS // 3
         for name in ("fc6", "fc7"):
             x = dense(fc_width, name=name)(x)
-            x = nn.relu(norm(name=f"{name}_bn")(x))
+            x = norm(name=f"{name}_bn")(x, relu=True)
             if self.dropout_rate > 0:
                 x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
 

@@ -6,20 +6,109 @@ import functools
 from collections.abc import Callable
 
 import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.nn.initializers import Initializer
+
+from jia_jax.models import fused_bn
+from jia_jax.models.space_to_depth import SpaceToDepthConv
 
 
-def batch_norm(model: nn.Module, train: bool) -> Callable[..., nn.BatchNorm]:
-    """BatchNorm configured from `model`'s `bn_*`, `dtype` and `param_dtype` fields.
+class BatchNormAct(nn.BatchNorm):
+    """flax BatchNorm, then ``+ residual``, then an optional ReLU.
+
+    With ``fused`` the three run as `fused_bn.batch_norm_train` / `batch_norm_eval` (a hand-written
+    backward written for fewer memory passes) on variables of the same names, shapes and dtypes as
+    `nn.BatchNorm`'s, so a checkpoint of either runs the other. Fused supports what the models use:
+    the last axis as features, scale and bias, per-device statistics (no ``axis_name``).
+    """
+
+    fused: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        x: jax.Array,
+        residual: Callable[[], jax.Array] | None = None,
+        *,
+        relu: bool = False,
+    ) -> jax.Array:
+        """``relu(residual() + bn(x))``, the ReLU only if ``relu``, the add only with a residual.
+
+        ``residual`` is a function (a ResNet shortcut, itself maybe a conv + BN), called after
+        the plain BatchNorm, so the submodules are called in the order of the plain net, which
+        `call_order` turns into the all-reduce's buckets; the fused op needs it before.
+        """
+        if self.fused:
+            return self._fused(x, None if residual is None else residual(), relu)
+        y = super().__call__(x)
+        if residual is not None:
+            y = residual() + y
+        return nn.relu(y) if relu else y
+
+    def _fused(self, x: jax.Array, residual: jax.Array | None, relu: bool) -> jax.Array:
+        if self.axis_name is not None or self.axis not in (-1, x.ndim - 1):
+            raise ValueError(
+                "fused BatchNorm computes per-device statistics over all axes but the last; "
+                f"got axis_name={self.axis_name!r}, axis={self.axis}: set model.fused_bn=False."
+            )
+        shape = (x.shape[-1],)
+        stats_dtype = jnp.float32 if self.force_float32_reductions else self.param_dtype
+        ra_mean = self.variable("batch_stats", "mean", lambda: jnp.zeros(shape, stats_dtype))
+        ra_var = self.variable("batch_stats", "var", lambda: jnp.ones(shape, stats_dtype))
+        scale = self.param("scale", self.scale_init, shape, self.param_dtype)
+        bias = self.param("bias", self.bias_init, shape, self.param_dtype)
+        dtype = nn.dtypes.canonicalize_dtype(x, scale, bias, dtype=self.dtype)
+        kwargs = {"epsilon": self.epsilon, "relu": relu, "dtype": dtype}
+        if self.use_running_average:
+            return fused_bn.batch_norm_eval(
+                x, scale, bias, residual, mean=ra_mean.value, var=ra_var.value, **kwargs
+            )
+        y, mean, var = fused_bn.batch_norm_train(x, scale, bias, residual, **kwargs)
+        if not self.is_initializing():  # as nn.BatchNorm: init leaves the running averages alone
+            ra_mean.value = self.momentum * ra_mean.value + (1 - self.momentum) * mean
+            ra_var.value = self.momentum * ra_var.value + (1 - self.momentum) * var
+        return y
+
+
+def batch_norm(model: nn.Module, train: bool) -> Callable[..., BatchNormAct]:
+    """`BatchNormAct` configured from `model`'s `bn_*`, `fused_bn`, `dtype` and `param_dtype` fields.
 
     flax BatchNorm (force_float32_reductions=True) computes mean/var, the running averages and the
-    normalisation itself in fp32; `dtype` only sets the dtype of its output.
+    normalisation itself in fp32; `dtype` only sets the dtype of its output. The fused one too.
     """
     return functools.partial(
-        nn.BatchNorm,
+        BatchNormAct,
         use_running_average=not train,
         momentum=model.bn_momentum,
         epsilon=model.bn_epsilon,
         dtype=model.dtype,
         param_dtype=model.param_dtype,
         axis_name=model.bn_axis_name,
+        fused=model.fused_bn,
     )
+
+
+def stem_conv(model: nn.Module, kernel_init: Initializer) -> Callable[..., nn.Module]:
+    """The strided, bias-free stem conv: `nn.Conv`, or with `model.space_to_depth_stem` the same
+    function and parameter as `SpaceToDepthConv`. Called as ``(features, kernel, stride, padding=)``.
+    """
+    if model.space_to_depth_stem:
+        module = SpaceToDepthConv
+    else:
+        module = functools.partial(nn.Conv, use_bias=False)
+    return functools.partial(
+        module,
+        dtype=model.dtype,
+        param_dtype=model.param_dtype,
+        kernel_init=kernel_init,
+    )
+
+
+def check_stem_options(model: nn.Module) -> None:
+    """Raises for `space_to_depth_stem` with `small_inputs`, whose stem conv has stride 1."""
+    if model.space_to_depth_stem and model.small_inputs:
+        raise ValueError(
+            "model.space_to_depth_stem rewrites the strided stem conv; with model.small_inputs "
+            "the stem has stride 1: set one of them to False."
+        )

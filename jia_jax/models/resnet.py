@@ -50,12 +50,12 @@ class BasicBlock(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """Applies the block to an NHWC batch."""
         y = self.conv(self.features, (3, 3), self.strides, padding=_pad(3), name="conv1")(x)
-        y = nn.relu(self.norm(name="bn1")(y))
+        y = self.norm(name="bn1")(y, relu=True)
         y = self.conv(self.features, (3, 3), padding=_pad(3), name="conv2")(y)
+        shortcut = _shortcut(x, y.shape, self.strides, self.conv, self.norm)
         # Zero gamma: the residual branch starts at 0, so the block starts as the identity
         # (Goyal et al. 2017, sec. 5.1), which is what makes very large batches trainable early on.
-        y = self.norm(scale_init=nn.initializers.zeros, name="bn2")(y)
-        return nn.relu(_shortcut(x, y, self.strides, self.conv, self.norm) + y)
+        return self.norm(scale_init=nn.initializers.zeros, name="bn2")(y, shortcut, relu=True)
 
 
 class BottleneckBlock(nn.Module):
@@ -70,23 +70,28 @@ class BottleneckBlock(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """Applies the block to an NHWC batch."""
         y = self.conv(self.features, (1, 1), name="conv1")(x)
-        y = nn.relu(self.norm(name="bn1")(y))
+        y = self.norm(name="bn1")(y, relu=True)
         # v1.5: the stride sits here, not on the first 1x1 conv as in the original v1.
         y = self.conv(self.features, (3, 3), self.strides, padding=_pad(3), name="conv2")(y)
-        y = nn.relu(self.norm(name="bn2")(y))
+        y = self.norm(name="bn2")(y, relu=True)
         y = self.conv(4 * self.features, (1, 1), name="conv3")(y)
-        y = self.norm(scale_init=nn.initializers.zeros, name="bn3")(y)
-        return nn.relu(_shortcut(x, y, self.strides, self.conv, self.norm) + y)
+        shortcut = _shortcut(x, y.shape, self.strides, self.conv, self.norm)
+        return self.norm(scale_init=nn.initializers.zeros, name="bn3")(y, shortcut, relu=True)
 
 
 def _shortcut(
-    x: jax.Array, y: jax.Array, strides: int, conv: ModuleDef, norm: ModuleDef
-) -> jax.Array:
-    """Identity, or a strided 1x1 projection + BN where the residual branch changes the shape."""
-    if x.shape == y.shape:
-        return x
-    x = conv(y.shape[-1], (1, 1), strides, name="proj_conv")(x)
-    return norm(name="proj_bn")(x)
+    x: jax.Array, shape: tuple[int, ...], strides: int, conv: ModuleDef, norm: ModuleDef
+) -> Callable[[], jax.Array]:
+    """Identity, or a strided 1x1 projection + BN where the residual branch changes the shape.
+
+    Returned as a function for the branch's last BN to call (`layers.BatchNormAct`); the layers
+    are made here, so that they belong to the block, not to that BN.
+    """
+    if x.shape == shape:
+        return lambda: x
+    proj_conv = conv(shape[-1], (1, 1), strides, name="proj_conv")
+    proj_bn = norm(name="proj_bn")
+    return lambda: proj_bn(proj_conv(x))
 
 
 class ResNet(nn.Module):
@@ -106,6 +111,13 @@ class ResNet(nn.Module):
         (per-device) batch, as Goyal et al.
       small_inputs: Stem for 8x8..32x32 images: one 3x3 stride-1 conv and no max-pool, instead
         of the 7x7 stride-2 conv and 3x3 stride-2 max-pool sized for 224x224.
+      fused_bn: Every BatchNorm, with the ReLU and the residual add that follow it, as one op
+        with a hand-written backward (`fused_bn.py`) written for fewer memory passes: the same
+        function and parameters; per-device statistics only (``bn_axis_name`` None). Off by
+        default until measured on GPU; so is ``space_to_depth_stem``.
+      space_to_depth_stem: The 7x7/2 stem conv computed as a 4x4 stride-1 conv on the 2x2
+        space-to-depth input of 12 channels (`space_to_depth.py`): the same function and the
+        same 7x7x3 kernel parameter. Not with ``small_inputs`` (its stem has stride 1).
     """
 
     num_classes: int
@@ -117,12 +129,15 @@ class ResNet(nn.Module):
     bn_epsilon: float = 1e-5
     bn_axis_name: str | None = None
     small_inputs: bool = False
+    fused_bn: bool = False
+    space_to_depth_stem: bool = False
 
     def __post_init__(self) -> None:
         if self.depth not in _ARCHITECTURES:
             raise ValueError(
                 f"ResNet depth {self.depth} is not supported; use one of {sorted(_ARCHITECTURES)}."
             )
+        layers.check_stem_options(self)
         super().__post_init__()
 
     @nn.compact
@@ -147,10 +162,11 @@ class ResNet(nn.Module):
 
         if self.small_inputs:
             x = conv(self.width, (3, 3), padding=_pad(3), name="stem_conv")(x)
-            x = nn.relu(norm(name="stem_bn")(x))
+            x = norm(name="stem_bn")(x, relu=True)
         else:
-            x = conv(self.width, (7, 7), 2, padding=_pad(7), name="stem_conv")(x)
-            x = nn.relu(norm(name="stem_bn")(x))
+            stem_conv = layers.stem_conv(self, _conv_init)
+            x = stem_conv(self.width, (7, 7), 2, padding=_pad(7), name="stem_conv")(x)
+            x = norm(name="stem_bn")(x, relu=True)
             x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
 
         for stage, num_blocks in enumerate(stage_sizes):

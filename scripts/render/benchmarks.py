@@ -1,21 +1,14 @@
-"""Markdown tables from the JSON that scripts/bench_step.py, bench_allreduce.py, bench_input.py,
-bench_train_input.py, bench_peers.py, profile_step.py (and its `.kernels.json.gz`: the step's
-device time by what the kernels do) and bench_multiprocess.py write.
-
-docs/benchmarks.md pastes this script's output, so no number there is typed by hand:
-
-  python -m scripts.render_benchmarks docs/benchmarks/bench_step_4xH200.json \
-      docs/benchmarks/bench_allreduce_4xH200.json
-"""
+"""The tables of the JSON that the benchmarks of `scripts/bench/` write: step, allreduce, input,
+train_input, peers, profile_step (and its `.kernels.json.gz`: the step's device time by what the
+kernels do) and multiprocess."""
 
 from __future__ import annotations
 
 import gzip
 import json
-import sys
 from typing import Any
 
-from jia_jax import profile_trace
+from scripts.bench import profile_trace
 
 
 def _environment(doc: dict[str, Any]) -> str:
@@ -134,7 +127,7 @@ def allreduce_table(doc: dict[str, Any]) -> str:
 
 
 def input_table(doc: dict[str, Any]) -> str:
-    """Train input images/s per loader, output and core count (scripts/bench_input.py)."""
+    """Train input images/s per loader, output and core count (scripts/bench/input.py)."""
     first = doc["results"][0]
     lines = [
         (
@@ -159,7 +152,7 @@ def input_table(doc: dict[str, Any]) -> str:
 
 
 def profile_table(doc: dict[str, Any]) -> str:
-    """Where one step's device time goes, per case and GPU (scripts/profile_step.py)."""
+    """Where one step's device time goes, per case and GPU (scripts/bench/profile_step.py)."""
     lines = [
         (
             f"Step profile ({_environment(doc)}; ms per step over the "
@@ -196,7 +189,7 @@ def profile_table(doc: dict[str, Any]) -> str:
 
 
 def multiprocess_table(doc: dict[str, Any]) -> str:
-    """One process on 1 x n against the same run split over processes (bench_multiprocess)."""
+    """One process on 1 x n against the same run split over processes (scripts/bench/multiprocess.py)."""
     lines = [
         f"One process against several ({_environment(doc)}; the trainer's last logged interval):",
         "",
@@ -214,7 +207,7 @@ def multiprocess_table(doc: dict[str, Any]) -> str:
 
 
 def train_input_table(doc: dict[str, Any]) -> str:
-    """`jia_jax.main` images/s on generated JPEGs against synthetic data (bench_train_input)."""
+    """`jia_jax.main` images/s on generated JPEGs against synthetic data (scripts/bench/train_input.py)."""
     env = doc["environment"]
     lines = [
         (
@@ -235,7 +228,7 @@ def train_input_table(doc: dict[str, Any]) -> str:
 
 
 def peers_table(doc: dict[str, Any]) -> str:
-    """One-GPU step rates of the trainer and its peers, same call (scripts/bench_peers.py)."""
+    """One-GPU step rates of the trainer and its peers, same call (scripts/bench/peers.py)."""
     lines = [
         (
             f"One-GPU step ({_environment(doc)}; synthetic data, bf16; queued = one step in flight "
@@ -283,34 +276,23 @@ def breakdown_table(path: str) -> str:
     return "\n".join(lines)
 
 
-def render(path: str) -> str:
-    """The block docs/benchmarks.md pastes for one JSON file: its path, then its table."""
+def table(path: str) -> str:
+    """The table of one raw file, of whichever benchmark wrote it."""
     if path.endswith(".kernels.json.gz"):
-        return f"From `{path}`.\n\n{breakdown_table(path)}\n"
+        return breakdown_table(path)
     with open(path) as f:
         doc = json.load(f)
     first = (doc.get("results") or [{}])[0]
     if "gpus" in doc and "variant" in first:
-        table = train_input_table(doc)
-    elif "kind" in first:
-        table = peers_table(doc)
-    elif "variants" in doc:
-        table = step_table(doc)
-    elif "dataset" in doc:
-        table = input_table(doc)
-    elif "one_process" in doc:
-        table = multiprocess_table(doc)
-    elif doc["results"] and "schedule" in doc["results"][0]:
-        table = profile_table(doc)
-    else:
-        table = allreduce_table(doc)
-    return f"From `{path}`.\n\n{table}\n"
-
-
-def main(paths: list[str]) -> None:
-    for path in paths:
-        print(render(path))
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+        return train_input_table(doc)
+    if "kind" in first:
+        return peers_table(doc)
+    if "variants" in doc:
+        return step_table(doc)
+    if "dataset" in doc:
+        return input_table(doc)
+    if "one_process" in doc:
+        return multiprocess_table(doc)
+    if doc["results"] and "schedule" in doc["results"][0]:
+        return profile_table(doc)
+    return allreduce_table(doc)

@@ -1,7 +1,7 @@
-r"""Draws one step's window of a `scripts/profile_step` trace: a lane per GPU stream, kernels
+r"""Draws one step's window of a `scripts/bench/profile_step` trace: a lane per GPU stream, kernels
 coloured by kind (convolutions/GEMMs, XLA fusions, concat/slice, copies, NCCL collectives).
 
-  python -m scripts.plot_profile docs/benchmarks/profile_2xH200.json.kernels.json.gz \
+  python -m scripts.bench.plot_profile docs/benchmarks/profile_2xH200.json.kernels.json.gz \
       resnet50:1x2:hierarchical:256 docs/profile_2xH200.png --title="..."
 
 The window starts `--skip` step lengths after the first kernel and lasts one step length (the

@@ -3,31 +3,29 @@ r"""Images/s of `python -m jia_jax.main` on real JPEGs against the same run on s
 Each variant is one training run of the ResNet-50 64K config (bf16, `per_gpu` images per GPU, all
 visible GPUs, one process), in a child process, with checkpoints and mid-run evals off:
   * `synthetic`: images made on the device (no input cost): the step's own speed;
-  * `host`: the tfds dataset written by `scripts/bench_input.py` (ArrayRecord, 500x375 JPEGs),
+  * `host`: the tfds dataset written by `scripts/bench/input.py` (ArrayRecord, 500x375 JPEGs),
     decoded and augmented by `data.num_workers` worker processes, uint8 to the device.
 The rate of a run is the median of the trainer's own logged images/s over the logging intervals
 after the first (which holds compilation and the workers' start). Writes JSON with each run's
 command, log tail and ratio to `synthetic`.
 
-  python -m scripts.bench_input --data_dir=/tmp/jia_bench_data --cores 16   # writes the dataset
-  python -m scripts.bench_train_input --data_dir=/tmp/jia_bench_data --num_workers=15 \
+  python -m scripts.bench.input --data_dir=/tmp/jia_bench_data --cores 16   # writes the dataset
+  python -m scripts.bench.train_input --data_dir=/tmp/jia_bench_data --num_workers=15 \
       --out=/tmp/bench_train_input.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-_RATE = re.compile(r"step\s+(\d+)/\d+ \|.* \| ([\d.]+) img/s \|")
+from scripts.bench import harness
+
 VARIANTS = ("synthetic", "host")
 
 
@@ -61,27 +59,19 @@ def command(variant: str, args: argparse.Namespace, gpus: int, workdir: str) -> 
     ]
 
 
-def rates(log: str) -> list[tuple[int, float]]:
-    """(step, images/s) of each logged interval, in order."""
-    return [(int(m.group(1)), float(m.group(2))) for m in _RATE.finditer(log)]
-
-
 def run(variant: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
     """One training run; its steady images/s (median of the intervals after the first)."""
     cmd = command(variant, args, gpus, tempfile.mkdtemp(prefix=f"jia_jax_{variant}_"))
-    proc = subprocess.run(
-        cmd, check=False, capture_output=True, text=True, timeout=args.timeout_s, env=args.child_env
-    )
-    log = proc.stdout + proc.stderr
+    returncode, log = harness.run_logged(cmd, env=args.child_env, timeout=args.timeout_s)
     row: dict[str, Any] = {
         "variant": variant,
         "command": " ".join(cmd[1:]),
-        "returncode": proc.returncode,
+        "returncode": returncode,
     }
     row["log_tail"] = log.splitlines()[-12:]
-    intervals = rates(log)
+    intervals = [(p["step"], p["images_per_s"]) for p in harness.trainer_progress(log)]
     row["intervals"] = intervals
-    if proc.returncode or len(intervals) < 2:
+    if returncode or len(intervals) < 2:
         row["error"] = "the run failed or logged fewer than two intervals"
         return row
     row["images_per_s"] = statistics.median(rate for _, rate in intervals[1:])
@@ -109,10 +99,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     import jax
 
-    from scripts import bench_allreduce
-
     gpus = jax.local_device_count()
-    environment = {**bench_allreduce.environment(), "cpu_count": os.cpu_count()}
+    environment = {**harness.environment(), "cpu_count": os.cpu_count()}
     rows = [run(v, args, gpus) for v in args.variants.split(",")]
     base = next((r for r in rows if r["variant"] == "synthetic" and "images_per_s" in r), None)
     for r in rows:
@@ -129,8 +117,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "args": {k: v for k, v in vars(args).items() if k != "child_env"},
         "results": rows,
     }
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    harness.write_json(args.out, doc)
     return doc
 
 

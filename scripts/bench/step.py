@@ -18,13 +18,13 @@ JSONs in docs/benchmarks/ were timed by an earlier version that drained the queu
 queued medians (what training sees); `synced_*` are the synced ones.
 
 Peers (`--strategies` may name them): `peer_ad_psum`, `peer_ad_psum_raveled` and
-`peer_concat_buckets` (`scripts/peer_steps.py`) run the trainer's forward/backward and update with
+`peer_concat_buckets` (`scripts/bench/peer_steps.py`) run the trainer's forward/backward and update with
 the gradient mean written as others write it, in the same run, on 1xn meshes.
 On one host a 2x(n/2) mesh reduces over the same devices as 1xn, so the strategies that do not
 treat the node axis apart (`xla`, `flat`) run on 1xn only when both meshes are asked for.
 
 Processes: XLA reads XLA_FLAGS once, at start-up, so the measurements run in child processes of
-this script: one with the inherited flags for all cases, then, for each `--xla_flags_variant`,
+this script (`harness.run_children`): one with the inherited flags for all cases, then, for each `--xla_flags_variant`,
 one per model re-running that model's fastest multi-device case with those flags appended
 (`speedup_vs_default` compares the two; a variant's `efficiency` is against the default 1x1
 row). A child that dies loses only the case it was running: a new child goes on with the rest.
@@ -38,13 +38,13 @@ Run from the repository root. On 4 GPUs the default list (14 cases) is estimated
 minutes, mostly compiles (ResNet-50 30-60 s each, AlexNet-BN 10-20 s), `--quick` (6 cases) at
 about 3; `--budget_s` bounds it whatever the compile times turn out to be:
 
-  python -m scripts.bench_step --out=/tmp/bench_step.json \
+  python -m scripts.bench.step --out=/tmp/bench_step.json \
       --xla_flags_variant=--xla_gpu_enable_latency_hiding_scheduler=true
 
 On CPU with 8 simulated devices and a tiny model:
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \
-      python -m scripts.bench_step --models=resnet50 --model_width=8 --small_inputs \
+      python -m scripts.bench.step --models=resnet50 --model_width=8 --small_inputs \
       --image_size=32 --per_device_batch=2 --bucket_mib=0.01 --out=/tmp/bench_step.json
 """
 
@@ -53,32 +53,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
-import os
 import re
-import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import jax
-import ml_collections
 
-from configs import alexnet_bn_64k, resnet50_64k
-from jia_jax import loop, train
 from jia_jax import mesh as mesh_lib
-from scripts import bench_allreduce, peer_steps
+from jia_jax import train
+from scripts.bench import harness, peer_steps, trainer_step
 
-MIB = 1 << 20
 STRATEGIES = ("xla", "flat", "hierarchical", "hybrid", "auto", *peer_steps.PEERS)
 # Strategies that reduce over the node axis separately; the others see a 2-D mesh as 1-D.
 NODE_AWARE = ("hierarchical", "hybrid")
 MESHES = ("1x1", "1xn", "2xn/2")
-PER_DEVICE_BATCH = {"alexnet_bn": 512}  # ResNets: 256 (what fits an 80 GB GPU in bf16 with room)
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _COLLECTIVE = re.compile(r"\b(all-reduce|reduce-scatter|all-gather)(?:-start)?\(")
 
 
@@ -129,77 +118,27 @@ def mesh_shape(mesh: str, devices: int) -> tuple[int, int]:
     return 2, devices // 2
 
 
-def per_device_batch(model: str, override: int | None) -> int:
-    return override or PER_DEVICE_BATCH.get(model, 256)
+def run_case(fields: dict[str, Any], args: argparse.Namespace, cache: dict[str, Any]) -> dict:
+    """Compiles and times one case (`Case` fields); returns its result row's measured fields.
 
-
-# ---------------------------------------------------------------------------------------------
-# Worker: runs in a child process, the only one that touches the devices.
-
-
-def make_config(
-    case: Case, args: argparse.Namespace, node: int, gpu: int
-) -> ml_collections.ConfigDict:
-    """The trainer's config for `case`: the model's 64K config with the benchmark's overrides."""
-    config = (alexnet_bn_64k if case.model == "alexnet_bn" else resnet50_64k).get_config()
-    config.model.name = case.model
-    if args.model_width:
-        config.model.width = args.model_width
-    if args.small_inputs:
-        config.model.small_inputs = True
-    config.data.name = "synthetic"
-    config.data.image_size = args.image_size
-    config.global_batch_size = per_device_batch(case.model, args.per_device_batch) * node * gpu
-    config.eval_batch_size = config.global_batch_size
-    config.mesh.node, config.mesh.gpu = node, gpu
-    config.precision.compute = args.compute_dtype
-    config.comm.strategy = case.strategy
-    if case.bucket_mib is not None:
-        config.comm.bucket_bytes = int(case.bucket_mib * MIB)
-    if case.strategy == "auto":
-        # The communication model chooses the buckets and the crossover too.
-        config.comm.bucket_bytes = config.comm.hybrid_crossover_bytes = -1
-    if args.comm_dtype:
-        config.comm.dtype = args.comm_dtype
-    if args.hybrid_crossover_mib is not None:
-        config.comm.hybrid_crossover_bytes = int(args.hybrid_crossover_mib * MIB)
-    return config
-
-
-def build_setup(config: ml_collections.ConfigDict, devices: list[jax.Device]) -> dict[str, Any]:
-    """What every strategy of one (model, mesh) shares: mesh, model, optimizer, init, batch.
-
-    Built by `jia_jax.loop.build_trainer`, so the step is the trainer's program.
+    `cache` (the child's) keeps the (model, mesh) setup of the previous case and each model's
+    initial state on the host: it is the same on every mesh (same seed, replicated), so the init
+    compiles once per model instead of once per mesh.
     """
-    mesh = mesh_lib.create_mesh(
-        config.mesh.node, config.mesh.gpu, devices=devices[: config.mesh.node * config.mesh.gpu]
-    )
-    trainer = loop.build_trainer(config, mesh)
-    return {
-        "mesh": mesh,
-        "model": trainer.model,
-        "tx": trainer.tx,
-        "schedule": trainer.schedule,
-        "init": trainer.init_state,
-        "batch": next(trainer.data.train(0)),
-    }
-
-
-def run_case(
-    case: Case,
-    args: argparse.Namespace,
-    setups: dict[tuple, dict[str, Any]],
-    host_states: dict[str, Any],
-    devices: list[jax.Device],
-) -> dict[str, Any]:
-    """Compiles and times one case; returns its result row (without the identifying fields).
-
-    `setups` caches the (model, mesh) setup of the previous case, `host_states` each model's initial
-    state on the host: it is the same on every mesh (same seed, replicated), so the init compiles
-    once per model instead of once per mesh.
-    """
+    case = Case(**fields)
+    devices = jax.devices()
+    setups = cache.setdefault("setups", {})
+    host_states = cache.setdefault("host_states", {})
     node, gpu = mesh_shape(case.mesh, len(devices))
-    config = make_config(case, args, node, gpu)
+    config = trainer_step.make_config(
+        case.model,
+        case.strategy,
+        node,
+        gpu,
+        bucket_mib=case.bucket_mib,
+        per_device_batch_override=args.per_device_batch,
+        **{k: getattr(args, k) for k in trainer_step.OVERRIDES},
+    )
     row: dict[str, Any] = {
         "mesh_shape": f"{node}x{gpu}",
         "devices": node * gpu,
@@ -211,7 +150,7 @@ def run_case(
     key = (case.model, node, gpu)
     if key not in setups:
         setups.clear()  # one setup at a time: its batch holds device memory
-        setups[key] = build_setup(config, devices)
+        setups[key] = trainer_step.build_setup(config, devices)
     setup = setups[key]
     if case.model not in host_states:
         host_states[case.model] = jax.device_get(setup["init"]())
@@ -235,154 +174,32 @@ def run_case(
         counts[op] = counts.get(op, 0) + 1
     row["collectives"] = counts
 
-    batch = setup["batch"]
     # `jit`: run through the jitted function, where JAX's profile-guided latency estimator
     # (JAX_ENABLE_PGLE=true) can profile the first calls and recompile; `aot`: the program above.
     run = step if args.dispatch == "jit" else compiled
-    for _ in range(args.warmup_steps):
-        state, metrics = run(state, batch)
-    jax.block_until_ready(state)
-    state, synced = time_steps(run, state, batch, args.steps, queued=False)
-    state, queued = time_steps(run, state, batch, args.steps, queued=True)
-    metrics = run(state, batch)[1]
-    step_time = statistics.median(queued)
-    row.update(
-        {
-            "step_time_s": step_time,
-            "samples_s": queued,
-            "images_per_s": config.global_batch_size / step_time,
-            "images_per_s_per_device": config.global_batch_size / step_time / (node * gpu),
-            "synced_step_time_s": statistics.median(synced),
-            "synced_samples_s": synced,
-            "synced_images_per_s": config.global_batch_size / statistics.median(synced),
-            "loss": float(metrics["loss"]),
-        }
+    state, synced, queued = harness.time_train_step(
+        run, state, setup["batch"], args.steps, args.warmup_steps
     )
+    metrics = run(state, setup["batch"])[1]
+    row.update(harness.step_rates(config.global_batch_size, synced, queued))
+    row["images_per_s_per_device"] = row["images_per_s"] / (node * gpu)
+    row["loss"] = float(metrics["loss"])
     return row
 
 
-def time_steps(compiled, state, batch, steps: int, queued: bool) -> tuple[Any, list[float]]:
-    """Seconds per step, one sample per step: synced or queued.
-
-    Synced: each step is waited for before the next is dispatched (dispatch + device time).
-    Queued: one step in flight ahead, as the training loop runs: step t+1 is dispatched, then
-    step t's metrics are waited for; a sample is the time between two such completions, so the
-    queue never drains and the device time between steps is what training sees.
-    """
-    samples, prev, last = [], None, None
-    for _ in range(steps + 1 if queued else steps):
-        start = time.perf_counter()
-        state, metrics = compiled(state, batch)
-        if not queued:
-            jax.block_until_ready(metrics)
-            samples.append(time.perf_counter() - start)
-            continue
-        if prev is not None:
-            jax.block_until_ready(prev)
-            now = time.perf_counter()
-            if last is not None:
-                samples.append(now - last)
-            last = now
-        prev = metrics
-    jax.block_until_ready(state)
-    return state, samples
-
-
-def run_worker(spec_path: str) -> None:
-    """Child process: runs the spec's cases before its deadline, rewriting its output each case."""
-    with open(spec_path) as f:
-        spec = json.load(f)
-    args = argparse.Namespace(**spec["args"])
-    devices = jax.devices()
-    doc = {"environment": bench_allreduce.environment(), "results": []}
-    setups: dict[tuple, dict[str, Any]] = {}
-    host_states: dict[str, Any] = {}
-    wall: dict[str, float] = dict(spec["estimates_s"])  # longest case so far, per model
-    for fields in spec["cases"]:
-        case = Case(**fields)
-        row: dict[str, Any] = dataclasses.asdict(case)
-        if time.time() + wall.get(case.model, 0.0) > spec["deadline"]:
-            row["skipped"] = "budget_s"
-        else:
-            start = time.perf_counter()
-            try:
-                row.update(run_case(case, args, setups, host_states, devices))
-            except Exception as e:  # pylint: disable=broad-except
-                # One failing case (e.g. out of memory) must not lose the others.
-                row["error"] = f"{type(e).__name__}: {e}"[:2000]
-                setups.clear()
-            row["wall_s"] = time.perf_counter() - start
-            wall[case.model] = max(wall.get(case.model, 0.0), row["wall_s"])
-        doc["results"].append(row)
-        bench_allreduce.write_json(spec["out"], doc)
-        print(f"[{len(doc['results'])}/{len(spec['cases'])}] {format_row(row)}", flush=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Parent: plans the cases, runs the children, derives the scaling figures, reports.
-
-
 def run_children(
-    cases: Sequence[Case],
-    args: argparse.Namespace,
-    deadline: float,
-    out: str,
-    extra_flags: str = "",
-    estimates_s: dict[str, float] | None = None,
+    cases: list[Case], args: argparse.Namespace, deadline: float, out: str, **kwargs
 ) -> tuple[dict[str, Any], list]:
-    """Runs `cases` in child processes with `extra_flags` appended to XLA_FLAGS.
-
-    A child that dies (e.g. a fatal CUDA error) is charged with the case it was running, and a new
-    child takes the cases after it; one still running `--grace_s` after the deadline is killed and
-    its unreached cases are marked. Nothing is raised.
-
-    Returns:
-      The first child's environment record and one result row per case, in order.
-    """
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {extra_flags}".strip()
-    environment: dict[str, Any] = {}
-    rows: list[dict[str, Any]] = []
-    remaining = [dataclasses.asdict(c) for c in cases]
-    while remaining:
-        spec = {
-            "args": vars(args),
-            "cases": remaining,
-            "deadline": deadline,
-            "out": out,
-            "estimates_s": estimates_s or {},
-        }
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump(spec, f)
-        try:
-            proc = subprocess.run(
-                [sys.executable, "-m", "scripts.bench_step", "--worker_spec", f.name],
-                cwd=_REPO,
-                env=env,
-                timeout=max(1.0, deadline - time.time()) + args.grace_s,
-                check=False,
-            )
-            failure = f"worker exited with status {proc.returncode}" if proc.returncode else None
-        except subprocess.TimeoutExpired:
-            failure = "worker killed: ran past budget_s + grace_s"
-        finally:
-            os.unlink(f.name)
-        try:
-            # The child's rows sit in `out` (next to --out) until here: they survive if we are killed.
-            with open(out) as g:
-                doc = json.load(g)
-            os.remove(out)
-        except (OSError, ValueError):
-            doc = {"environment": {}, "results": []}
-        environment = environment or doc["environment"]
-        rows.extend(doc["results"])
-        remaining = remaining[len(doc["results"]) :]
-        if remaining:
-            timed_out = failure is not None and failure.startswith("worker killed")
-            lost = remaining if timed_out else remaining[:1]
-            rows.extend({**fields, "error": failure or "worker ended early"} for fields in lost)
-            remaining = remaining[len(lost) :]
-    return environment, rows
+    """`harness.run_children` of this module's worker."""
+    return harness.run_children(
+        "scripts.bench.step",
+        [dataclasses.asdict(c) for c in cases],
+        args,
+        deadline,
+        out,
+        grace_s=args.grace_s,
+        **kwargs,
+    )
 
 
 def add_scaling(rows: list[dict[str, Any]], baseline_rows: Sequence[dict[str, Any]]) -> None:
@@ -430,29 +247,21 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join([header, *(format_row(r) for r in rows)])
 
 
-def _strings(text: str) -> list[str]:
-    return [v for v in text.split(",") if v]
-
-
-def _floats(text: str) -> list[float]:
-    return [float(v) for v in text.split(",") if v]
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", type=_strings, default=["resnet50", "alexnet_bn"])
+    parser.add_argument("--models", type=harness.strings, default=["resnet50", "alexnet_bn"])
     parser.add_argument(
         "--meshes",
-        type=_strings,
+        type=harness.strings,
         default=list(MESHES),
         help=f"comma-separated subset of {','.join(MESHES)}",
     )
     parser.add_argument(
-        "--strategies", type=_strings, default=["xla", "hierarchical", "flat", "hybrid"]
+        "--strategies", type=harness.strings, default=["xla", "hierarchical", "flat", "hybrid"]
     )
     parser.add_argument(
         "--bucket_mib",
-        type=_floats,
+        type=harness.floats,
         default=[16.0],
         help="comm.bucket_bytes values (MiB) for the bucketing strategies",
     )
@@ -460,7 +269,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--per_device_batch",
         type=int,
         default=None,
-        help=f"images per device (default: 256, {PER_DEVICE_BATCH} by model)",
+        help=f"images per device (default: 256, {trainer_step.PER_DEVICE_BATCH} by model)",
     )
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--model_width", type=int, default=None, help="model.width override")
@@ -515,12 +324,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--worker_spec", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
-        args.meshes, args.strategies, args.steps, args.warmup_steps = (
-            ["1x1", "1xn"],
-            ["xla", "hierarchical"],
-            10,
-            2,
-        )
+        args.meshes, args.strategies = ["1x1", "1xn"], ["xla", "hierarchical"]
+        args.steps, args.warmup_steps = 10, 2
     for name, values, allowed in (
         ("meshes", args.meshes, MESHES),
         ("strategies", args.strategies, STRATEGIES),
@@ -536,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     """Runs the benchmark; returns (and writes to `--out`) the JSON document."""
     args = parse_args(argv)
     if args.worker_spec:
-        run_worker(args.worker_spec)
+        harness.worker(args.worker_spec, run_case, format_row)
         return None
     start = time.time()
     cases = build_cases(args.models, args.meshes, args.strategies, args.bucket_mib)
@@ -565,7 +370,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
                 continue
             case = Case(best["model"], best["mesh"], best["strategy"], best["bucket_mib"])
             _, variant = run_children(
-                [case], args, start + args.budget_s, f"{args.out}.variant{i}.json", flags, estimates
+                [case],
+                args,
+                start + args.budget_s,
+                f"{args.out}.variant{i}.json",
+                extra_flags=flags,
+                estimates_s=estimates,
             )
             for r in variant:
                 r["xla_flags"] = flags
@@ -574,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
             add_scaling(variant, rows)  # efficiency against the default-flags 1x1 row
             doc["variants"].extend(variant)
     doc["total_s"] = time.time() - start
-    bench_allreduce.write_json(args.out, doc)
+    harness.write_json(args.out, doc)
 
     env = doc["environment"]
     print(

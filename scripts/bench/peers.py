@@ -3,52 +3,37 @@ r"""One-device step rate of the trainer against the same model trained the plain
 Rows per model (`--models`) and per-device batch (`--batches`), each kind in a child process of
 its own (JAX and PyTorch each take the GPU's memory):
 
-  * `trainer`: the trainer's step on a 1x1 mesh, built as `scripts/bench_step` builds it (the
-    model's 64K config: LARS, bf16 compute, fp32 master weights, metrics);
+  * `trainer`: the trainer's step on a 1x1 mesh (`scripts/bench/trainer_step.py`: the model's
+    64K config: LARS, bf16 compute, fp32 master weights, metrics);
   * `flax`: a plain flax step, `jax.jit(donate_argnums=0)` of forward/backward with the same
     model (`jia_jax.models`, bf16 compute, fp32 parameters) and optax SGD with momentum;
   * `torch` (ResNet-50 only): torchvision's ResNet-50, channels-last, bf16 autocast, SGD with
     momentum, `torch.compile` of the model.
 
 Synthetic ImageNet-shaped data resident on the device; 224 px unless `--image_size`. Timing as
-`scripts/bench_step`: synced (each step waited for) and queued (one step in flight ahead, a
+`scripts/bench/harness.py` times a step: synced (each step waited for) and queued (one step in flight ahead, a
 sample per completion; PyTorch waits on a CUDA event recorded after the previous step). Each
 trainer row carries `ratio_vs_faster_peer`: its queued images/s over the faster peer's.
 
-  python -m scripts.bench_peers --out=/tmp/bench_peers.json             # on one GPU
+  python -m scripts.bench.peers --out=/tmp/bench_peers.json             # on one GPU
 
 On CPU, tiny (the torch kind needs torch and torchvision):
 
-  JAX_PLATFORMS=cpu python -m scripts.bench_peers --kinds=trainer,flax --batches=2 \
+  JAX_PLATFORMS=cpu python -m scripts.bench.peers --kinds=trainer,flax --batches=2 \
       --image_size=32 --model_width=8 --small_inputs --steps=4 --out=/tmp/bench_peers.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
-import subprocess
-import sys
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from scripts.bench import harness
+
 KINDS = ("trainer", "flax", "torch")
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _rates(batch: int, synced: list[float], queued: list[float]) -> dict[str, Any]:
-    step, synced_step = statistics.median(queued), statistics.median(synced)
-    return {
-        "step_time_s": step,
-        "samples_s": queued,
-        "images_per_s": batch / step,
-        "synced_step_time_s": synced_step,
-        "synced_samples_s": synced,
-        "synced_images_per_s": batch / synced_step,
-    }
 
 
 def _jax_step(kind: str, model_name: str, batch: int, args: argparse.Namespace):
@@ -57,21 +42,19 @@ def _jax_step(kind: str, model_name: str, batch: int, args: argparse.Namespace):
 
     from jia_jax import mesh as mesh_lib
     from jia_jax import train
-    from scripts import bench_step
+    from scripts.bench import trainer_step
 
-    bench_args = argparse.Namespace(
+    config = trainer_step.make_config(
+        model_name,
+        "xla",
+        1,
+        1,
+        per_device_batch_override=batch,
+        image_size=args.image_size,
         model_width=args.model_width,
         small_inputs=args.small_inputs,
-        image_size=args.image_size,
-        per_device_batch=batch,
-        compute_dtype="bfloat16",
-        comm_dtype=None,
-        hybrid_crossover_mib=None,
     )
-    config = bench_step.make_config(
-        bench_step.Case(model_name, "1x1", "xla", None), bench_args, 1, 1
-    )
-    setup = bench_step.build_setup(config, jax.devices()[:1])
+    setup = trainer_step.build_setup(config, jax.devices()[:1])
     if kind == "trainer":
         step = train.make_train_step(
             setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"]
@@ -119,20 +102,14 @@ def _plain_flax_step(model, trainer_state):
 
 def run_jax(kind: str, model_name: str, batch: int, args: argparse.Namespace) -> dict[str, Any]:
     """Compiles and times the trainer's or the plain flax step."""
-    import jax
-
-    from scripts import bench_step
-
     step, state, data = _jax_step(kind, model_name, batch, args)
     start = time.perf_counter()
     compiled = step.lower(state, data).compile()
     compile_s = time.perf_counter() - start
-    for _ in range(args.warmup_steps):
-        state, _ = compiled(state, data)
-    jax.block_until_ready(state)
-    state, synced = bench_step.time_steps(compiled, state, data, args.steps, queued=False)
-    state, queued = bench_step.time_steps(compiled, state, data, args.steps, queued=True)
-    return {"compile_s": compile_s, **_rates(batch, synced, queued)}
+    _, synced, queued = harness.time_train_step(
+        compiled, state, data, args.steps, args.warmup_steps
+    )
+    return {"compile_s": compile_s, **harness.step_rates(batch, synced, queued)}
 
 
 def run_torch(model_name: str, batch: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -185,7 +162,7 @@ def run_torch(model_name: str, batch: int, args: argparse.Namespace) -> dict[str
         wait(mark())
         synced.append(time.perf_counter() - start)
     if device != "cuda":  # no queue to keep filled: each step already ran to its end
-        return {"compile_s": compile_s, **_rates(batch, synced, synced)}
+        return {"compile_s": compile_s, **harness.step_rates(batch, synced, synced)}
     queued, prev, last = [], None, None
     for _ in range(args.steps + 1):
         step()
@@ -197,38 +174,23 @@ def run_torch(model_name: str, batch: int, args: argparse.Namespace) -> dict[str
             last = now
         prev = mark()
     wait(mark())
-    return {"compile_s": compile_s, **_rates(batch, synced, queued)}
+    return {"compile_s": compile_s, **harness.step_rates(batch, synced, queued)}
 
 
-def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
-    """Child process: one kind, model and batch; returns its row (JAX kinds: and the run's
-    environment, which the parent must not read itself: JAX would take the GPU's memory)."""
-    args = argparse.Namespace(**spec["args"])
-    kind, model_name, batch = spec["kind"], spec["model"], spec["batch"]
+def measure(case: dict[str, Any], args: argparse.Namespace, cache: dict[str, Any]) -> dict:
+    """Child process: times one kind of step for one model and batch."""
+    del cache  # one case per child: JAX and PyTorch each take the GPU's memory
+    kind, model_name, batch = case["kind"], case["model"], case["per_device_batch"]
     if kind == "torch":
         return run_torch(model_name, batch, args)
-    from scripts import bench_allreduce
+    # The run's provenance comes from a JAX child: a torch child must not initialise JAX (it
+    # would take the GPU's memory), nor must the parent.
+    return {**run_jax(kind, model_name, batch, args), "environment": harness.environment()}
 
-    return {**run_jax(kind, model_name, batch, args), "environment": bench_allreduce.environment()}
 
-
-def measure(kind: str, model: str, batch: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Runs one case in a child process; a failure becomes the row's `error`."""
-    row: dict[str, Any] = {"kind": kind, "model": model, "per_device_batch": batch}
-    spec = json.dumps({"kind": kind, "model": model, "batch": batch, "args": vars(args)})
-    proc = subprocess.run(
-        [sys.executable, "-m", "scripts.bench_peers", "--worker", spec],
-        cwd=_REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode or not lines:
-        row["error"] = f"exit {proc.returncode}: {proc.stderr[-1500:]}"
-    else:
-        row.update(json.loads(lines[-1]))
-    return row
+def describe(r: dict[str, Any]) -> str:
+    status = f"{r['images_per_s']:.0f} img/s" if "images_per_s" in r else r.get("error")
+    return f"{r['model']} {r['per_device_batch']} {r['kind']}: {status}"
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -258,33 +220,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup_steps", type=int, default=3)
     parser.add_argument("--out", default="bench_peers.json")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--worker_spec", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     """Runs the benchmark; returns (and writes to `--out`) the JSON document."""
     args = parse_args(argv)
-    if args.worker:
-        print(json.dumps(run_worker(json.loads(args.worker))), flush=True)
+    if args.worker_spec:
+        harness.worker(args.worker_spec, measure, describe, provenance=None)
         return None
-    from scripts import bench_allreduce  # writes the JSON; the parent never touches a device
-
-    rows = []
-    for model in args.models.split(","):
-        for batch in (int(b) for b in args.batches.split(",")):
-            for kind in args.kinds.split(","):
-                if kind == "torch" and model != "resnet50":
-                    continue
-                rows.append(measure(kind, model, batch, args))
-                r = rows[-1]
-                status = f"{r['images_per_s']:.0f} img/s" if "images_per_s" in r else r["error"]
-                print(f"{model} {batch} {kind}: {status}", flush=True)
+    cases = [
+        {"kind": kind, "model": model, "per_device_batch": int(batch)}
+        for model in args.models.split(",")
+        for batch in args.batches.split(",")
+        for kind in args.kinds.split(",")
+        if kind != "torch" or model == "resnet50"
+    ]
+    # One child per case; the parent never touches a device.
+    _, rows = harness.run_children(
+        "scripts.bench.peers", cases, args, math.inf, f"{args.out}.child.json", cases_per_child=1
+    )
     add_ratios(rows)
     environments = [r.pop("environment") for r in rows if "environment" in r]
     doc = {"environment": environments[0] if environments else {}, "args": vars(args)}
     doc["results"] = rows
-    bench_allreduce.write_json(args.out, doc)
+    harness.write_json(args.out, doc)
     for r in rows:
         if "ratio_vs_faster_peer" in r:
             print(

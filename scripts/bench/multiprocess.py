@@ -5,7 +5,7 @@ Runs `python -m jia_jax.main` twice with the same config and overrides: once in 
 NCCL between the processes), and compares the last logged loss (same data, same maths: it must
 agree) and the last logged images/s (the interval after the first, which holds the compile).
 
-  python -m scripts.bench_multiprocess --processes=2 --gpus=2 --out=/tmp/mp.json -- \
+  python -m scripts.bench.multiprocess --processes=2 --gpus=2 --out=/tmp/mp.json -- \
       --config=configs/resnet50_64k.py --config.data.name=synthetic \
       --config.global_batch_size=512 --config.total_steps=40 --config.log_every_steps=20 \
       --config.optimizer.warmup_epochs=0
@@ -15,33 +15,26 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from scripts import bench_allreduce
-
-_PROGRESS = re.compile(r"step (\d+)/\d+ \|.*?\| loss ([\d.eE+-]+|nan|inf) \|.*?\| ([\d.]+) img/s")
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from scripts.bench import harness
 
 
 def last_progress(log: str) -> dict[str, float]:
     """The last progress line of a trainer log: step, loss and images/s."""
-    found = _PROGRESS.findall(log)
+    found = harness.trainer_progress(log)
     if not found:
         raise ValueError(f"no progress line in the log:\n{log[-2000:]}")
-    step, loss, ips = found[-1]
-    return {"step": int(step), "loss": float(loss), "images_per_s": float(ips)}
+    return found[-1]
 
 
 def run(command: list[str], env: dict[str, str]) -> dict[str, Any]:
     """Runs a trainer command; returns its last progress figures and the command."""
-    proc = subprocess.run(command, cwd=_REPO, env=env, capture_output=True, text=True, check=False)
-    log = proc.stdout + proc.stderr
-    if proc.returncode:
-        raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}:\n{log[-3000:]}")
+    returncode, log = harness.run_logged(command, env)
+    if returncode:
+        raise RuntimeError(f"{' '.join(command)} exited {returncode}:\n{log[-3000:]}")
     return {"command": " ".join(command), **last_progress(log)}
 
 
@@ -85,14 +78,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             env,
         )
     doc = {
-        "environment": bench_allreduce.environment(),
+        "environment": harness.environment(),
         "args": vars(args),
         "one_process": {**one, "mesh": f"1x{args.gpus}"},
         "processes": {**split, "mesh": f"{args.processes}x{per_process}"},
         "loss_difference": split["loss"] - one["loss"],
         "throughput_ratio": split["images_per_s"] / one["images_per_s"],
     }
-    bench_allreduce.write_json(args.out, doc)
+    harness.write_json(args.out, doc)
     print(
         f"1 process 1x{args.gpus}: loss {one['loss']} at step {one['step']}, "
         f"{one['images_per_s']:.0f} img/s | {args.processes} processes "

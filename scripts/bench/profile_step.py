@@ -1,14 +1,14 @@
 r"""Where the time of the trainer's step goes: a `jax.profiler` trace, summarised, and a picture.
 
 For each `--cases` entry (`model:mesh:strategy:per_device_batch[:wire dtype]`, e.g.
-`resnet50:1x2:hierarchical:64`) this builds the trainer's own step (as `scripts/bench_step` does),
+`resnet50:1x2:hierarchical:64`) this builds the trainer's own step (`scripts/bench/trainer_step.py`),
 compiles it, times it synced and queued, traces `--trace_steps` queued steps and reports per GPU:
 busy time by kernel kind, collective time overlapped with compute or exposed, idle time (the
 device waiting for the host), kernels per step, the top kernels, and where the compiled
 schedule places each collective's start and done among the compute instructions. With
 `--png`, the first case's timeline (one step, every GPU, one lane per stream) is drawn.
 
-  python -m scripts.profile_step --cases=resnet50:1x1:xla:64,resnet50:1x2:hierarchical:64 \
+  python -m scripts.bench.profile_step --cases=resnet50:1x1:xla:64,resnet50:1x2:hierarchical:64 \
       --out=/tmp/profile.json --png=/tmp/profile.png
 """
 
@@ -26,8 +26,8 @@ from typing import Any
 
 import jax
 
-from jia_jax import profile_trace, train
-from scripts import bench_allreduce, bench_step
+from jia_jax import train
+from scripts.bench import harness, profile_trace, trainer_step
 
 # `%name = <shape> all-reduce-start(` (op name right before its parenthesis, never an operand).
 _ASYNC = re.compile(
@@ -95,20 +95,19 @@ def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     """Compiles, times and traces one case; returns its row with per-device summaries."""
     devices = jax.devices()
     node, gpu = (int(v) for v in case["mesh"].split("x"))
-    bench_args = argparse.Namespace(
+    config = trainer_step.make_config(
+        case["model"],
+        case["strategy"],
+        node,
+        gpu,
+        bucket_mib=case["bucket_mib"] or args.bucket_mib,
+        per_device_batch_override=case["per_device_batch"],
+        image_size=args.image_size,
         model_width=args.model_width,
         small_inputs=args.small_inputs,
-        image_size=args.image_size,
-        per_device_batch=case["per_device_batch"],
-        compute_dtype="bfloat16",
         comm_dtype=case["wire"],
-        hybrid_crossover_mib=None,
     )
-    bcase = bench_step.Case(
-        case["model"], "1x1", case["strategy"], case["bucket_mib"] or args.bucket_mib
-    )
-    config = bench_step.make_config(bcase, bench_args, node, gpu)
-    setup = bench_step.build_setup(config, devices)
+    setup = trainer_step.build_setup(config, devices)
     state = setup["init"]()
     step = train.make_train_step(
         setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"]
@@ -118,10 +117,7 @@ def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     row: dict[str, Any] = {**case, "compile_s": time.perf_counter() - start}
     row["schedule"] = collective_schedule(compiled.as_text())
     batch = setup["batch"]
-    for _ in range(3):
-        state, _ = compiled(state, batch)
-    state, synced = bench_step.time_steps(compiled, state, batch, args.steps, queued=False)
-    state, queued = bench_step.time_steps(compiled, state, batch, args.steps, queued=True)
+    state, synced, queued = harness.time_train_step(compiled, state, batch, args.steps, 3)
     row["synced_step_s"], row["queued_step_s"] = (
         statistics.median(synced),
         statistics.median(queued),
@@ -129,9 +125,9 @@ def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     log_dir = tempfile.mkdtemp(prefix="jia_jax_trace_")
     jax.block_until_ready(state)
     with jax.profiler.trace(log_dir):
-        # Queued timing dispatches one step more than it times: the trace holds trace_steps + 1.
-        state, _ = bench_step.time_steps(compiled, state, batch, args.trace_steps, queued=True)
-    traced = args.trace_steps + 1
+        # Queued timing runs two steps more than it times: the trace holds trace_steps + 2.
+        state, _ = harness.time_steps(compiled, state, batch, args.trace_steps, queued=True)
+    traced = args.trace_steps + 2
     kernels = profile_trace.load_kernels(log_dir)
     row["devices"] = {
         dev: {
@@ -185,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--trace_steps", type=int, default=5)
     parser.add_argument("--out", default="profile_step.json")
     args = parser.parse_args(argv)
-    doc: dict[str, Any] = {"environment": bench_allreduce.environment(), "args": vars(args)}
+    doc: dict[str, Any] = {"environment": harness.environment(), "args": vars(args)}
     rows: list[dict[str, Any]] = []
     all_kernels: dict[str, Any] = {}
     for text in args.cases.split(","):
@@ -199,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         with gzip.open(f"{args.out}.kernels.json.gz", "wt") as f:
             json.dump(all_kernels, f)
         doc["results"] = rows
-        bench_allreduce.write_json(args.out, doc)
+        harness.write_json(args.out, doc)
         print(format_rows(rows[-1:]), flush=True)
     print(format_rows(rows))
     return rows

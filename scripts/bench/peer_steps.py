@@ -1,4 +1,4 @@
-"""Peer train steps for `scripts/bench_step`: the gradient mean written the ways others write it.
+"""Peer train steps for `scripts/bench/step.py`: the gradient mean written the ways others write it.
 
 Each peer shares the trainer's forward/backward (`train.local_grads_fn`, microbatches included)
 and its update (`train.update_fn`: unscale, optimizer, loss scale), and differs only in how the

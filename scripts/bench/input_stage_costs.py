@@ -1,10 +1,10 @@
 """Per-image CPU cost of each stage of the train input pipeline, on one core (a probe, not a pipeline).
 
-Generates 64 JPEGs like scripts/bench_input.py (500x375, smooth colour plus noise, quality 90) and
+Generates 64 JPEGs like scripts/bench/input.py (500x375, smooth colour plus noise, quality 90) and
 times decoding (Pillow, simplejpeg, OpenCV where installed), the crop-box resize, the numpy crop,
 normalisation and batch stacking, in ms. Pin it to one core for the per-core figure:
 
-  taskset -c 0 python -m scripts.input_stage_costs
+  taskset -c 0 python -m scripts.bench.input_stage_costs
 """
 
 import io

@@ -9,12 +9,11 @@ its worker processes: the per-core cost, which holds even when other jobs share 
 
 Run from the repository root (the tf.data rows need `pip install tensorflow-cpu`):
 
-  python -m scripts.bench_input --data_dir=/tmp/jia_bench_data --out=/tmp/bench_input.json
+  python -m scripts.bench.input --data_dir=/tmp/jia_bench_data --out=/tmp/bench_input.json
 """
 
 import argparse
 import io
-import json
 import multiprocessing
 import os
 import platform
@@ -29,7 +28,7 @@ import tensorflow_datasets as tfds
 from absl import flags
 
 from jia_jax import tfds_input
-from scripts import bench_allreduce
+from scripts.bench import harness
 
 _NAME = "jia_bench_jpeg"
 _WIDTH, _HEIGHT = 500, 375
@@ -272,18 +271,14 @@ def main() -> None:
             f"{r['images_per_s']:>8.0f} {r['images_per_s_per_core']:>10.0f} "
             f"{r['images_per_cpu_s']:>9.0f}"
         )
-    with open(args.out, "w") as f:
-        json.dump(
-            {
-                "environment": {**bench_allreduce.environment(), "cpu": cpu},
-                "command": " ".join(sys.argv),
-                "dataset": dataset,
-                "cpu_count": os.cpu_count(),
-                "results": results,
-            },
-            f,
-            indent=1,
-        )
+    doc = {
+        "environment": {**harness.environment(), "cpu": cpu},
+        "command": " ".join(sys.argv),
+        "dataset": dataset,
+        "cpu_count": os.cpu_count(),
+        "results": results,
+    }
+    harness.write_json(args.out, doc)
 
 
 if __name__ == "__main__":

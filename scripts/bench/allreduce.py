@@ -23,77 +23,34 @@ recorded as skipped. The JSON is rewritten after every case, so a killed run lea
 Run from the repository root. The default list is ~170 programs; compiling them dominates the
 run time (seconds each for the model tree), so give it a `--budget_s`:
 
-  python -m scripts.bench_allreduce --out=/tmp/bench_allreduce.json --budget_s=150
+  python -m scripts.bench.allreduce --out=/tmp/bench_allreduce.json --budget_s=150
 
 On CPU with 8 simulated devices and tiny sizes:
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 JAX_PLATFORMS=cpu \
-      python -m scripts.bench_allreduce --sizes_mib=0.01,0.1 --bucket_mib=0.01 --model_width=8 \
+      python -m scripts.bench.allreduce --sizes_mib=0.01,0.1 --bucket_mib=0.01 --model_width=8 \
       --out=/tmp/bench_allreduce.json
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import math
-import os
-import platform
-import statistics
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jia_jax import allreduce
 from jia_jax import mesh as mesh_lib
 from jia_jax import models
+from scripts.bench import harness
+from scripts.bench.allreduce_programs import PLAIN, Case, Payload, is_shape, reducer
+from scripts.bench.allreduce_programs import looped_reducer, stacked_inputs
 
 MIB = 1 << 20
 STRATEGIES = ("xla", *allreduce.STRATEGIES)
-PLAIN = "plain"
-# Back-to-back calls per sample are capped so that pipelined outputs of large buffers stay small.
-_MAX_CALLS_PER_SAMPLE = 64
-
-
-def _is_shape(x: Any) -> bool:
-    return isinstance(x, tuple)
-
-
-@dataclasses.dataclass(frozen=True)
-class Payload:
-    """A gradient pytree to reduce: its leaf shapes and how its strategies bucket it."""
-
-    name: str
-    shapes: Any  # pytree of shape tuples
-    bucket_bytes: tuple[int, ...]  # one row per value for the bucketing strategies
-
-    def num_elements(self) -> int:
-        return sum(math.prod(s) for s in self.leaf_shapes())
-
-    def leaf_shapes(self) -> list[tuple[int, ...]]:
-        return jax.tree.leaves(self.shapes, is_leaf=_is_shape)
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One measurement: a strategy reducing a payload in a wire dtype on a mesh shape."""
-
-    dtype: str
-    mesh: tuple[int, int]
-    payload: Payload
-    strategy: str
-    bucket_bytes: int | None  # None for `xla` and `plain`, which do not bucket
-
-    def key(self) -> tuple:
-        """Identifies the inputs (payload, dtype, mesh) the case shares with its neighbours."""
-        return (self.payload.name, self.dtype, self.mesh)
 
 
 def bus_bandwidth(nbytes: int, seconds: float, devices: int) -> float:
@@ -145,229 +102,6 @@ def build_cases(
     return cases
 
 
-def reducer(case: Case, mesh: jax.sharding.Mesh, crossover_bytes: int) -> Callable[[Any], Any]:
-    """The jitted program of `case`; its argument is stacked per device (leading axis = device)."""
-    batch = P(mesh_lib.BATCH_AXES)
-    wire = jnp.dtype(case.dtype)
-    if case.strategy == "xla":
-        # The trainer's 'xla' path: the mean over the stacked device axis as ordinary array code.
-        def mean(tree):
-            return allreduce.stacked_mean(tree, wire)
-
-        return jax.jit(mean, out_shardings=NamedSharding(mesh, P()))
-    if case.strategy == PLAIN:
-
-        def per_device(flat):
-            return jax.lax.psum(flat[0], mesh_lib.BATCH_AXES)
-    else:
-        mean = _strategy_mean(case, crossover_bytes)
-
-        def per_device(tree):
-            return mean(jax.tree.map(lambda g: g[0], tree))
-
-    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=batch, out_specs=P()))
-
-
-def _strategy_mean(case: Case, crossover_bytes: int) -> Callable[[Any], Any]:
-    """`case`'s strategy as the trainer runs it: per-device tree -> mean over the mesh."""
-
-    def mean(tree):
-        return allreduce.reduce_gradients(
-            tree,
-            strategy=case.strategy,
-            bucket_bytes=case.bucket_bytes,
-            wire_dtype=jnp.dtype(case.dtype),
-            hybrid_crossover_bytes=crossover_bytes,
-            node_axis=mesh_lib.NODE_AXIS,
-            gpu_axis=mesh_lib.GPU_AXIS,
-        )
-
-    return mean
-
-
-def _perturb(tree: Any) -> Any:
-    """Each leaf times 0.5 or 2 (exact in every float format), alternating over the leaves.
-
-    In the repeated program below, this elementwise pass stands for the backward kernels that
-    produce the gradients, and it keeps XLA from folding one iteration's unpacking (slices) into
-    the next one's packing (a concatenate of those very slices) as a no-op.
-    """
-    leaves, treedef = jax.tree.flatten(tree)
-    return treedef.unflatten(
-        [leaf * jnp.asarray(0.5 if i % 2 else 2.0, leaf.dtype) for i, leaf in enumerate(leaves)]
-    )
-
-
-def looped_reducer(
-    case: Case, mesh: jax.sharding.Mesh, crossover_bytes: int
-) -> Callable[[Any, jax.Array], Any]:
-    """`case`'s reduction repeated `iterations` times inside one program: `f(arg, iterations)`.
-
-    Timing two iteration counts and taking the difference gives the device time of one reduction
-    with the host's dispatch cost (which grows with the number of argument buffers: 161 leaves
-    per device for the ResNet-50 tree) cancelled out: inside the train step the gradients are
-    intermediate values, never arguments.
-    """
-    batch = P(mesh_lib.BATCH_AXES)
-    devices = mesh.devices.size
-    wire = jnp.dtype(case.dtype)
-    if case.strategy == "xla":
-        stacked = NamedSharding(mesh, batch)
-
-        def mean(tree):
-            means = allreduce.stacked_mean(tree, wire)
-            # Back to one row per device (local: every device holds the mean).
-            return jax.tree.map(
-                lambda m, g: jax.lax.with_sharding_constraint(
-                    jnp.broadcast_to(m[None], g.shape), stacked
-                ),
-                means,
-                tree,
-            )
-
-        def repeat(tree, iterations):
-            return jax.lax.fori_loop(0, iterations, lambda _, t: mean(_perturb(t)), tree)
-
-        return jax.jit(repeat)
-
-    if case.strategy == PLAIN:
-
-        def once(flat):
-            return jax.lax.psum(_perturb(flat), mesh_lib.BATCH_AXES) / devices
-    else:
-        mean = _strategy_mean(case, crossover_bytes)
-
-        def once(tree):
-            return mean(_perturb(tree))
-
-    def per_device(tree, iterations):
-        local = jax.tree.map(lambda g: g[0], tree)
-        out = jax.lax.fori_loop(0, iterations, lambda _, t: once(t), local)
-        return jax.tree.map(lambda g: g[None], out)
-
-    return jax.jit(
-        jax.shard_map(
-            per_device, mesh=mesh, in_specs=(batch, P()), out_specs=batch, check_vma=False
-        )
-    )
-
-
-def stacked_inputs(shapes: Any, dtype: str, mesh: jax.sharding.Mesh, seed: int) -> Any:
-    """Random per-device gradients: each leaf `(devices, *shape)`, split over the devices."""
-    leaves, treedef = jax.tree.flatten(shapes, is_leaf=_is_shape)
-    devices = mesh.devices.size
-    sizes = [math.prod(s) for s in leaves]
-
-    def make(key):
-        # One random draw cut into the leaves: a draw per leaf compiles slowly for trees of 100s.
-        flat = jax.random.normal(key, (devices, sum(sizes)), dtype)
-        offsets = np.cumsum([0, *sizes])
-        return treedef.unflatten(
-            [
-                flat[:, a:b].reshape(devices, *s)
-                for a, b, s in zip(offsets[:-1], offsets[1:], leaves)
-            ]
-        )
-
-    # Made on the devices: no host copy of buffers of hundreds of MiB.
-    sharding = NamedSharding(mesh, P(mesh_lib.BATCH_AXES))
-    return jax.block_until_ready(jax.jit(make, out_shardings=sharding)(jax.random.key(seed)))
-
-
-def time_calls(
-    fn: Callable[[Any], Any], arg: Any, repeats: int, min_sample_s: float
-) -> dict[str, Any]:
-    """Compiles `fn` for `arg`, warms up, and returns the median seconds per call and details."""
-    start = time.perf_counter()
-    compiled = fn.lower(arg).compile()
-    compile_s = time.perf_counter() - start
-    jax.block_until_ready(compiled(arg))
-    start = time.perf_counter()
-    jax.block_until_ready(compiled(arg))
-    single = time.perf_counter() - start
-    calls = max(1, min(_MAX_CALLS_PER_SAMPLE, math.ceil(min_sample_s / single)))
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            out = compiled(arg)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - start) / calls)
-    return {
-        "time_s": statistics.median(samples),
-        "samples_s": samples,
-        "calls_per_sample": calls,
-        "compile_s": compile_s,
-    }
-
-
-def time_in_program(
-    fn: Callable[[Any, jax.Array], Any], arg: Any, repeats: int, extra_iterations: int
-) -> dict[str, Any]:
-    """Device seconds of one reduction: (time of 1 + k iterations - time of 1) / k.
-
-    Each sample is one call, synced; the median of `repeats` samples is taken for both counts.
-    """
-    one, more = jnp.int32(1), jnp.int32(1 + extra_iterations)
-    start = time.perf_counter()
-    compiled = fn.lower(arg, one).compile()
-    compile_s = time.perf_counter() - start
-
-    def sample(iterations: jax.Array) -> float:
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(arg, iterations))
-        return time.perf_counter() - start
-
-    for _ in range(2):
-        sample(one), sample(more)
-    ones = [sample(one) for _ in range(repeats)]
-    mores = [sample(more) for _ in range(repeats)]
-    per_iteration = (statistics.median(mores) - statistics.median(ones)) / extra_iterations
-    return {
-        "time_s": per_iteration,
-        "program_1_iteration_s": statistics.median(ones),
-        f"program_{1 + extra_iterations}_iterations_s": statistics.median(mores),
-        "in_program_compile_s": compile_s,
-    }
-
-
-def environment() -> dict[str, Any]:
-    """Software, hardware and source revision of this run."""
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", *args],
-                capture_output=True,
-                text=True,
-                check=True,
-                cwd=os.path.dirname(os.path.abspath(__file__)),
-            ).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return "unknown"
-
-    device = jax.devices()[0]
-    return {
-        "git_rev": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "jax_version": jax.__version__,
-        "backend": jax.default_backend(),
-        "device_kind": device.device_kind,
-        "device_count": jax.device_count(),
-        "process_count": jax.process_count(),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "host": platform.node(),
-    }
-
-
-def write_json(path: str, doc: dict[str, Any]) -> None:
-    """Writes `doc` to `path` atomically, so a killed run never leaves half a file."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, path)
-
-
 def run_cases(
     cases: Sequence[Case],
     crossover_bytes: int,
@@ -412,12 +146,14 @@ def run_cases(
                 abstract = jax.tree.map(
                     lambda s: jax.ShapeDtypeStruct(s, case.dtype),
                     case.payload.shapes,
-                    is_leaf=_is_shape,
+                    is_leaf=is_shape,
                 )
                 plan = allreduce.plan_buckets(abstract, case.bucket_bytes, case.dtype)
                 row["buckets"] = len(plan.buckets)
-            per_call = time_calls(reducer(case, mesh, crossover_bytes), arg, repeats, min_sample_s)
-            timing = time_in_program(
+            per_call = harness.time_calls(
+                reducer(case, mesh, crossover_bytes), arg, repeats, min_sample_s
+            )
+            timing = harness.time_in_program(
                 looped_reducer(case, mesh, crossover_bytes), arg, repeats, extra_iterations
             )
             devices = mesh.devices.size
@@ -475,39 +211,31 @@ def parse_mesh(text: str) -> tuple[int, int]:
     return node, gpu
 
 
-def _floats(text: str) -> list[float]:
-    return [float(v) for v in text.split(",") if v]
-
-
-def _strings(text: str) -> list[str]:
-    return [v for v in text.split(",") if v]
-
-
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Runs the benchmark; returns (and writes to `--out`) the JSON document."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--strategies",
-        type=_strings,
+        type=harness.strings,
         default=list(STRATEGIES),
         help=f"comma-separated subset of {','.join(STRATEGIES)}",
     )
     parser.add_argument(
         "--sizes_mib",
-        type=_floats,
+        type=harness.floats,
         default=[1, 4, 16, 64, 256],
         help="flat-buffer payload sizes (MiB in the wire dtype)",
     )
     parser.add_argument(
         "--bucket_mib",
-        type=_floats,
+        type=harness.floats,
         default=[1, 4, 16, 64, 256],
         help="comm.bucket_bytes values (MiB) for the model-tree payload",
     )
-    parser.add_argument("--dtypes", type=_strings, default=["float32", "bfloat16"])
+    parser.add_argument("--dtypes", type=harness.strings, default=["float32", "bfloat16"])
     parser.add_argument(
         "--meshes",
-        type=_strings,
+        type=harness.strings,
         default=None,
         help="e.g. 1x4,2x2 (default: 1xn and 2x(n/2) for n devices)",
     )
@@ -565,11 +293,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         tree, [int(mib * MIB) for mib in args.sizes_mib], args.dtypes, meshes, args.strategies
     )
 
-    doc: dict[str, Any] = {"environment": environment(), "args": vars(args), "results": []}
+    doc: dict[str, Any] = {"environment": harness.environment(), "args": vars(args), "results": []}
 
     def on_result(row: dict[str, Any]) -> None:
         doc["results"].append(row)
-        write_json(args.out, doc)
+        harness.write_json(args.out, doc)
         status = (
             f"{row['time_s'] * 1e6:.1f} us, {row['busbw_gbps']:.2f} GB/s"
             if "time_s" in row

@@ -1,0 +1,208 @@
+r"""The trainer across emulated hosts against the trainer on one GPU, in one run.
+
+Each row runs `python -m jia_jax.main` (the ResNet-50 64K config, or with `--tiny` the digits
+one, on synthetic data, the per-device batch as one microbatch) as `--hosts` processes of `--gpus_per_host` GPUs started by
+`scripts/launch_local.sh --hosts`: each process a host of its own to NCCL (TCP sockets between
+them, NVLink inside each), a cluster on one machine. The baseline is the same command on one GPU,
+in the same run. Rates are the trainer's own logged images/s (one step in flight ahead, what
+training sees): the median over the logged intervals after the first (which holds the compile).
+
+  weak-scaling efficiency = images/s on hosts x gpus / (hosts x gpus x images/s on one GPU)
+
+`--xla_flags_variant` adds a row of the config's own strategy with those XLA flags appended.
+With `--profile_strategies`, those rows also trace `--profile_steps` steps after the timed ones
+(`config.profile`) and report, per GPU and step, the NCCL time no compute kernel overlaps
+(`exposed_comm_ms`) and the time no kernel runs (`idle_ms`), averaged over the GPUs.
+
+  python -m scripts.bench.hosts --hosts=2 --gpus_per_host=2 --batches=256,64 \
+      --strategies=default,flat,hierarchical,hybrid,xla,auto --out=/tmp/bench_hosts.json
+
+On CPU (tiny model, gloo; the NCCL settings are inert there):
+
+  JIA_JAX_PLATFORM=cpu python -m scripts.bench.hosts --hosts=2 --gpus_per_host=2 --batches=2 \
+      --strategies=default,flat --steps=6 --log_every=2 --tiny --out=/tmp/bench_hosts.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import statistics
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+from scripts.bench import harness, profile_trace
+
+DEFAULT = "default"  # the config's own comm settings
+
+
+def steady_rate(log: str) -> tuple[float, float]:
+    """Median images/s over the logged intervals after the first, and the last loss."""
+    found = harness.trainer_progress(log)
+    if len(found) < 2:
+        raise ValueError(f"fewer than two progress lines in the log:\n{log[-3000:]}")
+    return statistics.median(p["images_per_s"] for p in found[1:]), found[-1]["loss"]
+
+
+def trainer_args(args: argparse.Namespace, batch: int, devices: int, strategy: str) -> list[str]:
+    """Config and overrides of one row (without the launcher's own flags)."""
+    out = [
+        f"--config=configs/{'digits' if args.tiny else 'resnet50_64k'}.py",
+        "--config.data.name=synthetic",
+        f"--config.global_batch_size={batch * devices}",
+        f"--config.microbatch_size={batch}",
+        f"--config.total_steps={args.steps + (args.profile_steps + 2 if args.profile_steps else 0)}",
+        f"--config.log_every_steps={args.log_every}",
+        "--config.optimizer.warmup_epochs=0",
+        "--config.checkpoint_every_steps=100000",
+        "--config.eval_every_steps=100000",
+    ]
+    if strategy != DEFAULT:
+        out.append(f"--config.comm.strategy={strategy}")
+    if strategy == "auto":
+        out += ["--config.comm.bucket_bytes=-1", "--config.comm.hybrid_crossover_bytes=-1"]
+    return out
+
+
+def run(command: list[str], env: dict[str, str]) -> str:
+    returncode, log = harness.run_logged(command, env)
+    if returncode:
+        raise RuntimeError(f"{' '.join(command)} exited {returncode}:\n{log[-3000:]}")
+    return log
+
+
+def profile_figures(workdir: str) -> dict[str, float]:
+    """Exposed NCCL time and idle time per step (ms), averaged over every traced GPU."""
+    per_gpu = []
+    for log_dir in sorted(glob.glob(os.path.join(workdir, "profile", "process_*"))):
+        kernels = profile_trace.load_kernels(log_dir)
+        for device_kernels in kernels.values():
+            per_gpu.append(profile_trace.summarize(device_kernels, steps=1))
+    if not per_gpu:
+        raise ValueError(f"no trace under {workdir}/profile")
+
+    def mean_ms(key: str) -> float:
+        return statistics.mean(s[key] for s in per_gpu) / 1000
+
+    return {"exposed_comm_ms": mean_ms("collective_exposed_us"), "idle_ms": mean_ms("idle_us")}
+
+
+def host_row(args: argparse.Namespace, batch: int, strategy: str, env: dict[str, str]) -> dict:
+    devices = args.hosts * args.gpus_per_host
+    overrides = trainer_args(args, batch, devices, strategy)
+    profiled = args.profile_steps and strategy in args.profile_strategies
+    if profiled:
+        overrides += [
+            f"--config.profile.first_step={args.steps + 1}",
+            f"--config.profile.steps={args.profile_steps}",
+        ]
+    config, rest = overrides[0].split("=", 1)[1], overrides[1:]
+    with tempfile.TemporaryDirectory() as workdir:
+        command = [
+            "bash",
+            "scripts/launch_local.sh",
+            "--hosts",
+            str(args.hosts),
+            str(args.gpus_per_host),
+            config,
+            workdir,
+            *rest,
+        ]
+        log = run(command, env)
+        rate, loss = steady_rate(log.split("profile of steps")[0] if profiled else log)
+        row = {"command": " ".join(command), "images_per_s": rate, "loss": loss}
+        if profiled:
+            figures = profile_figures(workdir)
+            row.update({k: v / args.profile_steps for k, v in figures.items()})
+    return row
+
+
+def one_gpu_row(args: argparse.Namespace, batch: int, env: dict[str, str]) -> dict:
+    with tempfile.TemporaryDirectory() as workdir:
+        command = [
+            "python3",
+            "-m",
+            "jia_jax.main",
+            f"--workdir={workdir}",
+            *trainer_args(args, batch, 1, DEFAULT),
+            "--config.mesh.node=1",
+            "--config.mesh.gpu=1",
+        ]
+        one_env = dict(env)
+        if env.get("JIA_JAX_PLATFORM") == "cpu":
+            one_env.update(JAX_PLATFORMS="cpu")
+        else:
+            one_env.update(CUDA_VISIBLE_DEVICES="0")
+        rate, loss = steady_rate(run(command, one_env))
+    return {"command": " ".join(command), "images_per_s": rate, "loss": loss}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--gpus_per_host", type=int, default=2)
+    parser.add_argument(
+        "--batches", type=lambda s: [int(x) for x in s.split(",")], default=[256, 64]
+    )
+    parser.add_argument("--strategies", type=harness.strings, default=[DEFAULT])
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--log_every", type=int, default=10)
+    parser.add_argument("--profile_steps", type=int, default=0)
+    parser.add_argument("--profile_strategies", type=harness.strings, default=[DEFAULT])
+    parser.add_argument(
+        "--xla_flags_variant",
+        action="append",
+        default=[],
+        help="XLA flags appended for one more row of the config's default strategy (repeatable)",
+    )
+    parser.add_argument("--tiny", action="store_true", help="configs/digits.py's tiny ResNet (CPU)")
+    parser.add_argument("--out", default="bench_hosts.json")
+    args = parser.parse_args(argv)
+    env = dict(os.environ)
+    devices = args.hosts * args.gpus_per_host
+    # The environment is read last: JAX in this process would take the GPUs' memory.
+    doc: dict[str, Any] = {"args": vars(args), "results": []}
+    for batch in args.batches:
+        base = one_gpu_row(args, batch, env)
+        doc["results"].append(
+            {
+                "hosts": 1,
+                "gpus_per_host": 1,
+                "strategy": DEFAULT,
+                "per_device_batch": batch,
+                **base,
+                "efficiency": 1.0,
+            }
+        )
+        harness.write_json(args.out, doc)
+        plans = [(s, "") for s in args.strategies] + [(DEFAULT, f) for f in args.xla_flags_variant]
+        for strategy, flags in plans:
+            row = {
+                "hosts": args.hosts,
+                "gpus_per_host": args.gpus_per_host,
+                "strategy": strategy,
+                "per_device_batch": batch,
+                "xla_flags": flags,
+            }
+            row_env = {**env, "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {flags}".strip()}
+            try:
+                row.update(host_row(args, batch, strategy, row_env))
+                row["efficiency"] = row["images_per_s"] / (devices * base["images_per_s"])
+            except (RuntimeError, ValueError) as e:
+                row["error"] = str(e)[-3000:]
+            doc["results"].append(row)
+            harness.write_json(args.out, doc)
+            print(
+                {k: v for k, v in row.items() if k not in ("command", "error")},
+                row.get("error", "")[-400:],
+                flush=True,
+            )
+    doc["environment"] = harness.environment()
+    harness.write_json(args.out, doc)
+    return doc
+
+
+if __name__ == "__main__":
+    main()

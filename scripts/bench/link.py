@@ -1,0 +1,168 @@
+r"""Bus bandwidth of one all-reduce over each level of an emulated two-host machine, per NCCL setting.
+
+`--hosts` processes of `--gpus_per_host` GPUs each, on one machine, joined by `jax.distributed`;
+the mesh is ("node", "gpu") = (hosts, gpus_per_host). For each NCCL setting (`VARIANTS`) the
+processes are started afresh and time one fp32 `psum` of `--size_mib` per device over the `gpu`
+axis (inside a process: NVLink), the `node` axis (across processes) and both. Processes of one
+setting have different `NCCL_HOSTID`s (two hosts to NCCL: sockets between them) except in
+`one_host`, the reference. All settings use NCCL's socket transport on loopback
+(`NCCL_SOCKET_IFNAME=lo NCCL_NET=Socket NCCL_IB_DISABLE=1`), as `scripts/launch_local.sh --hosts`.
+
+Bus bandwidth is nccl-tests' `2 (n - 1) / n * bytes / time`; time is the median of `--repeats`
+samples of `--calls` back-to-back calls.
+
+  python -m scripts.bench.link --hosts=2 --gpus_per_host=2 --out=/tmp/bench_link.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from scripts.bench import harness
+
+_NETWORK = {"NCCL_SOCKET_IFNAME": "lo", "NCCL_NET": "Socket", "NCCL_IB_DISABLE": "1"}
+# name -> (separate hosts?, extra NCCL settings)
+VARIANTS = {
+    "one_host": (False, {}),
+    "hosts_nccl_defaults": (True, {}),
+    "hosts_sockets_4x4": (True, {"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4"}),
+    "hosts_sockets_8x8": (True, {"NCCL_SOCKET_NTHREADS": "8", "NCCL_NSOCKS_PERTHREAD": "8"}),
+}
+AXES = {"gpu": ("gpu",), "node": ("node",), "both": ("node", "gpu")}
+
+
+def child(args: argparse.Namespace) -> None:
+    """One process: times the psum over each axis; process 0 prints the rows as JSON."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    jax.distributed.initialize(f"127.0.0.1:{args.port}", args.hosts, args.process_id)
+    mesh = jax.sharding.Mesh(
+        np.array(jax.devices()).reshape(args.hosts, args.gpus_per_host), ("node", "gpu")
+    )
+    n = int(args.size_mib * (1 << 20)) // 4
+    spec = P(("node", "gpu"))
+    x = jax.make_array_from_callback(
+        (mesh.devices.size * n,), NamedSharding(mesh, spec), lambda i: np.ones(n, np.float32)
+    )
+    rows = {}
+    for name, axes in AXES.items():
+        f = jax.jit(
+            jax.shard_map(
+                lambda v, a=axes: jax.lax.psum(v, a), mesh=mesh, in_specs=spec, out_specs=spec
+            )
+        )
+        jax.block_until_ready(f(x))
+        samples = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            for _ in range(args.calls):
+                y = f(x)
+            jax.block_until_ready(y)
+            samples.append((time.perf_counter() - start) / args.calls)
+        size = int(np.prod([mesh.shape[a] for a in axes]))
+        t = statistics.median(samples)
+        rows[name] = {
+            "ranks": size,
+            "time_s": t,
+            "bus_gb_s": 2 * (size - 1) / size * n * 4 / t / 1e9,
+        }
+        assert float(jnp.ravel(y)[0]) == size  # ones summed over the group
+    if args.process_id == 0:
+        print("ROWS " + json.dumps(rows), flush=True)
+
+
+def run_variant(args: argparse.Namespace, name: str, port: int) -> dict[str, Any]:
+    separate, extra = VARIANTS[name]
+    base = {
+        k: v for k, v in os.environ.items() if not k.startswith("NCCL_") or k == "NCCL_NVLS_ENABLE"
+    }
+    procs = []
+    for i in range(args.hosts):
+        gpus = range(i * args.gpus_per_host, (i + 1) * args.gpus_per_host)
+        env = {
+            **base,
+            **_NETWORK,
+            **extra,
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
+            "NCCL_HOSTID": f"jia_jax_host_{i if separate else 0}",
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "scripts.bench.link",
+            "--child",
+            f"--port={port}",
+            f"--process_id={i}",
+            f"--hosts={args.hosts}",
+            f"--gpus_per_host={args.gpus_per_host}",
+            f"--size_mib={args.size_mib}",
+            f"--repeats={args.repeats}",
+            f"--calls={args.calls}",
+        ]
+        procs.append(
+            subprocess.Popen(
+                command,
+                cwd=harness.REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    logs = [p.communicate(timeout=args.timeout_s)[0] for p in procs]
+    found = [line for line in logs[0].splitlines() if line.startswith("ROWS ")]
+    if not found or any(p.returncode for p in procs):
+        return {"variant": name, "error": logs[0][-2000:] + logs[-1][-1000:]}
+    settings = {**_NETWORK, **extra, "separate_hosts": separate}
+    return {"variant": name, "settings": settings, **json.loads(found[0][5:])}
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--gpus_per_host", type=int, default=2)
+    parser.add_argument("--size_mib", type=float, default=97.5)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument(
+        "--variants", type=lambda s: [v for v in s.split(",") if v], default=list(VARIANTS)
+    )
+    parser.add_argument("--timeout_s", type=float, default=240)
+    parser.add_argument("--out", default="bench_link.json")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--process_id", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args)
+        return None
+    doc: dict[str, Any] = {"args": vars(args), "results": []}
+    for name in args.variants:
+        with socket.socket() as s:  # a free port for this setting's coordinator
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        row = run_variant(args, name, port)
+        doc["results"].append(row)
+        harness.write_json(args.out, doc)
+        print(name, {a: round(r["bus_gb_s"], 2) for a, r in row.items() if a in AXES} or row)
+    # Read last: JAX in this process would hold the GPUs while the children run.
+    doc["environment"] = harness.environment()
+    harness.write_json(args.out, doc)
+    return doc
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The 4-GPU measurements of docs/benchmarks.md ("Across hosts", "One host"), in parts that each fit
+# a 10-minute call; run from the repository root on a host with 4 GPUs:
+#   OUT=/tmp/out bash scripts/bench_4gpu.sh link      # the emulated network; the peer-watch crash
+#   OUT=/tmp/out bash scripts/bench_4gpu.sh sigkill   # a killed process across emulated hosts
+#   OUT=/tmp/out bash scripts/bench_4gpu.sh hosts256  # 2 emulated hosts x 2 GPUs @256 vs one GPU
+#   OUT=/tmp/out bash scripts/bench_4gpu.sh hosts64   # the same @64
+# Autotuning results are cached across the child processes (same kernels, same choices).
+set -euo pipefail
+export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
+overrides=(--config.data.name=synthetic --config.optimizer.warmup_epochs=0 --config.eval_every_steps=100000)
+case "$1" in
+  link)
+    python3 -m scripts.bench.link --out="$OUT/bench_link_4gpu.json"
+    python3 -m scripts.bench.repro_peer_watch --seconds=25 --out="$OUT/repro_peer_watch_4gpu.json"
+    ;;
+  sigkill)
+    # The default config on 2 emulated hosts; process 1 is killed once step 60 is logged.
+    workdir=$(mktemp -d)
+    log="$OUT/sigkill_2x2.log"
+    bash scripts/launch_local.sh --hosts 2 2 configs/resnet50_64k.py "$workdir" "${overrides[@]}" \
+      --config.global_batch_size=1024 --config.total_steps=2000 --config.checkpoint_every_steps=40 \
+      --config.log_every_steps=20 >"$log" 2>&1 &
+    launcher=$!
+    until grep -q "step  *60/" "$log"; do
+      kill -0 "$launcher" 2>/dev/null || { echo "the run ended before step 60" >&2; tail "$log"; exit 1; }
+      sleep 0.2
+    done
+    victim=$(pgrep -f "distributed.process_id=1 " | head -1)
+    killed=$SECONDS
+    kill -9 "$victim"
+    status=0
+    wait "$launcher" || status=$?
+    echo "killed process 1 (pid $victim); launcher exit status $status after $((SECONDS - killed)) s" | tee -a "$log"
+    ;;
+  hosts256)
+    python3 -m scripts.bench.hosts --batches=256 --strategies=default,flat,xla --steps=200 \
+      --log_every=20 --profile_steps=3 --profile_strategies=default,flat --out="$OUT/bench_hosts_256.json"
+    ;;
+  hosts64)
+    python3 -m scripts.bench.hosts --batches=64 --strategies=default,flat,xla --steps=200 \
+      --log_every=20 --profile_steps=3 --profile_strategies=default,flat --out="$OUT/bench_hosts_64.json"
+    ;;
+  *) echo "usage: $0 link|sigkill|hosts256|hosts64" >&2; exit 2 ;;
+esac

@@ -1,0 +1,342 @@
+"""The fused BatchNorm(+add, +ReLU) and the space-to-depth stem compute the plain layers' function.
+
+Float64 comparisons run under `jax.enable_x64`: there the only differences are float64 roundings
+(unit roundoff u = 2^-53 ~ 1.1e-16), so a wrong formula shows as an O(1) error against tolerances
+of 1e-10 (one layer) to 1e-8 (a whole net). bf16 comparisons use a float64 reference on the same (bf16-exact) inputs, with bounds
+from the bf16 rounding of the output (unit roundoff 2^-8) and fp32 rounding of the reductions.
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import default
+from jia_jax.models import create_model, layers
+from jia_jax.models.call_order import backward_leaf_order
+from jia_jax.models.space_to_depth import SpaceToDepthConv, conv_as_space_to_depth
+
+BF16_U = 2.0**-8  # unit roundoff of bf16 (8 significant bits)
+FP32_U = 2.0**-24
+EPS = 1e-5  # the models' bn_epsilon
+MOMENTUM = 0.9
+# (relu, residual) as the models call BatchNormAct: projection BN, BN+ReLU, BN+add+ReLU.
+VARIANTS = [(False, False), (True, False), (True, True)]
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+def _bn_inputs(shape, dtype, param_dtype, seed=0):
+    """x with a different offset per channel (|mean| up to 6 std), params, running stats, dy."""
+    rng = np.random.default_rng(seed)
+    c = shape[-1]
+    x = rng.standard_normal(shape) * rng.uniform(0.5, 2.0, c) + rng.uniform(-3.0, 3.0, c)
+    data = {
+        "x": x,
+        "residual": rng.standard_normal(shape),
+        "dy": rng.standard_normal(shape),
+        "scale": rng.uniform(0.5, 1.5, c) * rng.choice([-1.0, 1.0], c),
+        "bias": rng.standard_normal(c),
+        "mean": rng.standard_normal(c),  # running averages, for eval mode
+        "var": rng.uniform(0.5, 2.0, c),
+    }
+    # Round each value to the dtype the layer gets it in, so the float64 reference sees the same.
+    rounding = dict.fromkeys(("x", "residual", "dy"), dtype) | dict.fromkeys(
+        ("scale", "bias"), param_dtype
+    )
+    stats_dtype = jnp.promote_types(param_dtype, jnp.float32)
+    return {
+        k: np.asarray(jnp.asarray(v, rounding.get(k, stats_dtype)), np.float64)
+        for k, v in data.items()
+    }
+
+
+def _run_bn(fused, train, data, relu, residual, dtype, param_dtype):
+    """Output, updated batch_stats and the gradients ({scale, bias}, x[, residual]) for dy."""
+    module = layers.BatchNormAct(
+        use_running_average=not train,
+        momentum=MOMENTUM,
+        epsilon=EPS,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        fused=fused,
+    )
+    # Running averages in fp32 as the models' (float64 in the float64 tests).
+    stats_dtype = jnp.promote_types(param_dtype, jnp.float32)
+    stats = {k: jnp.asarray(data[k], stats_dtype) for k in ("mean", "var")}
+
+    def f(params, x, *res):
+        shortcut = (lambda: res[0]) if res else None  # the models pass the shortcut as a function
+        return module.apply(
+            {"params": params, "batch_stats": stats},
+            x,
+            shortcut,
+            relu=relu,
+            mutable=["batch_stats"],
+        )
+
+    params = {k: jnp.asarray(data[k], param_dtype) for k in ("scale", "bias")}
+    primals = [params, jnp.asarray(data["x"], dtype)]
+    if residual:
+        primals.append(jnp.asarray(data["residual"], dtype))
+    y, vjp, state = jax.vjp(jax.jit(f), *primals, has_aux=True)
+    grads = vjp(jnp.asarray(data["dy"], dtype))
+    return y, state["batch_stats"], grads
+
+
+def _reference_bn(data, train, relu, residual):
+    """numpy float64: output, pre-ReLU z, xhat, the new running averages."""
+    x = data["x"]
+    axes = tuple(range(x.ndim - 1))
+    mean, var = (x.mean(axes), x.var(axes)) if train else (data["mean"], data["var"])
+    xhat = (x - mean) / np.sqrt(var + EPS)
+    z = xhat * data["scale"] + data["bias"] + (data["residual"] if residual else 0.0)
+    y = np.maximum(z, 0.0) if relu else z
+    new = {"mean": data["mean"], "var": data["var"]}
+    if train:
+        new = {
+            k: MOMENTUM * data[k] + (1 - MOMENTUM) * s for k, s in (("mean", mean), ("var", var))
+        }
+    return y, z, xhat, new
+
+
+def _assert_trees_close(got, want, atol):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("relu, residual", VARIANTS)
+def test_fused_bn_float64_matches_flax_and_numpy(x64, train, relu, residual):
+    """Forward, running averages and all gradients, against numpy and the plain flax layers.
+
+    A float64 sum of n terms errs by at most n * u * sum|terms|, u = 1.1e-16. Here n = 100 per
+    channel, |x| <~ 9 (|mean| <= 6 std): the largest sums (flax's sum of x^2, the scale gradient's
+    sum of g * xhat) have sum|terms| <~ 100 * 81, so every compared quantity is within
+    100 * 1.1e-16 * 8100 ~ 1e-10 of exact in the worst case. A wrong formula errs by O(1).
+    """
+    data = _bn_inputs((4, 5, 5, 3), jnp.float64, jnp.float64)
+    args = (train, data, relu, residual, jnp.float64, jnp.float64)
+    y, stats, grads = _run_bn(True, *args)
+    y_flax, stats_flax, grads_flax = _run_bn(False, *args)
+    y_ref, _, _, stats_ref = _reference_bn(data, train, relu, residual)
+
+    assert y.dtype == jnp.float64
+    _assert_trees_close(y, y_ref, atol=1e-10)
+    _assert_trees_close(y_flax, y_ref, atol=1e-10)
+    assert stats.keys() == stats_flax.keys() == {"mean", "var"}
+    _assert_trees_close(stats, stats_flax, atol=1e-10)
+    _assert_trees_close(stats, stats_ref, atol=1e-10)
+    # Gradients: flax's come from autodiff, ours from the hand-written backward.
+    assert jax.tree.structure(grads) == jax.tree.structure(grads_flax)
+    _assert_trees_close(grads, grads_flax, atol=1e-10)
+    if relu:  # the ReLU clips some outputs, not all: the mask is exercised
+        assert 0 < np.mean(y_ref == 0) < 1
+
+
+@pytest.mark.parametrize("param_dtype", [jnp.float32, jnp.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("relu, residual", VARIANTS)
+def test_fused_bn_bf16_within_bf16_rounding_of_float64(train, relu, residual, param_dtype):
+    """bf16 activations: output and gradients within bf16 rounding of float64.
+
+    Parameters in fp32 (the master copy) or bf16 (the compute copy the trainer differentiates).
+
+    The output and the input gradient are each rounded to bf16 once, from an fp32 expression:
+    |y - y64| <= 2^-8 |y64| + slack * max|y64|, slack the fp32 error before that rounding, chiefly
+    of the 288-value statistics, whose cancellation factor the shift of `fused_bn._moments` keeps
+    to kappa = 1 + (K - mean)^2 / var <~ 10 (K a sample, within ~3 std of the mean): worst case
+    288 * 2^-24 * 10 ~ 2e-4, with randomly signed roundings sqrt(288) * 2^-24 * 10 ~ 1e-5, so
+    slack = 1e-4. Statistics reduced in bf16, or the plain layers' second bf16 rounding (BN
+    output, then the sum), exceed the 2^-8 bound by ~1e-3 * max|y64|: ten times slack. The scale
+    and bias gradients are fp32 sums, error <= n * 2^-24 * sum|terms|, then rounded to
+    param_dtype: + 2^-8 |grad| for bf16.
+    """
+    slack = 1e-4
+    data = _bn_inputs((8, 6, 6, 4), jnp.bfloat16, param_dtype, seed=1)
+    y, stats, grads = _run_bn(True, train, data, relu, residual, jnp.bfloat16, param_dtype)
+    y_ref, z_ref, xhat, stats_ref = _reference_bn(data, train, relu, residual)
+
+    assert y.dtype == jnp.bfloat16
+    assert all(s.dtype == jnp.float32 for s in stats.values())
+    assert [g.dtype for g in jax.tree.leaves(grads)] == (
+        [param_dtype, param_dtype, jnp.bfloat16] + [jnp.bfloat16] * residual
+    )
+    err = np.abs(np.asarray(y, np.float64) - y_ref)
+    assert np.all(err <= BF16_U * np.abs(y_ref) + slack * np.abs(y_ref).max())
+    _assert_trees_close(stats, stats_ref, atol=1e-5)  # fp32 rounding of O(1) values
+
+    # Reference gradients: autodiff of the plain layers in float64 on the same inputs.
+    with jax.enable_x64(True):
+        ref = _run_bn(False, train, data, relu, residual, jnp.float64, jnp.float64)[2]
+    (d_params, dx, *d_res), (ref_params, ref_dx, *_ref_res) = grads, ref
+    ref_dx = np.asarray(ref_dx)
+    err = np.abs(np.asarray(dx, np.float64) - ref_dx)
+    assert np.all(err <= BF16_U * np.abs(ref_dx) + slack * np.abs(ref_dx).max())
+    g = np.where(z_ref > 0, data["dy"], 0.0) if relu else data["dy"]
+    n = math.prod(g.shape[:-1])
+    axes = tuple(range(g.ndim - 1))
+    rounding = BF16_U if param_dtype == jnp.bfloat16 else 0.0
+    for name, terms in (("bias", g), ("scale", g * xhat)):
+        want = np.asarray(ref_params[name])
+        bound = n * FP32_U * np.abs(terms).sum(axes) + rounding * np.abs(want)
+        got = np.asarray(d_params[name], np.float64)
+        assert np.all(np.abs(got - want) <= bound), name
+    if residual:  # the masked bf16 dy itself, exactly
+        np.testing.assert_array_equal(np.asarray(d_res[0], np.float64), g)
+
+
+@pytest.mark.parametrize(
+    "kernel, stride, pad, size",
+    [(7, 2, 3, 16), (7, 2, 3, 15), (11, 4, 2, 35), (3, 2, 1, 9)],
+    ids=["resnet_stem", "odd_size", "alexnet_conv1", "3x3s2"],
+)
+def test_space_to_depth_conv_is_the_strided_conv_float64(x64, kernel, stride, pad, size):
+    """Output and both gradients equal lax's strided conv: each output is a sum of at most
+    kernel^2 * 3 <= 363 O(1) products, the same products (plus exact zeros) in another order:
+    error <= 363 * 1.1e-16 * 363 ~ 1.5e-11.
+    """
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.standard_normal((2, size, size, 3)))
+    w = jnp.asarray(rng.standard_normal((kernel, kernel, 3, 5)))
+    padding = ((pad, pad), (pad, pad))
+
+    def plain(x, w):
+        return jax.lax.conv_general_dilated(
+            x, w, (stride, stride), padding, dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    def rewritten(x, w):
+        return conv_as_space_to_depth(x, w, stride, padding)
+
+    want, vjp_want = jax.vjp(plain, x, w)
+    got, vjp_got = jax.jit(lambda x, w: jax.vjp(rewritten, x, w))(x, w)
+    assert got.shape == want.shape
+    dy = jnp.asarray(rng.standard_normal(want.shape))
+    _assert_trees_close((got, *vjp_got(dy)), (want, *vjp_want(dy)), atol=2e-11)
+
+
+def test_space_to_depth_module_has_nn_conv_parameter_and_bf16_rounding():
+    """Same `kernel` parameter as nn.Conv; both bf16 outputs within one bf16 rounding of float64
+    (the products of bf16 values are exact in the fp32 accumulator; 147 of them: fp32 error
+    <= 147 * 2^-24 * sum|terms|, far below 2^-8).
+    """
+    kwargs = {"features": 4, "kernel_size": (7, 7), "strides": 2, "padding": ((3, 3), (3, 3))}
+    kwargs |= {"dtype": jnp.bfloat16, "kernel_init": nn.initializers.normal(1.0)}
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((2, 12, 12, 3)), jnp.bfloat16)
+    conv = nn.Conv(use_bias=False, **kwargs)
+    s2d = SpaceToDepthConv(**kwargs)
+    variables = conv.init(jax.random.key(0), x)
+    s2d_variables = s2d.init(jax.random.key(0), x)
+    assert jax.tree.structure(s2d_variables) == jax.tree.structure(variables)
+    np.testing.assert_array_equal(s2d_variables["params"]["kernel"], variables["params"]["kernel"])
+    w64 = np.asarray(jnp.asarray(variables["params"]["kernel"], jnp.bfloat16), np.float64)
+    with jax.enable_x64(True):
+        ref = np.asarray(
+            jax.lax.conv_general_dilated(
+                jnp.asarray(np.asarray(x, np.float64)),
+                jnp.asarray(w64),
+                (2, 2),
+                kwargs["padding"],
+                dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            )
+        )
+    for module in (conv, s2d):
+        y = module.apply(variables, x)
+        assert y.dtype == jnp.bfloat16
+        err = np.abs(np.asarray(y, np.float64) - ref)
+        assert np.all(err <= BF16_U * np.abs(ref) + 1e-5 * np.abs(ref).max())
+
+
+def _count(tree) -> int:
+    return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(tree))
+
+
+@pytest.mark.parametrize("name, count", [("resnet50", 25_557_032), ("alexnet_bn", 62_388_424)])
+def test_options_keep_the_variables_of_the_plain_net(name, count):
+    """Same variable tree, shapes and dtypes (so checkpoints load either way) at 224x224, and the
+    same call order, hence the same all-reduce buckets (`call_order`)."""
+    x = jnp.zeros((1, 224, 224, 3), jnp.float32)
+
+    def variables(**options):
+        model = create_model(name, num_classes=1000, dtype="bfloat16", **options)
+        order = backward_leaf_order(model, x.shape[1:])
+        return jax.eval_shape(lambda: model.init(jax.random.key(0), x, train=False)), order
+
+    # The options as a run passes them: --config.model.fused_bn=True etc. on a default config.
+    config = default.get_config()
+    config.model.fused_bn = config.model.space_to_depth_stem = True
+    options = {k: v for k, v in config.model.items() if k != "name"}
+    (plain, plain_order), (fused, fused_order) = variables(), variables(**options)
+    assert fused_order == plain_order
+    assert jax.tree.structure(fused) == jax.tree.structure(plain)
+    assert jax.tree.leaves(fused) == jax.tree.leaves(plain)  # ShapeDtypeStructs
+    assert _count(fused["params"]) == count
+
+
+def _randomise(variables, seed):
+    """Non-trivial BN parameters and running statistics (zero-init gammas would hide the blocks)."""
+    rng = np.random.default_rng(seed)
+
+    def leaf(path, v):
+        name = path[-1].key
+        if name == "scale":
+            return jnp.asarray(rng.uniform(0.5, 1.5, v.shape), v.dtype)
+        if name in ("bias", "mean"):
+            return jnp.asarray(0.3 * rng.standard_normal(v.shape), v.dtype)
+        if name == "var":
+            return jnp.asarray(rng.uniform(0.5, 2.0, v.shape), v.dtype)
+        return v
+
+    return jax.tree_util.tree_map_with_path(leaf, variables)
+
+
+@pytest.mark.parametrize(
+    "name, width, image", [("resnet50", 2, 32), ("alexnet_bn", 3, 64)], ids=["resnet50", "alexnet"]
+)
+def test_options_compute_the_plain_net_float64(x64, name, width, image):
+    """Logits (train and eval), running averages and all parameter gradients agree.
+
+    Float64 rounding (~1e-16) through ~50 layers, each BN renormalising to O(1) with a condition
+    of at most ~1e2 on these tiny batches, stays far below 1e-8 relative; a wrong rewrite or
+    backward gives O(1).
+    """
+    x = jnp.asarray(np.random.default_rng(5).standard_normal((4, image, image, 3)))
+
+    def build(**options):
+        return create_model(name, num_classes=3, dtype=jnp.float64, width=width, **options)
+
+    plain, fused = build(), build(fused_bn=True, space_to_depth_stem=True)
+    variables = jax.jit(lambda: plain.init(jax.random.key(0, impl="rbg"), x, train=False))()
+    variables = _randomise(jax.tree.map(lambda v: v.astype(jnp.float64), variables), seed=6)
+
+    def run(model):
+        def loss(params):
+            v = {**variables, "params": params}
+            logits, state = model.apply(v, x, train=True, mutable=["batch_stats"])
+            return jnp.sum(logits * jnp.arange(1.0, 4.0)), (logits, state["batch_stats"])
+
+        grads, (logits, stats) = jax.grad(loss, has_aux=True)(variables["params"])
+        return logits, stats, grads, model.apply(variables, x, train=False)
+
+    want = jax.jit(lambda: run(plain))()
+    got = jax.jit(lambda: run(fused))()
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-8 * max(1.0, np.abs(w).max()))
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+
+
+def test_bad_option_combinations_are_rejected():
+    options = {"num_classes": 2, "dtype": "float32"}
+    with pytest.raises(ValueError, match="small_inputs"):
+        create_model("resnet18", small_inputs=True, space_to_depth_stem=True, **options)
+    model = create_model("resnet18", fused_bn=True, bn_axis_name="batch", **options)
+    with pytest.raises(ValueError, match=r"model\.fused_bn"):
+        jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=True))

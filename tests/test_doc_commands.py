@@ -12,7 +12,7 @@ they hold when the tests run:
     on the bundled digits in one process: it must exit 0; a repeat of a command is checked only;
   - checked without running otherwise (ImageNet, GPUs, several processes, long studies): the
     trainer's flag parser (`--only_check_args`) or a script's argparse parser must accept its
-    arguments, a `python -m` module must exist, a shell script must be executable and pass
+    arguments (a script that reads sys.argv itself runs), a `python -m` module must exist, a shell script must be executable and pass
     `bash -n` with the trainer accepting the config and overrides it is given;
   - parsed only when it is setup or another tool (pip, venv, tfds, jupyter, tensorboard, ...), or
     a template with placeholders (`...`, `<json>`).
@@ -283,7 +283,8 @@ def _check_trainer(command: Command, env: dict[str, str], args: list[str], tmp_p
     )
 
 
-# Runs a module as `python -m` would, but stops once argparse has accepted the arguments.
+# Runs a module as `python -m` would, but stops once argparse has accepted the arguments (one
+# that reads sys.argv itself, such as the renderer, runs to its end: it must succeed).
 _PARSE_ONLY = """
 import argparse, runpy, sys
 parse = argparse.ArgumentParser.parse_args
@@ -293,7 +294,6 @@ def parse_and_stop(self, *args, **kwargs):
 argparse.ArgumentParser.parse_args = parse_and_stop
 sys.argv = sys.argv[1:]
 runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-raise SystemExit("it ran to its end without parsing arguments with argparse")
 """
 
 

@@ -83,6 +83,14 @@ class Checkpointer:
     def __init__(
         self, directory: epath.PathLike, *, max_to_keep: int, save_every_steps: int
     ) -> None:
+        # Checked before orbax creates the directory: 0 would divide by zero at the first save,
+        # or (max_to_keep) silently keep no checkpoint at all.
+        for field, value in (
+            ("checkpoint_every_steps", save_every_steps),
+            ("checkpoint_keep", max_to_keep),
+        ):
+            if value < 1:
+                raise ValueError(f"{field}={value} must be >= 1.")
         self._directory = epath.Path(directory).absolute()
         self._save_every_steps = save_every_steps
         self._manager = ocp.CheckpointManager(

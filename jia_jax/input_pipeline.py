@@ -64,6 +64,8 @@ def create_input(
     """
     sharding = mesh_lib.batch_sharding(mesh)
     num_devices = mesh.devices.size
+    if data.image_size < 1:
+        raise ValueError(f"data.image_size={data.image_size} must be positive.")
     for field, size in (("global_batch_size", global_batch), ("eval_batch_size", eval_batch)):
         if size <= 0:
             raise ValueError(f"{field}={size} must be positive (a multiple of {num_devices}).")

@@ -30,6 +30,21 @@ _DIVERGED_HINT = (
 )
 
 
+def check_schedule_fields(config: ml_collections.ConfigDict) -> None:
+    """Refuses the loop's intervals and `microbatch_size` values that fail once training runs.
+
+    Raises:
+      ValueError: naming the field.
+    """
+    for field in ("log_every_steps", "eval_every_steps"):
+        if config[field] < 1:
+            raise ValueError(f"{field}={config[field]} must be >= 1.")
+    if config.microbatch_size < 0:
+        raise ValueError(
+            f"microbatch_size={config.microbatch_size} must be >= 0 (0: no accumulation)."
+        )
+
+
 def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
     """`total_steps`, or `num_epochs` worth of steps when it is -1."""
     if config.total_steps > 0:
@@ -177,6 +192,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         jax.process_count(),
     )
 
+    check_schedule_fields(config)
     trainer = build_trainer(config, mesh)
     data, steps = trainer.data, trainer.steps
     # Built (and its limit checked) before the workdir is touched.

@@ -60,6 +60,12 @@ def test_resnet50_64k_config_runs_on_cpu_with_small_overrides(tmp_path):
         ("precision.compute", "float8"),
         ("optimizer.name", "adam"),
         ("optimizer.decay", "step"),
+        ("checkpoint_every_steps", 0),
+        ("checkpoint_keep", 0),
+        ("log_every_steps", 0),
+        ("eval_every_steps", 0),
+        ("microbatch_size", -2),
+        ("data.image_size", 0),
     ],
 )
 def test_bad_config_fails_naming_the_field(tmp_path, field, value):

@@ -198,6 +198,8 @@ def test_missing_dataset_names_the_directory_tfds_looked_in(tmp_path):
         timeout=120,
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    # The mesh line, the error, and its hint: two commands and where to read more.
+    assert len(result.stderr.strip().splitlines()) <= 8, result.stderr
     assert f"is not prepared in '{default}'" in result.stderr
     assert f"tfds build imagenet2012 --data_dir={default} " in result.stderr
     assert f"tfds convert_format --dataset_dir={default}/imagenet2012 " in result.stderr

@@ -112,7 +112,6 @@ class Tracing:
             profile.first_step + profile.steps,
             log_dir,
         )
-
         self._running = False
 
     def before(self, step: int, state: train.TrainState) -> None:

@@ -12,7 +12,7 @@ overrides=(--config.data.name=synthetic --config.optimizer.warmup_epochs=0 --con
 case "$1" in
   link)
     python3 -m scripts.bench.link --out="$OUT/bench_link_4gpu.json"
-    python3 -m scripts.bench.repro_peer_watch --seconds=25 --out="$OUT/repro_peer_watch_4gpu.json"
+    python3 -m scripts.bench.repro_peer_watch --out="$OUT/repro_peer_watch_4gpu.json"
     ;;
   sigkill)
     # The default config on 2 emulated hosts; process 1 is killed once step 60 is logged.

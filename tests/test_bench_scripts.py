@@ -14,7 +14,10 @@ import pytest
 
 from scripts.bench import allreduce as bench_allreduce
 from scripts.bench import harness
+from scripts.bench import hosts as bench_hosts
+from scripts.bench import link as bench_link
 from scripts.bench import peers as bench_peers
+from scripts.bench import repro_peer_watch as bench_repro
 from scripts.bench import step as bench_step
 from scripts.bench import train_input as bench_train_input
 
@@ -290,3 +293,81 @@ def test_harness_times_every_step_and_queues_one_more():
     assert rates["step_time_s"] == statistics.median(queued)
     assert rates["images_per_s"] == pytest.approx(8 / statistics.median(queued), rel=1e-12)
     assert rates["synced_images_per_s"] == pytest.approx(8 / statistics.median(synced), rel=1e-12)
+
+
+def _cpu_processes(monkeypatch, devices: int) -> None:
+    """Child processes of the multi-process benchmarks simulate `devices` CPU devices, over gloo."""
+    monkeypatch.setenv("JIA_JAX_PLATFORM", "cpu")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setenv("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count={devices}")
+
+
+def test_bench_hosts_rates_emulated_hosts_against_one_device(tmp_path, monkeypatch):
+    _cpu_processes(monkeypatch, 2)
+    out = tmp_path / "hosts.json"
+    doc = bench_hosts.main(
+        [
+            "--hosts=2",
+            "--gpus_per_host=2",
+            "--batches=2",
+            "--strategies=flat",
+            "--steps=6",
+            "--log_every=2",
+            "--tiny",
+            f"--out={out}",
+        ]
+    )
+    assert json.loads(out.read_text()) == doc
+    one, flat = doc["results"]
+    assert (one["hosts"], flat["hosts"], flat["strategy"]) == (1, 2, "flat"), flat.get("error")
+    # Efficiency against 4 x the one-device rate of the same run.
+    assert flat["efficiency"] == pytest.approx(flat["images_per_s"] / (4 * one["images_per_s"]))
+    assert "--hosts 2 2" in flat["command"] and doc["environment"]["backend"] == "cpu"
+
+
+def test_bench_hosts_takes_the_median_after_the_compile_interval():
+    log = "\n".join(
+        f"I0 loop.py] step {s:3d}/90 | learning_rate 0.1 | loss {l} | top1 0 | {r} img/s | ETA 0:00:01"
+        for s, l, r in ((30, 5.0, 10.0), (60, 4.0, 300.0), (90, 3.0, 100.0))
+    )
+    # The first interval holds the compile; the median of the other two.
+    assert bench_hosts.steady_rate(log) == (200.0, 3.0)
+    with pytest.raises(ValueError, match="fewer than two progress lines"):
+        bench_hosts.steady_rate(log.splitlines()[0])
+
+
+def test_bench_link_reports_each_axis_over_processes(tmp_path, monkeypatch):
+    _cpu_processes(monkeypatch, 2)
+    out = tmp_path / "link.json"
+    doc = bench_link.main(
+        [
+            "--size_mib=0.01",
+            "--repeats=1",
+            "--calls=1",
+            "--variants=one_host,hosts_sockets_4x4",
+            f"--out={out}",
+        ]
+    )
+    rows = {r["variant"]: r for r in doc["results"]}
+    assert set(rows) == {"one_host", "hosts_sockets_4x4"}, doc["results"]
+    assert rows["hosts_sockets_4x4"]["settings"]["NCCL_NSOCKS_PERTHREAD"] == "4"
+    n = int(0.01 * (1 << 20)) // 4
+    for row in rows.values():
+        for axis, ranks in (("gpu", 2), ("node", 2), ("both", 4)):
+            r = row[axis]
+            assert r["ranks"] == ranks
+            assert r["bus_gb_s"] == pytest.approx(
+                2 * (ranks - 1) / ranks * n * 4 / r["time_s"] / 1e9
+            )
+
+
+def test_repro_peer_watch_records_each_combination(tmp_path, monkeypatch):
+    _cpu_processes(monkeypatch, 2)
+    doc = bench_repro.main(
+        ["--combos=00", "--steps=5", "--mib=0.01", "--width=8", f"--out={tmp_path / 'r.json'}"]
+    )
+    [row] = doc["results"]
+    assert (row["recoverable"], row["poll_get_live_nodes"]) == (False, False)
+    assert row["returncodes"] == [0, 0] and not row["crashed"], row["log_tails"]
+    assert row["steps"] == [5, 5]

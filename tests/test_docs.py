@@ -391,3 +391,47 @@ def test_scaling_prose_quotes_the_calibration_and_the_model():
     for name, e in paper.items():
         assert e["speedup_fused"] <= ps.PAPER[name]["speedup_vs_nccl"] <= e["speedup_per_leaf"]
     assert (r50["best"].strategy, alex["best"].strategy) == ("hierarchical", "flat")
+
+
+def test_across_hosts_answers_agree_with_the_json():
+    link = {r["variant"]: r for r in load("bench_link_4xH100.json")["results"]}
+    gpu_axis = [r["gpu"]["bus_gb_s"] for r in link.values()]
+    socket_4x4 = link["hosts_sockets_4x4"]["node"]["bus_gb_s"]
+    # The launcher's choice is the fastest setting across the hosts.
+    assert socket_4x4 == max(r["node"]["bus_gb_s"] for r in link.values() if r["variant"] != "one_host")
+    rows = load("bench_hosts_256_4xH100.json")["results"]
+    [one] = [r for r in rows if r["hosts"] == 1]
+    by = {r["strategy"]: r for r in rows if r["hosts"] == 2}
+    one_ms = 1e3 * one["per_device_batch"] / one["images_per_s"]
+
+    def added_ms(r):
+        return 1e3 * r["per_device_batch"] * 4 / r["images_per_s"] - one_ms
+
+    [sol] = [r for r in load("bench_hosts_256_sol_4xH100.json")["results"] if r["hosts"] == 2]
+    assert_quoted(
+        _section("## Across hosts"),
+        [
+            f"defaults give {link['hosts_nccl_defaults']['node']['bus_gb_s']:.2f} GB/s",
+            f"4 sockets give {socket_4x4:.2f} GB/s (about {socket_4x4 * 8:.0f} Gbit/s)",
+            f"NVLink gives {span(gpu_axis, '.0f')} GB/s",
+            f"keeps {by['default']['efficiency']:.3f} of four single GPUs",
+            f"`flat` {by['flat']['efficiency']:.3f}",
+            f"{added_ms(by['default']):.1f} and {added_ms(by['flat']):.1f} ms are added to the "
+            f"{one_ms:.1f} ms step",
+            f"{by['default']['exposed_comm_ms']:.1f} and {by['flat']['exposed_comm_ms']:.1f} ms",
+            f"made it worse, {sol['efficiency']:.3f}",
+        ],
+    )
+    assert_quoted(
+        read("docs/scaling.md"),
+        [
+            f"joined by a {socket_4x4 * 8:.0f} Gbit/s socket network",
+            f"({by['flat']['efficiency']:.3f} of four single GPUs",
+            f"beat `hierarchical` ({by['default']['efficiency']:.3f})",
+        ],
+    )
+    across = [r["node"]["bus_gb_s"] * 8 for r in link.values() if r["variant"] != "one_host"]
+    assert_quoted(read("README.md"), [f"a {span(across, '.0f')} Gbit/s network"])
+    killed = read("docs/benchmarks/sigkill_2x2_4xH100.log")
+    assert len(re.findall(r"^E.* stopped at step \d+; restart the job", killed, re.MULTILINE)) == 1
+    assert re.search(r"launcher exit status 75 after \d+ s", killed)

@@ -33,8 +33,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TOTAL_STEPS = 12
 # Few saves (each costs about a second of host time here); orbax also saves the first step.
 CHECKPOINT_EVERY = 6
-# Preemption is polled every 4 steps (jia_jax.loop), so a stop lands on 4 or 8: off the
-# checkpoint interval, a save of its own.
+# A stop lands on whatever step the signal reaches (jia_jax.loop): mostly off the checkpoint
+# interval, a save of its own.
 # Every checkpoint is kept so that any step can be compared with the uninterrupted run's;
 # warmup is 0.2 epochs (4 steps) of the 12.
 OVERRIDES = {

@@ -132,7 +132,9 @@ def one_gpu_row(args: argparse.Namespace, batch: int, env: dict[str, str]) -> di
         ]
         one_env = dict(env)
         if env.get("JIA_JAX_PLATFORM") == "cpu":
-            one_env.update(JAX_PLATFORMS="cpu")
+            # One simulated device (the last count given wins).
+            flags = f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=1"
+            one_env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=flags)
         else:
             one_env.update(CUDA_VISIBLE_DEVICES="0")
         rate, loss = steady_rate(run(command, one_env))

@@ -18,18 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from scripts.bench import harness
 
-_NETWORK = {"NCCL_SOCKET_IFNAME": "lo", "NCCL_NET": "Socket", "NCCL_IB_DISABLE": "1"}
 # name -> (separate hosts?, extra NCCL settings)
 VARIANTS = {
     "one_host": (False, {}),
@@ -84,49 +79,29 @@ def child(args: argparse.Namespace) -> None:
         print("ROWS " + json.dumps(rows), flush=True)
 
 
-def run_variant(args: argparse.Namespace, name: str, port: int) -> dict[str, Any]:
+def run_variant(args: argparse.Namespace, name: str) -> dict[str, Any]:
     separate, extra = VARIANTS[name]
-    base = {
-        k: v for k, v in os.environ.items() if not k.startswith("NCCL_") or k == "NCCL_NVLS_ENABLE"
-    }
-    procs = []
-    for i in range(args.hosts):
-        gpus = range(i * args.gpus_per_host, (i + 1) * args.gpus_per_host)
-        env = {
-            **base,
-            **_NETWORK,
-            **extra,
-            "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
-            "NCCL_HOSTID": f"jia_jax_host_{i if separate else 0}",
-        }
-        command = [
-            sys.executable,
-            "-m",
+
+    def module_args(process: int, port: int) -> list[str]:
+        return [
             "scripts.bench.link",
             "--child",
             f"--port={port}",
-            f"--process_id={i}",
+            f"--process_id={process}",
             f"--hosts={args.hosts}",
             f"--gpus_per_host={args.gpus_per_host}",
             f"--size_mib={args.size_mib}",
             f"--repeats={args.repeats}",
             f"--calls={args.calls}",
         ]
-        procs.append(
-            subprocess.Popen(
-                command,
-                cwd=harness.REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    logs = [p.communicate(timeout=args.timeout_s)[0] for p in procs]
+
+    statuses, logs = harness.run_emulated_hosts(
+        module_args, args.hosts, args.gpus_per_host, extra, args.timeout_s, separate
+    )
     found = [line for line in logs[0].splitlines() if line.startswith("ROWS ")]
-    if not found or any(p.returncode for p in procs):
+    if not found or any(statuses):
         return {"variant": name, "error": logs[0][-2000:] + logs[-1][-1000:]}
-    settings = {**_NETWORK, **extra, "separate_hosts": separate}
+    settings = {**harness.LOOPBACK_NETWORK, **extra, "separate_hosts": separate}
     return {"variant": name, "settings": settings, **json.loads(found[0][5:])}
 
 
@@ -151,10 +126,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         return None
     doc: dict[str, Any] = {"args": vars(args), "results": []}
     for name in args.variants:
-        with socket.socket() as s:  # a free port for this setting's coordinator
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        row = run_variant(args, name, port)
+        row = run_variant(args, name)
         doc["results"].append(row)
         harness.write_json(args.out, doc)
         print(name, {a: round(r["bus_gb_s"], 2) for a, r in row.items() if a in AXES} or row)

@@ -5,7 +5,7 @@ and a thread asking the coordination service `get_live_nodes` every second; acro
 (processes of different `NCCL_HOSTID`, NCCL sockets between them) GPU runs then died of heap
 corruption. Here 2 processes x `--gpus_per_host` GPUs (emulated hosts, as
 `scripts/launch_local.sh --hosts`) run a data-parallel loop (a matmul chain and a `psum` of
-`--mib` per device over both mesh axes, at most two steps in flight) for `--seconds`, under each
+`--mib` per device over both mesh axes, at most two steps in flight) for `--steps` steps, under each
 combination of: recoverable mode on/off, the polling thread on/off. A row records each process's
 exit status and whether its log shows a crash (`unaligned`, `Segmentation fault`, `Aborted`).
 
@@ -16,11 +16,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import re
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -28,13 +24,8 @@ from typing import Any
 
 from scripts.bench import harness
 
-_NETWORK = {
-    "NCCL_SOCKET_IFNAME": "lo",
-    "NCCL_NET": "Socket",
-    "NCCL_IB_DISABLE": "1",
-    "NCCL_SOCKET_NTHREADS": "4",
-    "NCCL_NSOCKS_PERTHREAD": "4",
-}
+# The launcher's socket setting (scripts/launch_local.sh --hosts).
+_SOCKETS = {"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4"}
 _CRASH = re.compile(r"unaligned|Segmentation fault|Aborted|double free|corrupted")
 
 
@@ -67,7 +58,7 @@ def child(args: argparse.Namespace) -> None:
     grads = jax.make_array_from_callback(
         (mesh.devices.size * n,), NamedSharding(mesh, spec), lambda i: np.ones(n, jnp.bfloat16)
     )
-    w = jnp.ones((4096, 4096), jnp.bfloat16)
+    w = jnp.ones((args.width, args.width), jnp.bfloat16)
 
     def per_device(g, w):
         h = w
@@ -76,65 +67,39 @@ def child(args: argparse.Namespace) -> None:
         return jax.lax.psum(g, ("node", "gpu")) + h[0, 0]
 
     step = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(spec, P()), out_specs=spec))
-    done, previous, end = 0, None, time.monotonic() + args.seconds
-    while time.monotonic() < end:
+    # Both processes run the same number of steps: a collective one of them never joins would
+    # hang the other (an earlier version ran each for the same time, and one could hang).
+    previous = None
+    for _ in range(args.steps):
         out = step(grads, w)
         if previous is not None:
             jax.block_until_ready(previous)
-        previous, done = out, done + 1
+        previous = out
     jax.block_until_ready(previous)
-    print(f"STEPS {done}", flush=True)
+    print(f"STEPS {args.steps}", flush=True)
 
 
 def run_variant(args: argparse.Namespace, recoverable: bool, poll: bool) -> dict[str, Any]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for i in range(2):
-        gpus = range(i * args.gpus_per_host, (i + 1) * args.gpus_per_host)
-        env = {
-            **os.environ,
-            **_NETWORK,
-            "NCCL_HOSTID": f"jia_jax_host_{i}",
-            "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
-        }
-        command = (
-            [
-                sys.executable,
-                "-m",
-                "scripts.bench.repro_peer_watch",
-                "--child",
-                f"--port={port}",
-                f"--process_id={i}",
-                f"--seconds={args.seconds}",
-                f"--mib={args.mib}",
-            ]
-            + (["--recoverable"] if recoverable else [])
-            + (["--poll"] if poll else [])
-        )
-        procs.append(
-            subprocess.Popen(
-                command,
-                cwd=harness.REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=args.seconds + 120)[0])
-        except subprocess.TimeoutExpired:
-            p.kill()
-            logs.append(p.communicate()[0] + "\n[killed: timeout]")
+    def module_args(process: int, port: int) -> list[str]:
+        flags = [
+            "scripts.bench.repro_peer_watch",
+            "--child",
+            f"--port={port}",
+            f"--process_id={process}",
+            f"--steps={args.steps}",
+            f"--mib={args.mib}",
+            f"--width={args.width}",
+        ]
+        return flags + (["--recoverable"] if recoverable else []) + (["--poll"] if poll else [])
+
+    statuses, logs = harness.run_emulated_hosts(
+        module_args, 2, args.gpus_per_host, _SOCKETS, args.timeout_s
+    )
     steps = [re.findall(r"STEPS (\d+)", log) for log in logs]
     return {
         "recoverable": recoverable,
         "poll_get_live_nodes": poll,
-        "returncodes": [p.returncode for p in procs],
+        "returncodes": statuses,
         "steps": [int(s[0]) if s else None for s in steps],
         "crashed": any(bool(_CRASH.search(log)) for log in logs),
         "log_tails": [log[-1500:] for log in logs],
@@ -144,9 +109,11 @@ def run_variant(args: argparse.Namespace, recoverable: bool, poll: bool) -> dict
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus_per_host", type=int, default=2)
-    parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--steps", type=int, default=4000, help="about 25 s on H100s")
+    parser.add_argument("--timeout_s", type=float, default=300)
     parser.add_argument("--mib", type=float, default=48)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--width", type=int, default=4096, help="matrices of the compute chain")
     parser.add_argument(
         "--combos",
         type=lambda text: [tuple(c == "1" for c in pair) for pair in text.split(",")],

@@ -1,6 +1,6 @@
 """The tables of the JSON that the benchmarks of `scripts/bench/` write: step, allreduce, input,
 train_input, peers, profile_step (and its `.kernels.json.gz`: the step's device time by what the
-kernels do) and multiprocess."""
+kernels do), multiprocess, hosts, link and repro_peer_watch (and a killed run's log)."""
 
 from __future__ import annotations
 
@@ -276,13 +276,106 @@ def breakdown_table(path: str) -> str:
     return "\n".join(lines)
 
 
+def _where(doc: dict[str, Any]) -> str:
+    """The machine of a run: its environment block, else its provenance's device."""
+    return _environment(doc) if "environment" in doc else doc["provenance"]["device"]
+
+
+def link_table(doc: dict[str, Any]) -> str:
+    """Bus bandwidth of one all-reduce per mesh level and NCCL setting (scripts/bench/link.py)."""
+    args = doc["args"]
+    lines = [
+        f"One fp32 all-reduce of {args['size_mib']} MiB per GPU, {args['hosts']} processes x "
+        f"{args['gpus_per_host']} GPUs ({_where(doc)}), bus bandwidth in GB/s:",
+        "",
+        "| NCCL setting | hosts to NCCL | `gpu` axis (in a process) | `node` axis (across) | "
+        "both axes |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in doc["results"]:
+        if "error" in r:
+            lines.append(f"| {r['variant']} | failed | | | |")
+            continue
+        hosts = args["hosts"] if r["settings"]["separate_hosts"] else 1
+        cells = " | ".join(f"{r[a]['bus_gb_s']:.2f}" for a in ("gpu", "node", "both"))
+        lines.append(f"| {r['variant']} | {hosts} | {cells} |")
+    return "\n".join(lines)
+
+
+def hosts_table(doc: dict[str, Any]) -> str:
+    """The trainer across emulated hosts against one GPU, same run (scripts/bench/hosts.py)."""
+    lines = [
+        f"The trainer's logged images/s ({_where(doc)}; ResNet-50 64K config, bf16, synthetic "
+        "data; median of the logged intervals after the first):",
+        "",
+        "| hosts x GPUs | strategy | XLA flags | per GPU | images/s | efficiency | "
+        "exposed comm ms/step | idle ms/step |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in doc["results"]:
+        flags = r.get("xla_flags") or ""
+        flags = "SOL latency estimator, 2 GPUs/node" if "sol_latency" in flags else flags or "-"
+        if "error" in r:
+            lines.append(
+                f"| {r['hosts']}x{r['gpus_per_host']} | {r['strategy']} | {flags} | "
+                f"{r['per_device_batch']} | failed | | | |"
+            )
+            continue
+        exposed = f"{r['exposed_comm_ms']:.1f}" if "exposed_comm_ms" in r else "-"
+        idle = f"{r['idle_ms']:.1f}" if "idle_ms" in r else "-"
+        lines.append(
+            f"| {r['hosts']}x{r['gpus_per_host']} | {r['strategy']} | {flags} | "
+            f"{r['per_device_batch']} | {r['images_per_s']:.0f} | {r['efficiency']:.3f} | "
+            f"{exposed} | {idle} |"
+        )
+    return "\n".join(lines)
+
+
+def repro_table(doc: dict[str, Any]) -> str:
+    """Each combination of recoverable mode and polling thread (scripts/bench/repro_peer_watch.py)."""
+    args = doc["args"]
+    length = (
+        f"{args['steps']} steps"
+        if "steps" in args
+        else f"{args['seconds']} s by each process's own clock"
+    )
+    lines = [
+        f"2 emulated hosts x {args['gpus_per_host']} GPUs, {length} of a data-parallel loop "
+        f"({_where(doc)}):",
+        "",
+        "| recoverable mode | get_live_nodes thread | exit statuses | steps | heap crash |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in doc["results"]:
+        lines.append(
+            f"| {r['recoverable']} | {r['poll_get_live_nodes']} | {r['returncodes']} | "
+            f"{r['steps']} | {r['crashed']} |"
+        )
+    return "\n".join(lines)
+
+
+def killed_table(path: str, doc: dict[str, Any]) -> str:
+    """What a survivor printed when a peer was killed: the lines of the run's log that say so."""
+    with open(path.removesuffix(".json") + ".log") as f:
+        said = [line.rstrip() for line in f if " stopped " in line or "killed process" in line]
+    return "\n".join(["```", *said, "```"])
+
+
 def table(path: str) -> str:
     """The table of one raw file, of whichever benchmark wrote it."""
     if path.endswith(".kernels.json.gz"):
         return breakdown_table(path)
     with open(path) as f:
         doc = json.load(f)
+    if "log" in doc:
+        return killed_table(path, doc)
     first = (doc.get("results") or [{}])[0]
+    if "hosts" in first:
+        return hosts_table(doc)
+    if "settings" in first:
+        return link_table(doc)
+    if "recoverable" in first:
+        return repro_table(doc)
     if "gpus" in doc and "variant" in first:
         return train_input_table(doc)
     if "kind" in first:

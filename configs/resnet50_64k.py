@@ -7,9 +7,10 @@ NVIDIA's ~57K submission): peak LR 23 ... ~29 for 64K, ~33 warmup epochs of ~90,
 Run:
   python -m jia_jax.main --config=configs/resnet50_64k.py --workdir=/ckpt/r50_64k \
       --config.data.data_dir=/path/to/tensorflow_datasets
-Throughput only (no dataset):
-  python -m jia_jax.main --config=configs/resnet50_64k.py --config.data.name=synthetic \
-      --config.global_batch_size=256 --config.total_steps=100
+Throughput only (no dataset; a short run needs no warmup):
+  python -m jia_jax.main --config=configs/resnet50_64k.py --workdir=/tmp/jia_jax/r50_synthetic \
+      --config.data.name=synthetic --config.global_batch_size=256 --config.total_steps=100 \
+      --config.optimizer.warmup_epochs=0
 """
 
 import ml_collections

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import types
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Self
@@ -82,6 +83,14 @@ class Checkpointer:
     def __init__(
         self, directory: epath.PathLike, *, max_to_keep: int, save_every_steps: int
     ) -> None:
+        # Checked before orbax creates the directory: 0 would divide by zero at the first save,
+        # or (max_to_keep) silently keep no checkpoint at all.
+        for field, value in (
+            ("checkpoint_every_steps", save_every_steps),
+            ("checkpoint_keep", max_to_keep),
+        ):
+            if value < 1:
+                raise ValueError(f"{field}={value} must be >= 1.")
         self._directory = epath.Path(directory).absolute()
         self._save_every_steps = save_every_steps
         self._manager = ocp.CheckpointManager(
@@ -173,20 +182,25 @@ class Checkpointer:
           NoReadableCheckpointError: There were checkpoints, and none could be read.
         """
         _check_has_shardings(abstract_state)
-        unreadable = []
+        moved = []  # one "step N (why) -> where" per unreadable checkpoint, newest first
         for step in sorted(self._manager.all_steps(), reverse=True):
             restored, reason = _try_restore(self._manager, step, abstract_state)
             # Every process must resume from the same step, even if only one failed to read.
             if not any_process(reason is not None):
+                if moved:
+                    logging.warning(
+                        "Unreadable checkpoint %s; resuming from the checkpoint of step %d.",
+                        "; ".join(moved),
+                        step,
+                    )
                 return step, restored[_STATE], dict(restored[_META])
-            _quarantine(self._manager, step, reason or "it failed to load on another process")
-            unreadable.append(step)
-        if unreadable:
+            reason = reason or "it failed to load on another process"
+            moved.append(f"of step {step} ({reason}) moved to {_quarantine(self._manager, step)}")
+        if moved:
             # Starting over silently would throw a run away, e.g. on a bug in our restore path.
             raise NoReadableCheckpointError(
-                f"No checkpoint in {self._directory} could be read (steps {unreadable}, moved to "
-                f"{self._directory / _CORRUPT_DIR}; see the warnings above). Rerun to start "
-                "from step 0 in this workdir, or use a new --workdir."
+                f"No checkpoint in {self._directory} could be read: {'; '.join(moved)}. Rerun "
+                "to start from step 0 in this workdir, or use a new --workdir."
             )
         return None
 
@@ -244,7 +258,8 @@ class Checkpointer:
 
 
 def _error_summary(error: BaseException) -> str:
-    text = str(error)
+    # One line: TensorStore errors carry a multi-line spec of the array.
+    text = " ".join(str(error).split())
     if len(text) > _MAX_ERROR_CHARS:
         half = _MAX_ERROR_CHARS // 2
         text = f"{text[:half]} ... {text[-half:]}"
@@ -273,13 +288,43 @@ def _try_restore(
     except CheckpointMismatchError:
         raise
     except Exception as error:  # noqa: BLE001 (any read failure makes it "unreadable")
+        _drop_closed_loop_callbacks()
         return None, _error_summary(error)
     return restored, None
 
 
-def _quarantine(manager: ocp.CheckpointManager, step: int, reason: str) -> None:
+def _drop_closed_loop_callbacks() -> None:
+    """Keeps the aftermath of a failed read off the console (the warning says what happened).
+
+    When one read of a restore fails, orbax closes its event loop while TensorStore still
+    completes the other reads on its own threads; each hands its result to the closed loop, and
+    Python reports the `RuntimeError('Event loop is closed')` that `call_soon_threadsafe` raises
+    there as unraisable, a traceback per array. Those, and only those, are dropped from then on.
+    """
+    if getattr(sys.unraisablehook, "drops_closed_loop_callbacks", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        error = unraisable.exc_value
+        frames = {frame.f_code.co_name for frame in _frames(unraisable.exc_traceback)}
+        closed_loop = isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+        if not (closed_loop and "call_soon_threadsafe" in frames):
+            previous(unraisable)
+
+    hook.drops_closed_loop_callbacks = True
+    sys.unraisablehook = hook
+
+
+def _frames(tb: types.TracebackType | None) -> Iterator[types.FrameType]:
+    while tb is not None:
+        yield tb.tb_frame
+        tb = tb.tb_next
+
+
+def _quarantine(manager: ocp.CheckpointManager, step: int) -> epath.Path:
     """Moves the checkpoint of `step` to ``corrupt/`` (kept for inspection, out of the way of the
-    resumed run's own save of that step) and logs why. A collective over processes."""
+    resumed run's own save of that step) and returns where. A collective over processes."""
     directory = epath.Path(manager.directory)
     corrupt_dir = directory / _CORRUPT_DIR
     destination = corrupt_dir / str(step)
@@ -292,14 +337,7 @@ def _quarantine(manager: ocp.CheckpointManager, step: int, reason: str) -> None:
         (directory / str(step)).rename(destination)
     ocp.multihost.sync_global_processes(f"jia_jax_checkpoint_quarantine_{step}")
     manager.reload()
-    logging.warning(
-        "Checkpoint at step %d in %s is unreadable (%s); moved it to %s and trying the "
-        "previous checkpoint.",
-        step,
-        directory,
-        reason,
-        destination,
-    )
+    return destination
 
 
 # Array layout: the checkpoint must hold the arrays (names, shapes, dtypes) of the state.

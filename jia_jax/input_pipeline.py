@@ -64,7 +64,11 @@ def create_input(
     """
     sharding = mesh_lib.batch_sharding(mesh)
     num_devices = mesh.devices.size
+    if data.image_size < 1:
+        raise ValueError(f"data.image_size={data.image_size} must be positive.")
     for field, size in (("global_batch_size", global_batch), ("eval_batch_size", eval_batch)):
+        if size <= 0:
+            raise ValueError(f"{field}={size} must be positive (a multiple of {num_devices}).")
         if size % num_devices:
             raise ValueError(
                 f"{field}={size} must be divisible by the device count ({num_devices})."

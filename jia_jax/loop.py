@@ -30,6 +30,21 @@ _DIVERGED_HINT = (
 )
 
 
+def check_schedule_fields(config: ml_collections.ConfigDict) -> None:
+    """Refuses the loop's intervals and `microbatch_size` values that fail once training runs.
+
+    Raises:
+      ValueError: naming the field.
+    """
+    for field in ("log_every_steps", "eval_every_steps"):
+        if config[field] < 1:
+            raise ValueError(f"{field}={config[field]} must be >= 1.")
+    if config.microbatch_size < 0:
+        raise ValueError(
+            f"microbatch_size={config.microbatch_size} must be >= 0 (0: no accumulation)."
+        )
+
+
 def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
     """`total_steps`, or `num_epochs` worth of steps when it is -1."""
     if config.total_steps > 0:
@@ -67,6 +82,7 @@ def build_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) ->
     )
     steps = total_steps(config, data.info.num_train)
     compute = precision.compute_dtype(config.precision.compute)
+    precision.check_wire_dtype(config.comm.dtype, compute)
     model_kwargs = {k: v for k, v in config.model.items() if k != "name"}
     model = models.create_model(
         config.model.name, num_classes=data.info.num_classes, dtype=compute, **model_kwargs
@@ -175,8 +191,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         jax.process_count(),
     )
 
+    check_schedule_fields(config)
     trainer = build_trainer(config, mesh)
     data, steps = trainer.data, trainer.steps
+    # Built (and its limit checked) before the workdir is touched.
+    overflow = metrics_lib.OverflowWatch(
+        minimum=config.precision.loss_scale.minimum,
+        limit=config.precision.loss_scale.max_skips_at_minimum,
+    )
     train_step = train.make_train_step(trainer.model, trainer.tx, trainer.schedule, config, mesh)
     eval_step = train.make_eval_step(trainer.model, config, mesh) if data.eval else None
 
@@ -217,10 +239,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             else ("loss",)
         )
         results: dict[str, float] = {}
-        overflow = metrics_lib.OverflowWatch(
-            minimum=config.precision.loss_scale.minimum,
-            limit=config.precision.loss_scale.max_skips_at_minimum,
-        )
 
         def log(fetched: tuple[int, dict[str, float]] | None) -> None:
             # `fetched`: a step's metrics, one step late (or at a save, the step just done).

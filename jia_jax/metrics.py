@@ -114,6 +114,12 @@ class OverflowWatch:
     """
 
     def __init__(self, *, minimum: float, limit: int) -> None:
+        if limit < 1:
+            # 0 would stop every run at its first step, whatever the precision.
+            raise ValueError(
+                f"precision.loss_scale.max_skips_at_minimum={limit} must be >= 1: the fp16 steps "
+                "skipped in a row at the minimum loss scale before the run stops as diverged."
+            )
         self._minimum, self._limit, self._run = minimum, limit, 0
 
     def update(self, step: int, metrics: Mapping[str, float]) -> None:

@@ -43,6 +43,23 @@ def needs_loss_scaling(dtype: jnp.dtype) -> bool:
     return jnp.dtype(dtype) == jnp.float16
 
 
+def check_wire_dtype(wire: str, compute: jnp.dtype) -> None:
+    """Refuses an fp16 all-reduce (`comm.dtype`) without fp16 compute's loss scaling.
+
+    Unscaled gradients, divided by the device count before the cast, fall below fp16's smallest
+    subnormal (6e-8) and arrive as zeros; bf16 has fp32's range in the same two bytes.
+
+    Raises:
+      ValueError: `wire` is 'float16' and `compute` is not.
+    """
+    if wire == "float16" and not needs_loss_scaling(compute):
+        raise ValueError(
+            f"comm.dtype='float16' needs precision.compute='float16' (its loss scaling keeps small "
+            f"gradients above fp16's underflow); with {jnp.dtype(compute).name} compute use "
+            "comm.dtype='bfloat16' (the same bytes) or 'float32'."
+        )
+
+
 class LossScaleState(NamedTuple):
     """Loss-scaling state, replicated on every device and checkpointed with the params.
 

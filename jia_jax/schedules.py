@@ -79,7 +79,8 @@ def create_learning_rate_schedule(
     if not 0 <= warmup_steps < total_steps:
         raise ValueError(
             f"optimizer.warmup_epochs gives {warmup_steps} warmup steps; it must be >= 0 and "
-            f"shorter than total_steps ({total_steps})"
+            f"shorter than total_steps ({total_steps}); for a short run set "
+            "--config.optimizer.warmup_epochs=0 (or a fraction of an epoch)."
         )
     decay_steps = total_steps - warmup_steps
     warmup = optax.linear_schedule(0.0, peak_lr, warmup_steps)

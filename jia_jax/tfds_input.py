@@ -67,8 +67,13 @@ def _prepare_hint(name: str, data_dir: str) -> str:
     )
 
 
-def _builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
-    """The builder of a prepared ArrayRecord dataset, or `DatasetNotPreparedError`."""
+def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
+    """The builder of a prepared ArrayRecord dataset, or `DatasetNotPreparedError`.
+
+    Without `data_dir` it is tfds's default ($TFDS_DATA_DIR or ~/tensorflow_datasets), named so
+    that the error and the commands it suggests name the directory looked in.
+    """
+    data_dir = data_dir or tfds.core.constants.DATA_DIR
     try:
         builder = tfds.builder(name, data_dir=data_dir, try_gcs=False)
     except tfds.core.DatasetNotFoundError as e:
@@ -98,13 +103,13 @@ def _builder(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
 
 
 def dataset_info(
-    name: str, data_dir: str, train_split: str = "train", eval_split: str = "validation"
+    name: str, data_dir: str | None, train_split: str = "train", eval_split: str = "validation"
 ) -> DatasetSizes:
     """Number of classes and split sizes of a prepared dataset.
 
     Args:
       name: tfds name, e.g. "imagenet2012" (optionally "name/config:version").
-      data_dir: tfds data directory the dataset was prepared in.
+      data_dir: tfds data directory the dataset was prepared in (None: tfds's default).
       train_split: train split, any tfds split string (e.g. "train[:99%]").
       eval_split: eval split.
 
@@ -289,7 +294,7 @@ def _iterate(
 def train_batches(
     name: str,
     *,
-    data_dir: str,
+    data_dir: str | None,
     split: str,
     image_size: int,
     local_batch: int,
@@ -312,7 +317,7 @@ def train_batches(
 
     Args:
       name: tfds dataset name.
-      data_dir: tfds data directory it was prepared in (ArrayRecord format).
+      data_dir: tfds data directory it was prepared in (ArrayRecord format; None: tfds's default).
       split: tfds split string, e.g. "train".
       image_size: output height and width.
       local_batch: examples per batch on this process (global batch / process_count).
@@ -364,7 +369,7 @@ def train_batches(
 def eval_batches(
     name: str,
     *,
-    data_dir: str,
+    data_dir: str | None,
     split: str,
     image_size: int,
     local_batch: int,
@@ -383,7 +388,7 @@ def eval_batches(
 
     Args:
       name: tfds dataset name.
-      data_dir: tfds data directory it was prepared in (ArrayRecord format).
+      data_dir: tfds data directory it was prepared in (ArrayRecord format; None: tfds's default).
       split: tfds split string, e.g. "validation".
       image_size: output height and width.
       local_batch: examples per batch on this process.

@@ -1,6 +1,7 @@
 """Tests for jia_jax.checkpoint: round trips on a 2x4 mesh, keep-N, fallback, mismatch, signals."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -127,7 +128,13 @@ def test_corrupt_latest_falls_back_to_previous(mesh, tmp_path, caplog, damaged):
         assert (step, meta) == (1, {"step": 1})
         assert_bitwise_equal(state, host_state(seed=1))
         warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-        assert any("step 2" in w and "unreadable" in w for w in warnings), warnings
+        [warning] = warnings  # one line: the step moved, why, where, and the step resumed from
+        assert "\n" not in warning, warning
+        assert re.match(
+            r"Unreadable checkpoint of step 2 \(.+\) moved to \S+/corrupt/2; resuming from the "
+            r"checkpoint of step 1\.$",
+            warning,
+        ), warning
         # Kept for inspection, out of the way of the resumed run's save at step 2.
         assert (tmp_path / "corrupt" / "2" / "state").is_dir()
         assert ckpt.all_steps() == [1]

@@ -60,6 +60,12 @@ def test_resnet50_64k_config_runs_on_cpu_with_small_overrides(tmp_path):
         ("precision.compute", "float8"),
         ("optimizer.name", "adam"),
         ("optimizer.decay", "step"),
+        ("checkpoint_every_steps", 0),
+        ("checkpoint_keep", 0),
+        ("log_every_steps", 0),
+        ("eval_every_steps", 0),
+        ("microbatch_size", -2),
+        ("data.image_size", 0),
     ],
 )
 def test_bad_config_fails_naming_the_field(tmp_path, field, value):
@@ -98,3 +104,119 @@ def test_bf16_divergence_stops_naming_the_step_and_keeps_the_last_finite_checkpo
         state = reader.restore(directory / str(saved[-1]) / "state")
     leaves = jax.tree.leaves(state)
     assert leaves and all(np.isfinite(np.asarray(leaf)).all() for leaf in leaves)
+
+
+def assert_one_clear_line(result: subprocess.CompletedProcess, pattern: str) -> None:
+    """Exit status 1, no traceback, and the error is the last of at most 3 lines (the mesh line
+    may come first; absl's flag errors add a hint)."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and len(lines) <= 3, result.stderr[-3000:]
+    assert any(re.search(pattern, line) for line in lines), result.stderr[-3000:]
+
+
+DIGITS = ("--config=configs/digits.py", "--config.model.width=2", "--config.data.image_size=8")
+
+
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (
+            (*DIGITS, "--config.optimizr.name=lars"),
+            r"--config\.optimizr\.name=lars: the config has no field 'optimizr'\. "
+            r'Did you mean "optimizer"',
+        ),
+        (
+            ("--config=configs/resnet50_64k.py", "--config.model.width=8"),
+            r"--config\.model\.width=8: the config has no field 'width'\.",
+        ),
+        (
+            (*DIGITS, "total_steps=3"),
+            r"unexpected arguments \['total_steps=3'\]; flags are written --name=value",
+        ),
+        (
+            ("--config=configs/no_such_config.py",),
+            r"cannot load the config file: .*No such file .*no_such_config\.py",
+        ),
+        (
+            (*DIGITS, "--config.precision.loss_scale.max_skips_at_minimum=0"),
+            r"^ValueError: precision\.loss_scale\.max_skips_at_minimum=0 must be >= 1",
+        ),
+        ((*DIGITS, "--config.eval_batch_size=0"), r"^ValueError: eval_batch_size=0 must be pos"),
+        ((*DIGITS, "--config.eval_batch_size=-8"), r"^ValueError: eval_batch_size=-8 must be pos"),
+        (
+            (*DIGITS, "--config.distributed.coordinator_address=127.0.0.1:12345"),
+            r"^ValueError: distributed\.coordinator_address is set, so distributed\.num_processes",
+        ),
+        (
+            (*DIGITS, "--config.comm.dtype=float16"),
+            r"^ValueError: comm\.dtype='float16' needs precision\.compute='float16'.*'bfloat16'",
+        ),
+    ],
+    ids=[
+        "misspelled",
+        "new_key",
+        "stray_args",
+        "config_file",
+        "max_skips",
+        "eval_0",
+        "eval_neg",
+        "launch",
+        "fp16_wire",
+    ],
+)
+def test_config_mistake_is_one_line_and_leaves_no_workdir(tmp_path, args, pattern):
+    result = run_main(*args, f"--workdir={tmp_path / 'run'}", timeout=120)
+    assert_one_clear_line(result, pattern)
+    assert not (tmp_path / "run").exists()
+
+
+def test_traceback_switch_shows_where_the_error_was_raised(tmp_path):
+    result = run_main(*DIGITS, "--config.eval_batch_size=0", f"--workdir={tmp_path}", "--traceback")
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr and "input_pipeline.py" in result.stderr
+
+
+def test_workdir_that_is_a_file_is_one_line_and_the_file_is_kept(tmp_path):
+    workdir = tmp_path / "notes.txt"
+    workdir.write_text("mine")
+    result = run_main(*DIGITS, f"--workdir={workdir}", timeout=120)
+    assert_one_clear_line(result, rf"^NotADirectoryError: --workdir={workdir} is a file")
+    assert workdir.read_text() == "mine"
+
+
+def test_missing_dataset_names_the_directory_tfds_looked_in(tmp_path):
+    """No data.data_dir: tfds's default ($TFDS_DATA_DIR) is named, in commands that run as is."""
+    default = tmp_path / "tfds"
+    result = subprocess.run(
+        [sys.executable, "-m", "jia_jax.main", "--config=configs/resnet50_64k.py"]
+        + [f"--workdir={tmp_path / 'run'}"],
+        cwd=REPO,
+        env=dict(os.environ, JAX_PLATFORMS="cpu", TFDS_DATA_DIR=str(default)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    # The mesh line, the error, and its hint: two commands and where to read more.
+    assert len(result.stderr.strip().splitlines()) <= 8, result.stderr
+    assert f"is not prepared in '{default}'" in result.stderr
+    assert f"tfds build imagenet2012 --data_dir={default} " in result.stderr
+    assert f"tfds convert_format --dataset_dir={default}/imagenet2012 " in result.stderr
+    assert "None" not in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_normal_run_prints_no_library_info_lines(tmp_path):
+    """No INFO line from JAX (its search for libtpu) or orbax: only the trainer's own."""
+    result = run_main(
+        *DIGITS,
+        f"--workdir={tmp_path}",
+        "--config.total_steps=2",
+        "--config.log_every_steps=1",
+        "--config.optimizer.warmup_epochs=0",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    ours = r"I\d{4} [\d:.]+ +\d+ (loop|main)\.py:\d+\] "
+    assert lines and all(re.match(ours, line) for line in lines), lines

@@ -1,5 +1,6 @@
 """The train step's semantics: microbatches count as devices, the schedule follows applied updates,
-the 'xla' mean cannot overflow fp16, and a bf16 wire trains like an fp32 one."""
+the 'xla' mean cannot overflow fp16, a bf16 wire trains like an fp32 one, and the loss is the
+config's label-smoothed cross-entropy."""
 
 import re
 
@@ -165,6 +166,64 @@ def test_auto_communication_plan_trains_like_an_explicit_one():
     assert comm.hybrid_crossover_bytes >= 0
     chosen, _ = _run(config, mesh, [batch])
     assert _tree_max_abs_diff(explicit.params, chosen.params) < 1e-5
+
+
+def _smoothed_cross_entropy_f64(logits: np.ndarray, labels: np.ndarray, smoothing: float):
+    """Mean over examples of -sum_c t_c log softmax(z)_c, t = (1 - s) onehot + s / C, in float64."""
+    z = np.asarray(logits, np.float64)
+    log_p = z - z.max(-1, keepdims=True)
+    log_p -= np.log(np.exp(log_p).sum(-1, keepdims=True))
+    classes = z.shape[-1]
+    targets = (1 - smoothing) * np.eye(classes)[labels] + smoothing / classes
+    return float(np.mean(-(targets * log_p).sum(-1)))
+
+
+def test_step_loss_is_the_label_smoothed_cross_entropy():
+    """The loss the step trains on (its logged `loss`) is the config's label-smoothed one."""
+    smoothing = 0.1
+    config = tiny_config("flat")
+    config.loss.label_smoothing = smoothing
+    mesh = mesh_lib.create_mesh(2, 4)
+    model, state, step = build(config, mesh)
+    # Known parameters far from uniform logits (at init the softmax is near uniform, where the
+    # smoothed and plain losses nearly agree): a classifier of N(0, 3^2) weights.
+    head = state.params["classifier"]
+    kernel = np.random.default_rng(3).normal(0.0, 3.0, head["kernel"].shape).astype(np.float32)
+    head = {**head, "kernel": jax.device_put(kernel, head["kernel"].sharding)}
+    state = state.replace(params={**state.params, "classifier": head})
+    params, stats = jax.device_get((state.params, state.batch_stats))
+    batch = global_batch()
+    sharded = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in batch.items()}
+    _, metrics = step(state, sharded)
+
+    # Each device's BatchNorm batch is its 4-image slice (row-major over the mesh); the logged
+    # loss is the mean of the devices' mean losses.
+    apply = jax.jit(
+        lambda x: model.apply(
+            {"params": params, "batch_stats": stats}, x, train=True, mutable=["batch_stats"]
+        )[0]
+    )
+    per_device = GLOBAL_BATCH // mesh.devices.size
+    slices = [slice(i, i + per_device) for i in range(0, GLOBAL_BATCH, per_device)]
+    logits = [np.asarray(apply(batch["image"][s])) for s in slices]
+
+    def reference(s: float) -> float:
+        return float(
+            np.mean(
+                [
+                    _smoothed_cross_entropy_f64(z, batch["label"][i], s)
+                    for z, i in zip(logits, slices)
+                ]
+            )
+        )
+
+    # The logits agree to fp32 rounding of values of ~10 (a different program, so other fusions):
+    # ~1e-5 each; the loss moves by at most 2x the largest logit error (its gradient in the
+    # logits, p - t, has an L1 norm <= 2). 1e-4 bounds that with room.
+    loss = float(metrics["loss"])
+    assert abs(loss - reference(smoothing)) < 1e-4, (loss, reference(smoothing))
+    # The test can fail: without smoothing the loss is far outside that tolerance.
+    assert abs(reference(smoothing) - reference(0.0)) > 1e-2, (reference(smoothing), reference(0.0))
 
 
 @pytest.mark.parametrize("strategy", ["xla", "hierarchical"])

@@ -28,7 +28,7 @@ def table(rows: list[dict[str, Any]], meta: dict[str, str]) -> str:
         )
     lines += [
         "",
-        f"Command: `{meta['command']}`  ",
+        f"Command as run (a record; its output paths may have moved since): `{meta['command']}`  ",
         f"Commit: `{meta['commit']}`  ",
         f"Machine: {meta['machine']}",
     ]

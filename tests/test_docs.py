@@ -435,3 +435,10 @@ def test_across_hosts_answers_agree_with_the_json():
     killed = read("docs/benchmarks/sigkill_2x2_4xH100.log")
     assert len(re.findall(r"^E.* stopped at step \d+; restart the job", killed, re.MULTILINE)) == 1
     assert re.search(r"launcher exit status 75 after \d+ s", killed)
+
+
+def test_readme_quotes_the_test_suites_time():
+    log = read("docs/benchmarks/tests_2core.log")
+    suite = re.search(r"passed in [\d.]+s \(0:(\d+:\d+)\)", log)[1]
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\d+:\d+)", log)[1]
+    assert_quoted(read("README.md"), [f"the suite took {suite} minutes, {wall} with the install"])

@@ -4,6 +4,7 @@
 #   OUT=/tmp/out bash scripts/bench_1gpu.sh input   # input per core, end to end, one image's stages
 #   OUT=/tmp/out bash scripts/bench_1gpu.sh step    # trainer vs plain flax vs torch.compile, profile
 #   OUT=/tmp/out bash scripts/bench_1gpu.sh flags   # the 64-image step under XLA flag variants
+#   OUT=/tmp/out bash scripts/bench_1gpu.sh fused   # fused BatchNorm, space-to-depth stem vs peers
 # On a machine with more GPUs, `input` also measures them all (one process, cores - 1 workers).
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
@@ -24,6 +25,14 @@ case "$1" in
     python3 -m scripts.bench.profile_step --trace_steps=3 --out="$OUT/profile_1gpu.json" \
       --cases=resnet50:1x1:xla:256,resnet50:1x1:xla:64
     ;;
+  fused)
+    # Each option alone and both, the trainer against the plain flax step (plain layers) and
+    # torch.compile in the same call.
+    for options in fused_bn space_to_depth_stem fused_bn,space_to_depth_stem; do
+      python3 -m scripts.bench.peers --models=resnet50 --batches=256,64 --model_options=$options \
+        --out="$OUT/bench_peers_${options//,/_}.json"
+    done
+    ;;
   flags)
     # Command buffers (CUDA graphs) matter most where kernels are short: the 64-image step.
     python3 -m scripts.bench.step --models=resnet50 --per_device_batch=64 --meshes=1x1 \
@@ -33,5 +42,5 @@ case "$1" in
       --xla_flags_variant="--xla_gpu_autotune_level=0" \
       --out="$OUT/bench_step_1gpu_64_flags.json"
     ;;
-  *) echo "usage: $0 input|step|flags" >&2; exit 2 ;;
+  *) echo "usage: $0 input|step|flags|fused" >&2; exit 2 ;;
 esac

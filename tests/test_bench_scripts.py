@@ -23,6 +23,7 @@ from scripts.bench import plot_profile as bench_plot_profile
 from scripts.bench import repro_peer_watch as bench_repro
 from scripts.bench import step as bench_step
 from scripts.bench import train_input as bench_train_input
+from scripts.bench import trainer_step
 
 # Hand count for AlexNet-BN of width 3: kernels of conv1-5, fc6, fc7 (no bias before a BN) (7),
 # scale and bias of the 8 BatchNorms (after each of those and after pool5) (16), fc8 kernel and
@@ -399,3 +400,10 @@ def test_input_stage_costs_times_every_stage(capsys):
     }
     assert {"pil decode", "pil resize box"} <= set(times), lines
     assert all(ms > 0 for ms in times.values()), times
+
+
+def test_model_options_turn_on_model_fields_and_name_a_missing_one():
+    config = trainer_step.make_config("resnet50", "flat", 1, 1, model_options=["fused_bn"])
+    assert config.model.fused_bn and not config.model.space_to_depth_stem
+    with pytest.raises(ValueError, match="no model.fused_relu"):
+        trainer_step.make_config("resnet50", "flat", 1, 1, model_options=["fused_relu"])

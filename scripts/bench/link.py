@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from scripts.bench import harness
+from scripts.bench import emulated_hosts, harness
 
 # name -> (separate hosts?, extra NCCL settings)
 VARIANTS = {
@@ -95,13 +95,13 @@ def run_variant(args: argparse.Namespace, name: str) -> dict[str, Any]:
             f"--calls={args.calls}",
         ]
 
-    statuses, logs = harness.run_emulated_hosts(
+    statuses, logs = emulated_hosts.run(
         module_args, args.hosts, args.gpus_per_host, extra, args.timeout_s, separate
     )
     found = [line for line in logs[0].splitlines() if line.startswith("ROWS ")]
     if not found or any(statuses):
         return {"variant": name, "error": logs[0][-2000:] + logs[-1][-1000:]}
-    settings = {**harness.LOOPBACK_NETWORK, **extra, "separate_hosts": separate}
+    settings = {**emulated_hosts.LOOPBACK_NETWORK, **extra, "separate_hosts": separate}
     return {"variant": name, "settings": settings, **json.loads(found[0][5:])}
 
 

@@ -53,6 +53,8 @@ def _jax_step(kind: str, model_name: str, batch: int, args: argparse.Namespace):
         image_size=args.image_size,
         model_width=args.model_width,
         small_inputs=args.small_inputs,
+        # The peers keep the plain layers: they are what the options are measured against.
+        model_options=args.model_options if kind == "trainer" else (),
     )
     setup = trainer_step.build_setup(config, jax.devices()[:1])
     if kind == "trainer":
@@ -217,6 +219,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--model_width", type=int, default=None)
     parser.add_argument("--small_inputs", action="store_true")
+    parser.add_argument(
+        "--model_options",
+        type=harness.strings,
+        default=[],
+        help="model.* options turned on in the trainer's step, e.g. fused_bn,space_to_depth_stem",
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup_steps", type=int, default=3)
     parser.add_argument("--out", default="bench_peers.json")

@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from scripts.bench import harness
+from scripts.bench import emulated_hosts, harness
 
 # The launcher's socket setting (scripts/launch_local.sh --hosts).
 _SOCKETS = {"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4"}
@@ -92,7 +92,7 @@ def run_variant(args: argparse.Namespace, recoverable: bool, poll: bool) -> dict
         ]
         return flags + (["--recoverable"] if recoverable else []) + (["--poll"] if poll else [])
 
-    statuses, logs = harness.run_emulated_hosts(
+    statuses, logs = emulated_hosts.run(
         module_args, 2, args.gpus_per_host, _SOCKETS, args.timeout_s
     )
     steps = [re.findall(r"STEPS (\d+)", log) for log in logs]

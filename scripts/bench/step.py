@@ -4,10 +4,8 @@ Each case builds the step exactly as `jia_jax.loop` does (`configs/resnet50_64k.
 `configs/alexnet_bn_64k.py` for AlexNet-BN, with synthetic data and the overrides below), on a mesh
 of 1x1 (one device: the weak-scaling baseline), 1xn or 2x(n/2) over the n devices, for each
 `comm.strategy` and bucket size. The per-device batch is fixed, so the global batch grows with the
-mesh, and
-
-  weak-scaling efficiency = (images/s on n devices) / (n * images/s on 1 device)
-                          = step time on 1 device / step time on n devices.
+mesh, and weak-scaling efficiency = (images/s on n devices) / (n * images/s on 1 device)
+= step time on 1 device / step time on n devices.
 
 Timing: the init and the step are compiled, `--warmup_steps` steps run, then `--steps` steps
 synced (each waited for before the next is dispatched) and `--steps` steps queued (one step in
@@ -274,6 +272,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--model_width", type=int, default=None, help="model.width override")
     parser.add_argument("--small_inputs", action="store_true", help="model.small_inputs=True")
+    parser.add_argument("--model_options", type=harness.strings, default=[], help="e.g. fused_bn")
     parser.add_argument("--compute_dtype", default="bfloat16")
     parser.add_argument("--comm_dtype", default=None, help="comm.dtype (default: the config's)")
     parser.add_argument(

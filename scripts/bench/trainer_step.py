@@ -7,6 +7,7 @@ on synthetic data, with the overrides a benchmark sets.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -25,6 +26,7 @@ OVERRIDES = (
     "compute_dtype",
     "comm_dtype",
     "hybrid_crossover_mib",
+    "model_options",
 )
 PER_DEVICE_BATCH = {"alexnet_bn": 512}  # ResNets: 256 (what fits an 80 GB GPU in bf16 with room)
 
@@ -48,6 +50,7 @@ def make_config(
     compute_dtype: str = "bfloat16",
     comm_dtype: str | None = None,
     hybrid_crossover_mib: float | None = None,
+    model_options: Sequence[str] = (),
 ) -> ml_collections.ConfigDict:
     """The model's 64K config on a `node` x `gpu` mesh with a benchmark's overrides (None: the
     config's own value)."""
@@ -57,6 +60,10 @@ def make_config(
         config.model.width = model_width
     if small_inputs:
         config.model.small_inputs = True
+    for option in model_options:  # e.g. fused_bn, space_to_depth_stem (configs/default.py)
+        if option not in config.model:
+            raise ValueError(f"--model_options: the config has no model.{option}")
+        config.model[option] = True
     config.data.name = "synthetic"
     config.data.image_size = image_size
     config.global_batch_size = per_device_batch(model, per_device_batch_override) * node * gpu

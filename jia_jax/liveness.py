@@ -124,7 +124,15 @@ def connect_star(
             client.key_value_set(_ADDRESS_KEY, f"{host}:{server.getsockname()[1]}")
             links = {}
             while len(links) < count - 1:
-                conn, _ = server.accept()
+                try:
+                    conn, _ = server.accept()
+                except TimeoutError as e:
+                    missing = sorted(set(range(1, count)) - set(links))
+                    raise TimeoutError(
+                        f"processes {missing} did not join the peer watch within {timeout_s} s "
+                        "of the others: see their logs (distributed.watch_peers=false turns the "
+                        "watch off)"
+                    ) from e
                 conn.settimeout(timeout_s)
                 links[int(_read_line(conn))] = conn
         return links

@@ -155,3 +155,14 @@ def test_a_process_that_fails_is_reported_by_the_others(tmp_path):
     for status, stderr in (results[0], results[2]):
         assert status == liveness.EXIT_STATUS, stderr
         assert "process 1 of 3 stopped at step 5" in stopped_lines(stderr)[0], stderr
+
+
+def test_a_process_that_never_joins_the_watch_is_named(tmp_path):
+    class NoStore:
+        def key_value_set(self, key, value):
+            pass
+
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"processes \[1, 2\] did not join the peer watch"):
+        liveness.connect_star(NoStore(), 0, 3, "127.0.0.1", 0.5)
+    assert time.monotonic() - start < 5

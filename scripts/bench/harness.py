@@ -194,6 +194,13 @@ def write_json(path: str, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def close_record(path: str, doc: dict[str, Any]) -> None:
+    """Adds the environment to a benchmark's record and writes it: for benchmarks whose children
+    use the GPUs, read last, since JAX initialised in the parent would hold the GPUs' memory."""
+    doc["environment"] = environment()
+    write_json(path, doc)
+
+
 def run_logged(
     command: Sequence[str], env: dict[str, str] | None = None, timeout: float | None = None
 ) -> tuple[int, str]:

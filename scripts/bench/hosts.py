@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     env = dict(os.environ)
     devices = args.hosts * args.gpus_per_host
-    # The environment is read last: JAX in this process would take the GPUs' memory.
+    # The environment comes last (harness.close_record).
     doc: dict[str, Any] = {"args": vars(args), "results": []}
     for batch in args.batches:
         base = one_gpu_row(args, batch, env)
@@ -202,8 +202,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 row.get("error", "")[-400:],
                 flush=True,
             )
-    doc["environment"] = harness.environment()
-    harness.write_json(args.out, doc)
+    harness.close_record(args.out, doc)
     return doc
 
 

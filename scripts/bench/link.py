@@ -130,9 +130,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         doc["results"].append(row)
         harness.write_json(args.out, doc)
         print(name, {a: round(r["bus_gb_s"], 2) for a, r in row.items() if a in AXES} or row)
-    # Read last: JAX in this process would hold the GPUs while the children run.
-    doc["environment"] = harness.environment()
-    harness.write_json(args.out, doc)
+    harness.close_record(args.out, doc)
     return doc
 
 

@@ -136,8 +136,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
         doc["results"].append(row)
         harness.write_json(args.out, doc)
         print({k: v for k, v in row.items() if k != "log_tails"}, flush=True)
-    doc["environment"] = harness.environment()  # last: JAX here would hold the GPUs
-    harness.write_json(args.out, doc)
+    harness.close_record(args.out, doc)
     return doc
 
 

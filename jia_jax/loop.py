@@ -31,7 +31,8 @@ _DIVERGED_HINT = (
 
 
 def check_schedule_fields(config: ml_collections.ConfigDict) -> None:
-    """Refuses the loop's intervals and `microbatch_size` values that fail once training runs.
+    """Refuses the loop's intervals, `microbatch_size` and `profile` values that fail once
+    training runs.
 
     Raises:
       ValueError: naming the field.
@@ -43,6 +44,8 @@ def check_schedule_fields(config: ml_collections.ConfigDict) -> None:
         raise ValueError(
             f"microbatch_size={config.microbatch_size} must be >= 0 (0: no accumulation)."
         )
+    if config.profile.first_step >= 0 and config.profile.steps < 1:
+        raise ValueError(f"profile.steps={config.profile.steps} must be at least 1.")
 
 
 def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
@@ -105,8 +108,6 @@ class Tracing:
     """
 
     def __init__(self, profile: ml_collections.ConfigDict, log_dir: str) -> None:
-        if profile.first_step >= 0 and profile.steps < 1:
-            raise ValueError(f"profile.steps={profile.steps} must be at least 1.")
         self._first, self._end, self._log_dir = (
             profile.first_step,
             profile.first_step + profile.steps,

@@ -277,6 +277,8 @@ def _try_restore(
     Raises:
       CheckpointMismatchError: It is readable but holds another state (not a damaged file).
     """
+    # Before the read: a failed read's aftermath can reach the console before `except` runs.
+    _drop_closed_loop_callbacks()
     try:
         _check_layout(manager, step, abstract_state)
         restored = manager.restore(
@@ -288,7 +290,6 @@ def _try_restore(
     except CheckpointMismatchError:
         raise
     except Exception as error:  # noqa: BLE001 (any read failure makes it "unreadable")
-        _drop_closed_loop_callbacks()
         return None, _error_summary(error)
     return restored, None
 
@@ -299,7 +300,9 @@ def _drop_closed_loop_callbacks() -> None:
     When one read of a restore fails, orbax closes its event loop while TensorStore still
     completes the other reads on its own threads; each hands its result to the closed loop, and
     Python reports the `RuntimeError('Event loop is closed')` that `call_soon_threadsafe` raises
-    there as unraisable, a traceback per array. Those, and only those, are dropped from then on.
+    there as unraisable, a traceback per array, sometimes before the failure has reached the
+    caller. Those, and only those, are dropped from the first restore on (a successful restore
+    raises none).
     """
     if getattr(sys.unraisablehook, "drops_closed_loop_callbacks", False):
         return

@@ -213,8 +213,27 @@ class PeerWatch:
         except BaseException:
             self._close()
             raise
-        self._send_all(_DONE)
-        self._close()
+        self._say_goodbye()
+
+    def _say_goodbye(self) -> None:
+        """Tells every peer this process finished, then closes each link only once the peer has.
+
+        Closing a socket with unread data (a peer's heartbeats) makes the kernel send a reset,
+        which can reach the peer before the goodbye: it would take this process for stopped. So
+        the watch stops first, the goodbye and the end of writing go out, and the link is read
+        to its end (the peer closes it on the goodbye) before it is closed.
+        """
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        for sock in self._links.values():
+            with contextlib.suppress(OSError):
+                sock.sendall(_DONE + b"\n")
+                sock.shutdown(socket.SHUT_WR)
+                sock.settimeout(2 * _POLL_S)
+                while sock.recv(4096):
+                    pass
+            sock.close()
 
     def _close(self) -> None:
         # The watch thread may be dropping a finished peer's link at this very moment.

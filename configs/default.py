@@ -98,6 +98,9 @@ def get_config() -> ml_collections.ConfigDict:
     # `hybrid`: buckets below this go hierarchical. Not yet measured across nodes (one host only):
     # the value follows Jia et al.'s finding that hierarchical wins for small messages.
     config.comm.hybrid_crossover_bytes = 4 * MIB
+    # Explicit strategies: each bucket's collective runs while backward computes the buckets after
+    # it (`allreduce.hold_until_all_reduced`; docs/benchmarks.md, "Across hosts"). Same mean.
+    config.comm.overlap = True
 
     # A jax.profiler trace of `steps` steps from `first_step` (-1: none) in
     # <workdir>/profile/process_<i>, for TensorBoard's profile plugin or scripts/bench/hosts.py.

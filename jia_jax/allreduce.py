@@ -184,6 +184,7 @@ def reduce_gradients(
     node_axis: str = "node",
     gpu_axis: str = "gpu",
     leaf_order: Sequence[int] | None = None,
+    overlap: bool = False,
 ) -> Any:
     """Averages per-device gradients over every device of the mesh.
 
@@ -200,6 +201,8 @@ def reduce_gradients(
       node_axis: Mesh axis across hosts.
       gpu_axis: Mesh axis across the devices of one host.
       leaf_order: Bucketing order of the leaves, see `plan_buckets`.
+      overlap: Let each bucket's collective run while backward computes the buckets after it
+        (`hold_until_all_reduced`); the values are the same.
 
     Returns:
       The mean over all devices, same structure, shapes and dtypes as `grads`, identical on every
@@ -238,11 +241,29 @@ def reduce_gradients(
         reduce = _hierarchical_sum if hierarchical else _flat_sum
         reduced.append(reduce(flat, node_axis, gpu_axis))
 
+    if overlap:
+        reduced = hold_until_all_reduced(reduced)
     # The plan was made from `grads`' own dtypes, so `unpack` restores them. fp32 and bf16 share
     # fp32's exponent range, so their sums cannot overflow where the gradients did not: they are
     # divided here, where the division fuses into the slices' consumers (no pass of its own).
     scale = None if divide_first else 1.0 / devices
     return unpack(reduced, plan, scale=scale)
+
+
+def hold_until_all_reduced(reduced: list[jax.Array]) -> list[jax.Array]:
+    """The reduced buckets, each usable only once every bucket is reduced.
+
+    Backward fills the buckets one after another, so each bucket's all-reduce can start as soon as
+    its last gradient exists, while backward computes the buckets below it (PyTorch DDP's and
+    Horovod's overlap). XLA's GPU scheduler starts an asynchronous all-reduce as early as its
+    operands allow and waits for it just before its first consumer; left alone, the consumers of
+    a bucket (the slices back into leaves) were placed right after it, so XLA waited for each
+    bucket where it started and the wire time added to the step (docs/benchmarks.md, "Across
+    hosts"). One `optimization_barrier` over all the reduced buckets gives every bucket's
+    consumers the last bucket's completion as a dependency: each wait moves to the end of
+    backward, where the optimizer needs all gradients anyway. An identity: values are unchanged.
+    """
+    return list(jax.lax.optimization_barrier(tuple(reduced)))
 
 
 def stacked_mean(grads: Any, wire_dtype: Any) -> Any:

@@ -46,6 +46,7 @@ FREE_ON_RESUME = (
     "comm.strategy",
     "comm.bucket_bytes",
     "comm.hybrid_crossover_bytes",
+    "comm.overlap",
     "model.fused_bn",
     "model.space_to_depth_stem",
     # When to give up (on bad records, on overflowing fp16 steps): never what a step computes.

@@ -201,6 +201,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
             node_axis=mesh_lib.NODE_AXIS,
             gpu_axis=mesh_lib.GPU_AXIS,
             leaf_order=leaf_order,
+            overlap=comm.overlap,
         )
         # Keep the running BN averages identical on every device (cheap: a few KB).
         new_stats, metrics = jax.lax.pmean((new_stats, metrics), mesh_lib.BATCH_AXES)

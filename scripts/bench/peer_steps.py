@@ -12,6 +12,8 @@ per-device gradients become their mean over the mesh:
   * `peer_concat_buckets`: after backward, leaves in reverse `tree_leaves` order, divided by the
     device count in fp32 and concatenated into buckets of at most `comm.bucket_bytes`, one `psum`
     each over both mesh axes, split back.
+  * `peer_wire_buckets`: the same in the config's wire dtype (`comm.dtype`: the bytes the
+    trainer sends), the plain step DDP-style trainers start from, without overlap.
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ from jax.sharding import Mesh, PartitionSpec as P
 from jia_jax import mesh as mesh_lib
 from jia_jax import precision, train
 
-PEERS = ("peer_ad_psum", "peer_ad_psum_raveled", "peer_concat_buckets")
+PEERS = ("peer_ad_psum", "peer_ad_psum_raveled", "peer_concat_buckets", "peer_wire_buckets")
 
 
-def _concat_buckets_mean(grads, bucket_bytes: int, devices: int):
+def _concat_buckets_mean(grads, bucket_bytes: int, devices: int, wire=jnp.float32):
     leaves, treedef = jax.tree.flatten(grads)
     groups, current, used = [], [], 0
     for i in reversed(range(len(leaves))):
-        nbytes = leaves[i].size * 4
+        nbytes = leaves[i].size * jnp.dtype(wire).itemsize
         if current and used + nbytes > bucket_bytes:
             groups.append(current)
             current, used = [], 0
@@ -44,7 +46,9 @@ def _concat_buckets_mean(grads, bucket_bytes: int, devices: int):
     groups.append(current)
     out = list(leaves)
     for group in groups:
-        flat = jnp.concatenate([leaves[i].astype(jnp.float32).ravel() / devices for i in group])
+        flat = jnp.concatenate(
+            [(leaves[i].astype(jnp.float32).ravel() / devices).astype(wire) for i in group]
+        )
         flat = jax.lax.psum(flat, mesh_lib.BATCH_AXES)
         offset = 0
         for i in group:
@@ -83,8 +87,10 @@ def make_peer_step(
         elif kind == "peer_ad_psum_raveled":
             flat, unravel = ravel_pytree(grads)
             grads = unravel(flat / devices)
-        else:
+        elif kind == "peer_concat_buckets":
             grads = _concat_buckets_mean(grads, config.comm.bucket_bytes, devices)
+        else:
+            grads = _concat_buckets_mean(grads, config.comm.bucket_bytes, devices, config.comm.dtype)
         stats, metrics = jax.lax.pmean((stats, metrics), mesh_lib.BATCH_AXES)
         return grads, stats, metrics
 

@@ -1,0 +1,285 @@
+r"""Where the gradient all-reduce runs: the trainer's step with and without overlap, one run.
+
+Each row is one (layout, per-device batch, variant) of the trainer's ResNet-50 64K step
+(`scripts/bench/trainer_step.py`: synthetic data, LARS, bf16, the `flat` strategy's 16 MiB bf16
+buckets)
+timed in-process, synced and queued (`harness.time_train_step`); then three queued steps are traced
+for the NCCL time no compute kernel overlaps (`exposed_comm_ms`) and the idle time, and one synced
+step for a timeline of its kernels. Layouts, `PROCESSESxGPUS`, each process on its own GPUs:
+
+  * `1x1`: one GPU, the baseline of every efficiency in the run;
+  * `2x1`: two processes that are two hosts to NCCL (`emulated_hosts`: sockets on loopback);
+  * `1x2`: one process driving two GPUs (NVLink).
+
+Variants (`VARIANTS`): the default config (`overlap`: each bucket's all-reduce awaited only after
+backward, `allreduce.hold_until_all_reduced`), the same without overlap, other bucket sizes, and `peer`: the trainer's forward/backward and update with a
+plain reduction after backward (`peer_steps`' `peer_wire_buckets`: leaves concatenated into buckets
+of the config's size in its wire dtype, one psum each).
+
+  efficiency = images/s on the layout / (its GPUs x images/s of 1x1 at the same batch)
+
+Process 0 also records each collective's place in XLA's schedule (`schedule`): how many
+convolutions run between its start and its done, and whether XLA made it synchronous.
+
+  python -m scripts.bench.overlap --layouts=1x1,2x1 --batches=256,64 --out=/tmp/overlap.json
+
+On CPU (tiny model, gloo; no GPU figures):
+
+  JAX_PLATFORMS=cpu python -m scripts.bench.overlap --layouts=1x1,2x1 --batches=2 --tiny \
+      --variants=overlap,no_overlap,peer --steps=2 --out=/tmp/overlap.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+from scripts.bench import emulated_hosts, harness
+
+MIB = 1 << 20
+# name -> config overrides (the peer's reduction is chosen by name).
+VARIANTS: dict[str, dict[str, Any]] = {
+    "overlap": {},
+    "no_overlap": {"comm.overlap": False},
+    "overlap_4mib": {"comm.bucket_bytes": 4 * MIB},
+    "overlap_8mib": {"comm.bucket_bytes": 8 * MIB},
+    "overlap_32mib": {"comm.bucket_bytes": 32 * MIB},
+    "peer": {"comm.overlap": False},
+}
+_ROW = "OVERLAP_ROW "
+
+
+def schedule(hlo: str) -> list[dict[str, Any]]:
+    """Each collective of the optimized entry computation, in schedule order: its operand bytes'
+    shape, its position, the convolutions and fusions scheduled between its start and done, and
+    whether XLA runs it synchronously (`is_sync`)."""
+    entry = hlo.split("\nENTRY", 1)[1].split("\n}\n", 1)[0].splitlines()
+    convs = [i for i, line in enumerate(entry) if "custom_call_target=\"__cudnn$conv" in line]
+    out, open_starts = [], {}
+    for i, line in enumerate(entry):
+        m = re.match(r"\s*(?:ROOT )?(\S+) = (.+?) ([\w-]+)\((.*?)\)", line)
+        if not m or not m.group(3).startswith(("all-reduce", "reduce-scatter", "all-gather")):
+            continue
+        name, shape, op, operands = m.groups()
+        if op.endswith("-start"):
+            open_starts[name] = (i, shape, "\"is_sync\":true" in line)
+        elif op.endswith("-done"):
+            start, shape, sync = open_starts.pop(operands.split(",")[0].strip(), (i, shape, True))
+            out.append(_collective(op[: -len("-done")], shape, start, i, sync, convs, len(entry)))
+        else:
+            out.append(_collective(op, shape, i, i, True, convs, len(entry)))
+    return sorted(out, key=lambda c: c["start_index"])
+
+
+def _collective(op, shape, start, done, sync, convs, length) -> dict[str, Any]:
+    return {
+        "op": op,
+        "shape": shape[:80],
+        "start_index": start,
+        "done_index": done,
+        "instructions": length,
+        "convolutions_before_start": sum(c < start for c in convs),
+        "convolutions_between": sum(start < c < done for c in convs),
+        "convolutions": len(convs),
+        "sync": sync,
+    }
+
+
+def timeline(kernels: Sequence[Any]) -> dict[str, Any]:
+    """One traced step's kernels, relative to its first: compute busy intervals (gaps under 20 us
+    merged) and each collective kernel, in ms."""
+    from scripts.bench import profile_trace
+
+    t0 = min(k.start_us for k in kernels)
+    compute = profile_trace.union(
+        (k.start_us, k.end_us) for k in kernels if k.kind != "collective"
+    )
+    merged: list[list[float]] = []
+    for a, b in compute:
+        if merged and a - merged[-1][1] < 20:
+            merged[-1][1] = b
+        else:
+            merged.append([a, b])
+    ms = lambda x: round((x - t0) / 1000, 3)  # noqa: E731
+    return {
+        "compute_ms": [[ms(a), ms(b)] for a, b in merged],
+        "collectives_ms": [
+            [ms(k.start_us), ms(k.end_us)] for k in kernels if k.kind == "collective"
+        ],
+    }
+
+
+def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, gpus: int):
+    import jax
+
+    from jia_jax import train
+    from scripts.bench import peer_steps, trainer_step
+
+    config = trainer_step.make_config(
+        "resnet50",
+        "flat",
+        processes,
+        gpus,
+        per_device_batch_override=batch,
+        **(dict(image_size=32, model_width=8, small_inputs=True) if args.tiny else {}),
+    )
+    for key, value in VARIANTS[variant].items():
+        section, field = key.split(".")
+        config[section][field] = value
+    setup = trainer_step.build_setup(config, jax.devices())
+    args_ = (setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"])
+    if variant == "peer":
+        step = peer_steps.make_peer_step("peer_wire_buckets", *args_)
+    else:
+        step = train.make_train_step(*args_)
+    return step, setup
+
+
+def _measure(args, variant: str, batch: int, processes: int, gpus: int) -> dict[str, Any]:
+    """One row, measured by every process of the layout (the caller keeps process 0's rates)."""
+    import time
+
+    import jax
+
+    from scripts.bench import profile_trace
+
+    step, setup = _build(args, variant, batch, processes, gpus)
+    state = setup["init"]()
+    start = time.perf_counter()
+    compiled = step.lower(state, setup["batch"]).compile()
+    row: dict[str, Any] = {"compile_s": time.perf_counter() - start, "strategy": "flat"}
+    if jax.process_index() == 0 and jax.default_backend() == "gpu":
+        row["schedule"] = schedule(compiled.as_text())
+    state, synced, queued = harness.time_train_step(
+        compiled, state, setup["batch"], args.steps, args.warmup_steps
+    )
+    row.update(harness.step_rates(batch * processes * gpus, synced, queued))
+    if jax.default_backend() != "gpu":
+        return row
+    with tempfile.TemporaryDirectory() as queued_dir, tempfile.TemporaryDirectory() as one_dir:
+        with jax.profiler.trace(queued_dir):
+            state, _ = harness.time_steps(compiled, state, setup["batch"], 1, queued=True)
+        with jax.profiler.trace(one_dir):
+            state, _ = harness.time_steps(compiled, state, setup["batch"], 1, queued=False)
+        per_gpu = [
+            profile_trace.summarize(k, steps=3)
+            for k in profile_trace.load_kernels(queued_dir).values()
+        ]
+        one = list(profile_trace.load_kernels(one_dir).values())[0]
+    row["exposed_comm_ms"] = statistics.mean(s["collective_exposed_us"] for s in per_gpu) / 1e3
+    row["idle_ms"] = statistics.mean(s["idle_us"] for s in per_gpu) / 1e3
+    row["timeline"] = timeline(one)
+    return row
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One process of a layout: every (batch, variant) row, printed as a JSON line."""
+    import jax
+
+    processes, gpus = (int(x) for x in args.layout.split("x"))
+    if processes > 1:
+        jax.distributed.initialize(f"127.0.0.1:{args.port}", processes, args.process_id)
+    for batch in args.batches:
+        for variant in args.variants if processes * gpus > 1 else ["overlap"]:
+            try:
+                row = _measure(args, variant, batch, processes, gpus)
+            except Exception as e:  # noqa: BLE001 - a variant XLA rejects loses only its row
+                row = {"error": f"{type(e).__name__}: {e}"[-2000:]}
+            row.update(variant=variant, per_device_batch=batch, process=jax.process_index())
+            print(_ROW + json.dumps(row), flush=True)
+
+
+def _layout_rows(args: argparse.Namespace, layout: str) -> list[dict[str, Any]]:
+    """Runs one layout's processes and merges their rows (rates of process 0, trace figures
+    averaged over the processes)."""
+    processes, gpus = (int(x) for x in layout.split("x"))
+    cpu = os.environ.get("JAX_PLATFORMS") == "cpu"
+    env_cpu = (
+        {"XLA_FLAGS": f"--xla_force_host_platform_device_count={gpus}",
+         "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"} if cpu else {}
+    )
+    flags = [f"--{k}={v}" for k, v in (("steps", args.steps), ("warmup_steps", args.warmup_steps))]
+    flags += [f"--batches={','.join(map(str, args.batches))}", f"--variants={','.join(args.variants)}"]
+    flags += ["--tiny"] * args.tiny
+
+    def module_args(i: int, port: int) -> list[str]:
+        return ["scripts.bench.overlap", "--worker", f"--layout={layout}", f"--port={port}",
+                f"--process_id={i}", *flags]
+
+    old = {k: os.environ.get(k) for k in env_cpu}
+    os.environ.update(env_cpu)
+    try:
+        codes, logs = emulated_hosts.run(module_args, processes, gpus, args.nccl, args.timeout_s)
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    per_process = [
+        [json.loads(line[len(_ROW):]) for line in log.splitlines() if line.startswith(_ROW)]
+        for log in logs
+    ]
+    rows = []
+    for i, first in enumerate(per_process[0]):
+        row = {"layout": layout, "hosts": processes, "gpus_per_host": gpus, **first}
+        if "error" not in row and "exposed_comm_ms" in row:
+            others = [p[i] for p in per_process[1:] if i < len(p) and "exposed_comm_ms" in p[i]]
+            for key in ("exposed_comm_ms", "idle_ms"):
+                row[key] = statistics.mean([first[key], *(o[key] for o in others)])
+        rows.append(row)
+    if len(rows) < len(args.batches) * (len(args.variants) if processes * gpus > 1 else 1):
+        rows.append({"layout": layout, "error": f"exit codes {codes}", "log_tail": logs[0][-3000:]})
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layouts", type=harness.strings, default=["1x1", "2x1"])
+    parser.add_argument(
+        "--batches", type=lambda s: [int(x) for x in s.split(",")], default=[256, 64]
+    )
+    parser.add_argument("--variants", type=harness.strings, default=["overlap", "no_overlap", "peer"])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup_steps", type=int, default=3)
+    parser.add_argument("--timeout_s", type=float, default=540)
+    parser.add_argument("--nccl", type=json.loads, default={"NCCL_SOCKET_NTHREADS": "4",
+                                                            "NCCL_NSOCKS_PERTHREAD": "4"})
+    parser.add_argument("--tiny", action="store_true", help="a tiny ResNet on 32 px images (CPU)")
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--layout", default="1x1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--process_id", type=int, default=0)
+    parser.add_argument("--out", default="bench_overlap.json")
+    args = parser.parse_args(argv)
+    unknown = set(args.variants) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown --variants {sorted(unknown)}; known: {sorted(VARIANTS)}")
+    if args.worker:
+        worker(args)
+        return {}
+    doc: dict[str, Any] = {"args": vars(args), "results": []}
+    for layout in args.layouts:
+        doc["results"] += _layout_rows(args, layout)
+        harness.write_json(args.out, doc)
+    base = {r["per_device_batch"]: r for r in doc["results"]
+            if r.get("layout") == "1x1" and "images_per_s" in r}
+    for r in doc["results"]:
+        one = base.get(r.get("per_device_batch"))
+        if "images_per_s" in r and one:
+            gpus = r["hosts"] * r["gpus_per_host"]
+            r["efficiency"] = r["images_per_s"] / (gpus * one["images_per_s"])
+            r["synced_efficiency"] = r["synced_images_per_s"] / (gpus * one["synced_images_per_s"])
+    harness.close_record(args.out, doc)
+    for r in doc["results"]:
+        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
+               if k in ("layout", "variant", "per_device_batch", "images_per_s", "efficiency",
+                        "synced_efficiency", "exposed_comm_ms", "idle_ms", "compile_s", "error")})
+    return doc
+
+
+if __name__ == "__main__":
+    main()

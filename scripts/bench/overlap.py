@@ -205,7 +205,8 @@ def _layout_rows(args: argparse.Namespace, layout: str) -> list[dict[str, Any]]:
          "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"} if cpu else {}
     )
     flags = [f"--{k}={v}" for k, v in (("steps", args.steps), ("warmup_steps", args.warmup_steps))]
-    flags += [f"--batches={','.join(map(str, args.batches))}", f"--variants={','.join(args.variants)}"]
+    variants = args.layout_variants.get(layout, args.variants)
+    flags += [f"--batches={','.join(map(str, args.batches))}", f"--variants={','.join(variants)}"]
     flags += ["--tiny"] * args.tiny
 
     def module_args(i: int, port: int) -> list[str]:
@@ -231,7 +232,7 @@ def _layout_rows(args: argparse.Namespace, layout: str) -> list[dict[str, Any]]:
             for key in ("exposed_comm_ms", "idle_ms"):
                 row[key] = statistics.mean([first[key], *(o[key] for o in others)])
         rows.append(row)
-    if len(rows) < len(args.batches) * (len(args.variants) if processes * gpus > 1 else 1):
+    if len(rows) < len(args.batches) * (len(variants) if processes * gpus > 1 else 1):
         rows.append({"layout": layout, "error": f"exit codes {codes}", "log_tail": logs[0][-3000:]})
     return rows
 
@@ -243,6 +244,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--batches", type=lambda s: [int(x) for x in s.split(",")], default=[256, 64]
     )
     parser.add_argument("--variants", type=harness.strings, default=["overlap", "no_overlap", "peer"])
+    parser.add_argument(
+        "--layout_variants", type=json.loads, default={},
+        help='JSON: variants of some layouts instead of --variants, e.g. {"1x2": ["overlap"]}',
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup_steps", type=int, default=3)
     parser.add_argument("--timeout_s", type=float, default=540)
@@ -255,7 +260,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--process_id", type=int, default=0)
     parser.add_argument("--out", default="bench_overlap.json")
     args = parser.parse_args(argv)
-    unknown = set(args.variants) - set(VARIANTS)
+    unknown = set(args.variants).union(*args.layout_variants.values()) - set(VARIANTS)
     if unknown:
         parser.error(f"unknown --variants {sorted(unknown)}; known: {sorted(VARIANTS)}")
     if args.worker:

@@ -356,24 +356,7 @@ def make_train_step(
             new_stats, metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), (new_stats, metrics))
         return update(state, grads, new_stats, metrics)
 
-    return jax.jit(step, donate_argnums=0, compiler_options=compiler_options(config.comm))
-
-
-def compiler_options(comm: ml_collections.ConfigDict) -> dict[str, Any] | None:
-    """XLA options of the train step: with `comm.overlap` and explicit buckets, XLA combines
-    collectives only up to `comm.bucket_bytes`.
-
-    Past the barrier of `allreduce.hold_until_all_reduced` XLA's combiner saw buckets that nothing
-    orders and merged them in pairs, so half the buckets waited for the other half's gradients
-    (docs/benchmarks.md, "Across hosts"). Greedy buckets are full: no two adjacent ones fit in
-    one threshold, while the many small all-reduces of the BatchNorm statistics still combine.
-    """
-    if not comm.overlap or comm.strategy == "xla" or comm.bucket_bytes <= 0:
-        return None
-    return {
-        f"xla_gpu_{kind}_combine_threshold_bytes": int(comm.bucket_bytes)
-        for kind in ("all_reduce", "reduce_scatter", "all_gather")
-    }
+    return jax.jit(step, donate_argnums=0)
 
 
 def stop_flags(mesh: Mesh, requested: bool) -> jax.Array:

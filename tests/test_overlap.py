@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jia_jax import allreduce, train
+from jia_jax import allreduce
 from jia_jax import mesh as mesh_lib
 from tests.test_train import build, global_batch, tiny_config
 
@@ -111,15 +111,3 @@ def test_each_bucket_leaves_with_its_gradients_and_is_awaited_after_all_of_them(
     # Without overlap no barrier holds the buckets (the test can fail).
     assert "opt-barrier" not in _step_hlo(False)
 
-
-def test_overlap_limits_xla_combining_to_the_bucket_size():
-    # Past the barrier XLA's combiner merged buckets in pairs (half the buckets then waited for
-    # the others' gradients): the step caps combining at the configured bucket size, and only
-    # where the overlap is on and the buckets are explicit.
-    config = tiny_config("flat")
-    options = train.compiler_options(config.comm)
-    assert options["xla_gpu_all_reduce_combine_threshold_bytes"] == config.comm.bucket_bytes
-    config.comm.overlap = False
-    assert train.compiler_options(config.comm) is None
-    config.comm.overlap, config.comm.strategy = True, "xla"
-    assert train.compiler_options(config.comm) is None

@@ -81,8 +81,8 @@ FABRICS: dict[str, dict[str, Any]] = {
         "beta_bytes_per_s": 100e9 / 8 / 8,
         "algorithms": ["ring"],
         "source": (
-            "assumption: a 100 Gb/s network per 8-GPU P40 node; the paper text (arXiv "
-            f"1807.11205, sec. 5) could not be opened in this session to confirm it; {_NCCL_TUNING}"
+            "assumption: a 100 Gb/s network per 8-GPU P40 node, not confirmed from the paper's "
+            f"text (arXiv 1807.11205, sec. 5); {_NCCL_TUNING}"
         ),
     },
 }

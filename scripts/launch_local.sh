@@ -14,7 +14,7 @@
 # --hosts: each process is a host of its own to NCCL (a cluster on one machine). NCCL tells hosts
 # apart by a host hash that NCCL_HOSTID overrides; processes of different hashes never use NVLink
 # or shared memory between them, only its network transport: here TCP sockets on loopback, a
-# 20-55 Gbit/s network between NVLink islands (docs/benchmarks.md, "Across hosts", measures it).
+# 19-57 Gbit/s network between NVLink islands (docs/benchmarks.md, "Across hosts", measures it).
 # The socket settings are the fastest measured there; any NCCL_* variable already set wins.
 set -euo pipefail
 hosts=0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from typing import Any
 
 from scripts.bench import profile_trace
@@ -277,8 +278,11 @@ def breakdown_table(path: str) -> str:
 
 
 def _where(doc: dict[str, Any]) -> str:
-    """The machine of a run: its environment block, else its provenance's device."""
-    return _environment(doc) if "environment" in doc else doc["provenance"]["device"]
+    """The machine of a run: its environment block, else its provenance's device without the
+    label of the pool it was lent from (`nvidia-h100-x4: 4x H100 ...` -> `4x H100 ...`)."""
+    if "environment" in doc:
+        return _environment(doc)
+    return re.sub(r"^[\w.-]+: ", "", doc["provenance"]["device"])
 
 
 def link_table(doc: dict[str, Any]) -> str:

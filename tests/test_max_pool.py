@@ -21,7 +21,12 @@ DTYPES = pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["fp3
 # (55 -> 27 in the real net; 13 leaves a remainder column) and its small-input padded ones.
 GEOMETRIES = pytest.mark.parametrize(
     "h, w, padding",
-    [(8, 8, ((1, 1), (1, 1))), (9, 10, ((1, 1), (1, 1))), (13, 14, "VALID"), (5, 5, ((1, 1), (1, 1)))],
+    [
+        (8, 8, ((1, 1), (1, 1))),
+        (9, 10, ((1, 1), (1, 1))),
+        (13, 14, "VALID"),
+        (5, 5, ((1, 1), (1, 1))),
+    ],
     ids=["resnet_even", "resnet_odd", "alexnet_valid", "alexnet_small"],
 )
 

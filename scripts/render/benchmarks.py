@@ -228,7 +228,13 @@ def train_input_table(doc: dict[str, Any]) -> str:
 
 
 def peers_table(doc: dict[str, Any]) -> str:
-    """One-GPU step rates of the trainer and its peers, same call (scripts/bench/peers.py)."""
+    """One-GPU step rates of the trainer and its peers, same call (scripts/bench/peers.py); with
+    trainer variants (model options, XLA flags), a column for them and their speedup."""
+    from scripts.bench.peers import variant  # pylint: disable=import-outside-toplevel
+
+    variants = any(variant(r) for r in doc["results"])
+    extra = (" variant |", " --- |") if variants else ("", "")
+    tail = (" vs trainer |", " ---: |") if variants else ("", "")
     lines = [
         (
             f"One-GPU step ({_environment(doc)}; synthetic data, bf16; queued = one step in flight "
@@ -236,16 +242,23 @@ def peers_table(doc: dict[str, Any]) -> str:
         ),
         "",
         (
-            "| model | images per GPU | kind | images/s queued | images/s synced | "
-            "trainer / faster peer |"
+            f"| model | images per GPU | kind |{extra[0]} images/s queued | images/s synced | "
+            f"trainer / faster peer |{tail[0]}"
         ),
-        "| --- | ---: | --- | ---: | ---: | ---: |",
+        f"| --- | ---: | --- |{extra[1]} ---: | ---: | ---: |{tail[1]}",
     ]
     for r in doc["results"]:
         ratio = f"{r['ratio_vs_faster_peer']:.3f}" if "ratio_vs_faster_peer" in r else ""
+        head = f"| {r['model']} | {r['per_device_batch']} | {r['kind']} |"
+        if variants:
+            head += f" {variant(r)} |"
+        if "images_per_s" not in r:
+            lines.append(f"{head} {r.get('error') or r.get('skipped')} | | |" + " |" * variants)
+            continue
+        speedup = f" {r['speedup_vs_trainer']:.3f} |" if "speedup_vs_trainer" in r else " |"
         lines.append(
-            f"| {r['model']} | {r['per_device_batch']} | {r['kind']} | {r['images_per_s']:.0f} | "
-            f"{r['synced_images_per_s']:.0f} | {ratio} |"
+            f"{head} {r['images_per_s']:.0f} | {r['synced_images_per_s']:.0f} | {ratio} |"
+            + (speedup if variants else "")
         )
     return "\n".join(lines)
 

@@ -364,29 +364,31 @@ def test_bench_hosts_takes_the_median_after_the_compile_interval():
         bench_hosts.steady_rate(log.splitlines()[0])
 
 
-def test_bench_link_reports_each_axis_over_processes(tmp_path, monkeypatch):
+def test_bench_link_reports_each_axis_and_size_over_processes(tmp_path, monkeypatch):
     _cpu_processes(monkeypatch, 2)
     out = tmp_path / "link.json"
     doc = bench_link.main(
         [
-            "--size_mib=0.01",
+            "--size_mib=0.01,0.02",
             "--repeats=1",
             "--calls=1",
             "--variants=one_host,hosts_sockets_4x4",
             f"--out={out}",
         ]
     )
-    rows = {r["variant"]: r for r in doc["results"]}
-    assert set(rows) == {"one_host", "hosts_sockets_4x4"}, doc["results"]
-    assert rows["hosts_sockets_4x4"]["settings"]["NCCL_NSOCKS_PERTHREAD"] == "4"
-    n = int(0.01 * (1 << 20)) // 4
-    for row in rows.values():
+    rows = doc["results"]
+    assert [r["variant"] for r in rows] == ["one_host"] * 2 + ["hosts_sockets_4x4"] * 2, rows
+    assert rows[-1]["settings"]["NCCL_NSOCKS_PERTHREAD"] == "4"
+    for row, mib in zip(rows, (0.01, 0.02) * 2, strict=True):
+        n = int(mib * (1 << 20)) // 4
+        assert row["size_bytes"] == 4 * n
         for axis, ranks in (("gpu", 2), ("node", 2), ("both", 4)):
             r = row[axis]
             assert r["ranks"] == ranks
             assert r["bus_gb_s"] == pytest.approx(
                 2 * (ranks - 1) / ranks * n * 4 / r["time_s"] / 1e9
             )
+    assert "| hosts_sockets_4x4 | 0.02 | 2 |" in render(str(out))
 
 
 def test_repro_peer_watch_records_each_combination(tmp_path, monkeypatch):

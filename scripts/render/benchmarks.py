@@ -295,23 +295,28 @@ def _where(doc: dict[str, Any]) -> str:
 
 
 def link_table(doc: dict[str, Any]) -> str:
-    """Bus bandwidth of one all-reduce per mesh level and NCCL setting (scripts/bench/link.py)."""
+    """Bus bandwidth of one all-reduce per mesh level and NCCL setting (scripts/bench/link.py);
+    runs of several sizes get a size column (older runs timed one size, `args.size_mib`)."""
     args = doc["args"]
+    sizes = args["size_mib"] if isinstance(args["size_mib"], list) else [args["size_mib"]]
+    several = len(sizes) > 1
+    size = "" if several else f" of {sizes[0]} MiB per GPU"
     lines = [
-        f"One fp32 all-reduce of {args['size_mib']} MiB per GPU, {args['hosts']} processes x "
+        f"One fp32 all-reduce{size}, {args['hosts']} processes x "
         f"{args['gpus_per_host']} GPUs ({_where(doc)}), bus bandwidth in GB/s:",
         "",
-        "| NCCL setting | hosts to NCCL | `gpu` axis (in a process) | `node` axis (across) | "
-        "both axes |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| NCCL setting |" + " MiB per GPU |" * several + " hosts to NCCL | `gpu` axis (in a "
+        "process) | `node` axis (across) | both axes |",
+        "| --- |" + " ---: |" * several + " ---: | ---: | ---: | ---: |",
     ]
     for r in doc["results"]:
+        head = f"| {r['variant']} |" + (f" {r.get('size_bytes', 0) / (1 << 20):.3g} |" * several)
         if "error" in r:
-            lines.append(f"| {r['variant']} | failed | | | |")
+            lines.append(f"{head} failed | | | |")
             continue
         hosts = args["hosts"] if r["settings"]["separate_hosts"] else 1
         cells = " | ".join(f"{r[a]['bus_gb_s']:.2f}" for a in ("gpu", "node", "both"))
-        lines.append(f"| {r['variant']} | {hosts} | {cells} |")
+        lines.append(f"{head} {hosts} | {cells} |")
     return "\n".join(lines)
 
 

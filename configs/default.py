@@ -14,11 +14,16 @@ def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0
 
-    # `name` picks the architecture; the other fields are passed to its constructor. `fused_bn`
-    # and `space_to_depth_stem` compute the same function in fewer memory passes (the model
-    # docstrings say how; their speed on a GPU is not measured yet).
+    # `name` picks the architecture; the other fields are passed to its constructor. `fused_bn`,
+    # `space_to_depth_stem` and `sliced_max_pool` compute the same function in fewer memory
+    # passes or kernels (the model docstrings say how; their speed on a GPU: scripts/bench/peers.py).
     config.model = ml_collections.ConfigDict(
-        {"name": "resnet50", "fused_bn": False, "space_to_depth_stem": False}
+        {
+            "name": "resnet50",
+            "fused_bn": False,
+            "space_to_depth_stem": False,
+            "sliced_max_pool": False,
+        }
     )
 
     config.data = ml_collections.ConfigDict()

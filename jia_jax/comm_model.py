@@ -22,9 +22,12 @@ exposed:
     step = compute + (1 - overlap) * communication + step_overhead.
 
 `resolve` turns `comm.strategy='auto'` and `comm.bucket_bytes` / `comm.hybrid_crossover_bytes`
-= -1 (`AUTO_BYTES`) into the plan with the least predicted communication. The calibration (fitted by
+= -1 (`AUTO_BYTES`) into the plan with the least predicted communication; `predict_strategies`
+gives every strategy's plan and `auto`'s choice for one mesh. The calibration (fitted by
 `scripts/calibrate_comm.py` from `docs/benchmarks/*.json`) is package data,
-`jia_jax/comm_calibration.json`. Pure Python: no JAX needed.
+`jia_jax/comm_calibration.json`: `load_model` reads a cluster's links from it (the intra-node fit
+and a published fabric), `load_emulated_hosts` the two levels fitted on one machine split into
+hosts (`scripts/bench/link.py`). Pure Python: no JAX needed.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import types
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
@@ -229,6 +233,16 @@ class Plan:
         )
 
 
+def _read(calibration: Mapping[str, Any] | str | None) -> Mapping[str, Any]:
+    """A calibration as a dict: given, read from a JSON path, or the package's own (None)."""
+    if calibration is None:
+        return json.loads(resources.files("jia_jax").joinpath(CALIBRATION_FILE).read_text())
+    if isinstance(calibration, str):
+        with open(calibration) as f:
+            return json.load(f)
+    return calibration
+
+
 def load_model(
     calibration: Mapping[str, Any] | str | None = None,
     fabric: str | None = None,
@@ -242,12 +256,7 @@ def load_model(
         `default_fabric`).
       single_host: every GPU is on one host (the node axis rides the intra-node link too).
     """
-    if calibration is None:
-        text = resources.files("jia_jax").joinpath(CALIBRATION_FILE).read_text()
-        calibration = json.loads(text)
-    elif isinstance(calibration, str):
-        with open(calibration) as f:
-            calibration = json.load(f)
+    calibration = _read(calibration)
     intra = calibration["intra"]
     name = fabric or calibration["default_fabric"]
     if name not in calibration["fabrics"]:
@@ -264,6 +273,28 @@ def load_model(
         step_overhead_s=calibration["step_overhead_s"]["value"],
     )
     return model.single_host() if single_host else model
+
+
+def load_emulated_hosts(
+    calibration: Mapping[str, Any] | str | None = None, setting: str | None = None
+) -> CommModel:
+    """The two-level model of hosts emulated on one machine: both links and the launch cost as
+    `scripts/calibrate_comm.py` fitted them for one NCCL setting (default: the calibration's
+    `default_emulated`, the setting of `scripts/launch_local.sh --hosts`); NCCL may run a ring or
+    a tree; overlap and step overhead as in `load_model`."""
+    calibration = _read(calibration)
+    fits = calibration["emulated_hosts"]
+    name = setting or calibration["default_emulated"]
+    if name not in fits:
+        raise ValueError(f"No emulated-host fit {name!r}; the calibration has {sorted(fits)}.")
+    fit = fits[name]
+    return CommModel(
+        intra=Link(fit["intra"]["alpha_s"], fit["intra"]["beta_bytes_per_s"]),
+        inter=Link(fit["inter"]["alpha_s"], fit["inter"]["beta_bytes_per_s"]),
+        launch_s=fit["launch_s"],
+        overlap=calibration["overlap"]["value"],
+        step_overhead_s=calibration["step_overhead_s"]["value"],
+    )
 
 
 def _candidates(requested: Any, auto: Any, grid: Sequence[Any]) -> tuple[Any, ...]:
@@ -342,3 +373,33 @@ def resolve(
             plan = best[strategy]
     step = None if compute_s is None else step_s(compute_s, plan.comm_s, model, node * gpu)
     return dataclasses.replace(plan, step_s=step)
+
+
+def predict_strategies(
+    model: CommModel,
+    *,
+    node: int,
+    gpu: int,
+    leaf_sizes: Sequence[int],
+    dtype: str,
+    bucket_bytes: int,
+    hybrid_crossover_bytes: int,
+    compute_s: float | None = None,
+) -> dict[str, Plan]:
+    """Each strategy's predicted plan on a `node` x `gpu` mesh, the trainer's gradients packed
+    into `bucket_bytes` buckets of `dtype` (hybrid: hierarchical below the crossover), and
+    'auto': what `resolve` picks with strategy, buckets and crossover all on auto (as
+    `scripts/bench/step.py` runs it). `compute_s` (the one-device step) adds `Plan.step_s`."""
+    plans = {}
+    for strategy in (*STRATEGIES, AUTO):
+        auto = strategy == AUTO
+        comm = types.SimpleNamespace(
+            strategy=strategy,
+            bucket_bytes=AUTO_BYTES if auto else bucket_bytes,
+            hybrid_crossover_bytes=AUTO_BYTES if auto else hybrid_crossover_bytes,
+            dtype=dtype,
+        )
+        plans[strategy] = resolve(
+            comm, node=node, gpu=gpu, leaf_sizes=leaf_sizes, compute_s=compute_s, model=model
+        )
+    return plans

@@ -11,7 +11,8 @@ export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotun
 overrides=(--config.data.name=synthetic --config.optimizer.warmup_epochs=0 --config.eval_every_steps=100000)
 case "$1" in
   link)
-    python3 -m scripts.bench.link --out="$OUT/bench_link_4gpu.json"
+    # Four sizes: scripts/calibrate_comm.py fits each level's latency and bandwidth from them.
+    python3 -m scripts.bench.link --size_mib=0.25,4,32,97.5 --out="$OUT/bench_link_4gpu.json"
     python3 -m scripts.bench.repro_peer_watch --out="$OUT/repro_peer_watch_4gpu.json"
     ;;
   sigkill)

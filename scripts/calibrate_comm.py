@@ -1,6 +1,7 @@
 r"""Fits the communication model (`jia_jax/comm_model.py`) to this repository's benchmark JSONs.
 
-Reads the output of `scripts/bench/allreduce.py` and `scripts/bench/step.py`, and writes the
+Reads the output of `scripts/bench/allreduce.py`, `scripts/bench/step.py` and
+`scripts/bench/link.py`, and writes the
 calibration the trainer loads (`jia_jax/comm_calibration.json`):
 
   * intra-node link (`launch_s`, `alpha_s`, `beta_bytes_per_s`): weighted least squares (relative
@@ -10,6 +11,9 @@ calibration the trainer loads (`jia_jax/comm_calibration.json`):
     apart, and `launch_s` is held at NCCL's published base latency. With four or more buffer sizes
     in a file, every other size is held out for validation;
   * compute: every 1x1 row of a bench_step JSON (step time on one device, recorded as is);
+  * two levels on one machine split into hosts (`emulated_hosts`, per NCCL setting of
+    `scripts/bench/link.py`): intra-host and inter-host alpha, beta from the `gpu` and `node`
+    axes of its rows (`fit_emulated_hosts`), read by `comm_model.load_emulated_hosts`;
   * inter-node fabrics and reference hardware: published figures (`FABRICS`, `REFERENCE_INTRA`,
     each with its source), until a multi-node run exists;
   * `overlap` and `step_overhead_s`: given on the command line with where they were measured
@@ -52,10 +56,13 @@ _NCCL_TUNING = (
 )
 # Published figures; docs/scaling.md shows them with their sources (`scripts.render scaling:links`).
 NCCL_BASE_LATENCY_S = 8.4e-6  # baseLat, ring / Simple, same file
+NCCL_NET_STEP_LATENCY_S = 9.6e-6  # ring / Simple over the network, same file
+# The NCCL setting of `scripts/launch_local.sh --hosts` among `scripts/bench/link.py`'s variants.
+EMULATED_DEFAULT = "hosts_sockets_4x4"
 FABRICS: dict[str, dict[str, Any]] = {
     "ndr400_per_gpu": {
         "description": "InfiniBand NDR, one 400 Gb/s NIC per GPU (8-GPU H100/H200 servers)",
-        "alpha_s": 9.6e-6,
+        "alpha_s": NCCL_NET_STEP_LATENCY_S,
         "beta_bytes_per_s": 400e9 / 8,
         "algorithms": ["ring", "tree"],
         "source": (
@@ -67,7 +74,7 @@ FABRICS: dict[str, dict[str, Any]] = {
     },
     "ndr400_per_node": {
         "description": "one 400 Gb/s NDR NIC per node of 8 GPUs (a thin network)",
-        "alpha_s": 9.6e-6,
+        "alpha_s": NCCL_NET_STEP_LATENCY_S,
         "beta_bytes_per_s": 400e9 / 8 / 8,
         "algorithms": ["ring", "tree"],
         "source": "as ndr400_per_gpu, with one NIC shared by the 8 GPUs of a node",
@@ -77,7 +84,7 @@ FABRICS: dict[str, dict[str, Any]] = {
             "Jia et al.'s cluster as assumed here: 100 Gb/s per node of 8 GPUs, ring all-reduce "
             "only (the paper compares with NCCL's flat ring)"
         ),
-        "alpha_s": 9.6e-6,
+        "alpha_s": NCCL_NET_STEP_LATENCY_S,
         "beta_bytes_per_s": 100e9 / 8 / 8,
         "algorithms": ["ring"],
         "source": (
@@ -248,6 +255,27 @@ def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
+def fit_ring(
+    n: np.ndarray,
+    nbytes: np.ndarray,
+    t: np.ndarray,
+    launch: float | None = None,
+    alpha: float | None = None,
+) -> tuple[float, float, float]:
+    """(launch, alpha, 1/beta) of `t = launch + 2(n-1) alpha + 2(n-1)/n B / beta`: least squares
+    in relative error (each equation divided by its measured time), non-negative; a value given
+    is held, the others fitted."""
+    terms = {"launch": np.ones_like(t), "alpha": 2 * (n - 1), "inv_beta": 2 * (n - 1) / n * nbytes}
+    held = {"launch": launch, "alpha": alpha}
+    rhs = t - sum(v * terms[k] for k, v in held.items() if v is not None)
+    free = [k for k in terms if held.get(k) is None]
+    solution = _nonnegative_lstsq(np.stack([terms[k] for k in free], axis=1) / t[:, None], rhs / t)
+    fitted = {**held, **dict(zip(free, map(float, solution)))}
+    if fitted["inv_beta"] <= 0:
+        raise ValueError("The fit found no bandwidth term; the rows need at least two sizes.")
+    return fitted["launch"], fitted["alpha"], fitted["inv_beta"]
+
+
 def fit_intra(rows: Sequence[Row]) -> dict[str, Any]:
     """Fits launch, alpha and 1/beta of `t = launch + steps alpha + volume / beta` (see module)."""
     if not rows:
@@ -255,18 +283,11 @@ def fit_intra(rows: Sequence[Row]) -> dict[str, Any]:
     n = np.array([r.mesh()[1] for r in rows], float)
     nbytes = np.array([r.data["payload_bytes"] for r in rows], float)
     t = np.array([r.data["time_s"] for r in rows], float)
-    steps, volume = 2 * (n - 1), 2 * (n - 1) / n * nbytes
     launch_fixed = len(set(n)) < 2
-    # Relative errors: divide each equation by its measured time.
-    if launch_fixed:
-        a = np.stack([steps, volume], axis=1) / t[:, None]
-        alpha, inv_beta = _nonnegative_lstsq(a, (t - NCCL_BASE_LATENCY_S) / t)
-        launch = NCCL_BASE_LATENCY_S
-    else:
-        a = np.stack([np.ones_like(t), steps, volume], axis=1) / t[:, None]
-        launch, alpha, inv_beta = _nonnegative_lstsq(a, np.ones_like(t))
-    if inv_beta <= 0:
-        raise ValueError("The fit found no bandwidth term; the rows need at least two sizes.")
+    launch, alpha, inv_beta = fit_ring(
+        n, nbytes, t, launch=NCCL_BASE_LATENCY_S if launch_fixed else None
+    )
+    steps, volume = 2 * (n - 1), 2 * (n - 1) / n * nbytes
     predicted = launch + steps * alpha + volume * inv_beta
     return {
         "launch_s": float(launch),
@@ -290,6 +311,94 @@ def fit_intra(rows: Sequence[Row]) -> dict[str, Any]:
             }
             for r, p in zip(rows, predicted)
         ],
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkPoint:
+    """One timed all-reduce of a `scripts/bench/link.py` row: one axis of one NCCL setting."""
+
+    row: str  # "<file>#results[i]"
+    variant: str  # the NCCL setting
+    axis: str  # "gpu" (inside a host), "node" (across hosts) or "both"
+    ranks: int
+    nbytes: int  # per GPU
+    time_s: float
+
+
+def link_points(paths: Sequence[str]) -> list[LinkPoint]:
+    """The timed all-reduces of the bench_link JSONs among `paths`, of settings where the
+    processes are separate hosts to NCCL. Older runs timed one size, their `args.size_mib`."""
+    points = []
+    for path in paths:
+        with open(path) as f:
+            doc = json.load(f)
+        args, results = doc.get("args", {}), doc.get("results")
+        if "size_mib" not in args or not results or "variant" not in results[0]:
+            continue
+        sizes = args["size_mib"]
+        one_size = int(sizes * MIB) // 4 * 4 if not isinstance(sizes, list) else None
+        for i, r in enumerate(results):
+            if "error" in r or not r["settings"]["separate_hosts"]:
+                continue
+            points.extend(
+                LinkPoint(
+                    f"{relpath(path)}#results[{i}]",
+                    r["variant"],
+                    axis,
+                    r[axis]["ranks"],
+                    r.get("size_bytes", one_size),
+                    r[axis]["time_s"],
+                )
+                for axis in ("gpu", "node", "both")
+            )
+    return points
+
+
+def fit_emulated_hosts(
+    points: Sequence[LinkPoint], reference_alpha: dict[str, tuple[float, str]]
+) -> dict[str, Any]:
+    """The two levels of one NCCL setting: `intra` from the `gpu` axis (NVLink inside a host),
+    `inter` from the `node` axis (the sockets between hosts, every GPU of a host sending at once:
+    each GPU's share, as `comm_model.hierarchical_s` uses it), each `fit_ring` with launch held at
+    NCCL's base latency (each level has one rank count, where launch and alpha are not
+    separable). With one size alpha is held at `reference_alpha[level]` and only beta fitted.
+    The `both` rows (one flat all-reduce over every GPU) are predicted, not fitted."""
+    fit: dict[str, Any] = {"launch_s": NCCL_BASE_LATENCY_S}
+    for axis, level in (("gpu", "intra"), ("node", "inter")):
+        mine = [p for p in points if p.axis == axis]
+        n, nbytes, t = (
+            np.array([getattr(p, k) for p in mine], float) for k in ("ranks", "nbytes", "time_s")
+        )
+        one_size = len(set(nbytes)) < 2
+        held, source = reference_alpha[level] if one_size else (None, "fitted")
+        _, alpha, inv_beta = fit_ring(n, nbytes, t, launch=NCCL_BASE_LATENCY_S, alpha=held)
+        predicted = NCCL_BASE_LATENCY_S + 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes * inv_beta
+        fit[level] = {
+            "alpha_s": alpha,
+            "beta_bytes_per_s": 1 / inv_beta,
+            "alpha_source": source,
+            "rows": [
+                {**_point(p), "fitted_s": float(f)} for p, f in zip(mine, predicted)
+            ],
+        }
+    fit["both_axes"] = [_point(p) for p in points if p.axis == "both"]
+    return fit
+
+
+def _point(p: LinkPoint) -> dict[str, Any]:
+    return {"row": p.row, "ranks": p.ranks, "payload_bytes": p.nbytes, "measured_s": p.time_s}
+
+
+def emulated_hosts(points: Sequence[LinkPoint], intra_alpha_s: float) -> dict[str, Any]:
+    """`fit_emulated_hosts` of every NCCL setting measured across emulated hosts."""
+    reference = {
+        "intra": (intra_alpha_s, "held at the intra-node fit of the all-reduce rows: one size"),
+        "inter": (NCCL_NET_STEP_LATENCY_S, f"held: one size; {_NCCL_TUNING}, network, 9.6 us"),
+    }
+    variants = sorted({p.variant for p in points})
+    return {
+        v: fit_emulated_hosts([p for p in points if p.variant == v], reference) for v in variants
     }
 
 
@@ -324,9 +433,14 @@ def calibrate(
     """The calibration document for the given benchmark JSONs."""
     rows = load_rows(paths)
     fit_rows, held = calibration_split(rows)
+    intra = fit_intra(fit_rows)
+    links = link_points(paths)
+    files = {os.path.join(REPO, r.file) for r in rows} | {
+        os.path.join(REPO, p.row.split("#")[0]) for p in links
+    }
     return {
         "format": 1,
-        "intra": fit_intra(fit_rows),
+        "intra": intra,
         "held_out_plain": [r.row_id for r in held],
         "excluded": [
             {"row": r.row_id, "summary": r.summary(), "reason": exclusion_reason(r)}
@@ -335,11 +449,13 @@ def calibrate(
         ],
         "compute": compute_rows(rows),
         "files": [
-            {"path": relpath(p), "sha256_16": file_digest(relpath(p))}
-            for p in sorted({os.path.join(REPO, r.file) for r in rows})
+            {"path": relpath(p), "sha256_16": file_digest(relpath(p))} for p in sorted(files)
         ],
         "fabrics": FABRICS,
         "default_fabric": "ndr400_per_gpu",
+        # Two hosts' worth of links measured on one machine (`scripts/bench/link.py`).
+        "emulated_hosts": emulated_hosts(links, intra["alpha_s"]),
+        "default_emulated": EMULATED_DEFAULT,
         "reference_intra": REFERENCE_INTRA,
         "overlap": {"value": overlap, "source": overlap_source},
         "step_overhead_s": {"value": overhead_s, "source": overhead_source},
@@ -379,6 +495,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f" beta {intra['beta_bytes_per_s'] / 1e9:.1f} GB/s from {len(intra['rows'])} rows; "
         f"{len(doc['excluded'])} rows excluded; wrote {relpath(args.out)}"
     )
+    for name, fit in doc["emulated_hosts"].items():
+        levels = ", ".join(
+            f"{level} alpha {fit[level]['alpha_s'] * 1e6:.1f} us"
+            f"{'' if fit[level]['alpha_source'] == 'fitted' else ' (held)'}"
+            f" beta {fit[level]['beta_bytes_per_s'] / 1e9:.2f} GB/s"
+            for level in ("intra", "inter")
+        )
+        print(f"emulated hosts, {name}: {levels}")
     return doc
 
 

@@ -24,6 +24,7 @@ from scripts.bench import repro_peer_watch as bench_repro
 from scripts.bench import step as bench_step
 from scripts.bench import train_input as bench_train_input
 from scripts.bench import trainer_step
+from scripts.render import render
 
 # Hand count for AlexNet-BN of width 3: kernels of conv1-5, fc6, fc7 (no bias before a BN) (7),
 # scale and bias of the 8 BatchNorms (after each of those and after pool5) (16), fc8 kernel and
@@ -200,31 +201,50 @@ def test_bench_step_survives_crashing_workers(tmp_path, monkeypatch):
     assert doc["variants"] == [] and out.exists()
 
 
-def test_bench_peers_rates_the_trainer_against_the_plain_flax_step(tmp_path):
+def test_bench_peers_rates_the_trainer_and_its_variants_against_the_plain_flax_step(tmp_path):
+    """A model-option row and an XLA-flag row (the command-buffer flag of scripts/bench_1gpu.sh:
+    XLA aborts on a flag value it does not know) next to the trainer and the flax step."""
+    flags = "--xla_gpu_enable_command_buffer=+CONVOLUTION"
     doc = bench_peers.main(
         [
-            "--models=resnet50",
+            "--models=alexnet_bn",  # compiles several times faster than a ResNet-50 on CPU
             "--kinds=trainer,flax",
             "--batches=2",
             "--image_size=16",
-            "--model_width=4",
+            "--model_width=3",
             "--small_inputs",
             "--steps=3",
             "--warmup_steps=1",
+            "--model_options=fused_bn",
+            f"--xla_flags_variant={flags}",
             f"--out={tmp_path / 'p.json'}",
         ]
     )
-    rows = {r["kind"]: r for r in doc["results"]}
-    assert set(rows) == {"trainer", "flax"} and not [r for r in rows.values() if "error" in r]
-    for r in rows.values():
+    rows = doc["results"]
+    assert not [r for r in rows if "error" in r or "skipped" in r], rows
+    # The flag variant first (a child of its own), then the trainer, flax and the option set.
+    assert [(r["kind"], bench_peers.variant(r)) for r in rows] == [
+        ("trainer", flags),
+        ("trainer", ""),
+        ("flax", ""),
+        ("trainer", "fused_bn"),
+    ]
+    for r in rows:
         assert r["images_per_s"] == pytest.approx(2 / r["step_time_s"], rel=1e-12)
         assert r["step_time_s"] == statistics.median(r["samples_s"])
-    trainer, flax = rows["trainer"], rows["flax"]
-    assert trainer["ratio_vs_faster_peer"] == pytest.approx(
-        trainer["images_per_s"] / flax["images_per_s"], rel=1e-12
-    )
-    assert "ratio_vs_faster_peer" not in flax
+    variant, trainer, flax, fused = rows
+    for r in (variant, trainer, fused):
+        assert r["ratio_vs_faster_peer"] == pytest.approx(
+            r["images_per_s"] / flax["images_per_s"], rel=1e-12
+        )
+    for r in (variant, fused):
+        assert r["speedup_vs_trainer"] == pytest.approx(
+            r["images_per_s"] / trainer["images_per_s"], rel=1e-12
+        )
+    assert "ratio_vs_faster_peer" not in flax and "speedup_vs_trainer" not in trainer
     assert doc["environment"]["device_count"] >= 1
+    table = render(str(tmp_path / "p.json"))
+    assert "| alexnet_bn | 2 | trainer | fused_bn |" in table and "vs trainer" in table
 
 
 def test_trainer_progress_reads_every_logged_interval():
@@ -344,29 +364,31 @@ def test_bench_hosts_takes_the_median_after_the_compile_interval():
         bench_hosts.steady_rate(log.splitlines()[0])
 
 
-def test_bench_link_reports_each_axis_over_processes(tmp_path, monkeypatch):
+def test_bench_link_reports_each_axis_and_size_over_processes(tmp_path, monkeypatch):
     _cpu_processes(monkeypatch, 2)
     out = tmp_path / "link.json"
     doc = bench_link.main(
         [
-            "--size_mib=0.01",
+            "--size_mib=0.01,0.02",
             "--repeats=1",
             "--calls=1",
             "--variants=one_host,hosts_sockets_4x4",
             f"--out={out}",
         ]
     )
-    rows = {r["variant"]: r for r in doc["results"]}
-    assert set(rows) == {"one_host", "hosts_sockets_4x4"}, doc["results"]
-    assert rows["hosts_sockets_4x4"]["settings"]["NCCL_NSOCKS_PERTHREAD"] == "4"
-    n = int(0.01 * (1 << 20)) // 4
-    for row in rows.values():
+    rows = doc["results"]
+    assert [r["variant"] for r in rows] == ["one_host"] * 2 + ["hosts_sockets_4x4"] * 2, rows
+    assert rows[-1]["settings"]["NCCL_NSOCKS_PERTHREAD"] == "4"
+    for row, mib in zip(rows, (0.01, 0.02) * 2, strict=True):
+        n = int(mib * (1 << 20)) // 4
+        assert row["size_bytes"] == 4 * n
         for axis, ranks in (("gpu", 2), ("node", 2), ("both", 4)):
             r = row[axis]
             assert r["ranks"] == ranks
             assert r["bus_gb_s"] == pytest.approx(
                 2 * (ranks - 1) / ranks * n * 4 / r["time_s"] / 1e9
             )
+    assert "| hosts_sockets_4x4 | 0.02 | 2 |" in render(str(out))
 
 
 def test_repro_peer_watch_records_each_combination(tmp_path, monkeypatch):

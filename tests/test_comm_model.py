@@ -432,3 +432,165 @@ def test_committed_calibration_is_the_fit_of_the_raw_files():
     assert _same(json.loads(json.dumps(refit)), committed), (
         "refit: python -m scripts.calibrate_comm"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Two levels: emulated hosts (scripts/bench/link.py) fitted, and the 2 x 2 step predicted
+
+
+def _link_doc(sizes_mib, times, variant="hosts_sockets_4x4"):
+    """A bench_link document of 2 hosts x 2 GPUs: `times(axis, ranks, nbytes)` per size."""
+    rows = []
+    for mib in sizes_mib:
+        nbytes = int(mib * MIB) // 4 * 4
+        row = {"variant": variant, "settings": {"separate_hosts": True}, "size_bytes": nbytes}
+        for axis, ranks in (("gpu", 2), ("node", 2), ("both", 4)):
+            row[axis] = {"ranks": ranks, "time_s": times(axis, ranks, nbytes)}
+        rows.append(row)
+    one_host = {**rows[0], "variant": "one_host", "settings": {"separate_hosts": False}}
+    args = {"hosts": 2, "gpus_per_host": 2, "size_mib": list(sizes_mib)}
+    return {"args": args, "results": [one_host, *rows], "environment": {}}
+
+
+LINKS = {"gpu": (20 * US, 150 * GB), "node": (40 * US, 3 * GB)}
+
+
+def _ring_time(axis, ranks, nbytes, noise=0.0):
+    if axis == "both":  # predicted by the fit, not fitted: any positive time
+        return 1e-3
+    alpha, beta = LINKS[axis]
+    exact = (
+        calibrate_comm.NCCL_BASE_LATENCY_S
+        + 2 * (ranks - 1) * alpha
+        + 2 * (ranks - 1) / ranks * nbytes / beta
+    )
+    return exact * (1 + noise)
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.01], ids=["exact", "noisy"])
+def test_two_level_fit_recovers_known_links_of_emulated_hosts(tmp_path, noise):
+    """Six sizes from 0.25 to 256 MiB, each time off by a seeded factor within 1 +- `noise`.
+
+    Exact times give the parameters back to rounding. With 1% noise: at 256 MiB the bandwidth
+    term is > 98% of either level's time, so 1/beta is fitted within ~1% (tolerance 3%); at
+    0.25 MiB the fixed cost is >= 50% of the time, which pins 2 alpha within ~1% / 0.5 of the
+    fixed cost, alpha within ~3% (tolerance 10%). A formula off by a factor fails either bound.
+    """
+    rng = np.random.default_rng(7)
+    sizes = (0.25, 1, 4, 16, 64, 256)
+    path = tmp_path / "bench_link.json"
+    doc = _link_doc(sizes, lambda *a: _ring_time(*a, noise=noise * rng.uniform(-1, 1)))
+    path.write_text(json.dumps(doc))
+    fits = calibrate_comm.emulated_hosts(calibrate_comm.link_points([str(path)]), 1.0)
+    assert set(fits) == {"hosts_sockets_4x4"}  # the one-host reference is not a two-level run
+    fit = fits["hosts_sockets_4x4"]
+    rel = (1e-9, 1e-9) if noise == 0 else (0.10, 0.03)
+    for level, axis in (("intra", "gpu"), ("inter", "node")):
+        alpha, beta = LINKS[axis]
+        assert fit[level]["alpha_source"] == "fitted"
+        assert fit[level]["alpha_s"] == pytest.approx(alpha, rel=rel[0])
+        assert fit[level]["beta_bytes_per_s"] == pytest.approx(beta, rel=rel[1])
+        assert len(fit[level]["rows"]) == len(sizes)
+    assert fit["launch_s"] == calibrate_comm.NCCL_BASE_LATENCY_S
+    assert [r["ranks"] for r in fit["both_axes"]] == [4] * len(sizes)
+
+
+def test_two_level_fit_of_one_size_holds_alpha_and_fits_beta(tmp_path):
+    """The recorded run timed one size (`args.size_mib` a number, no `size_bytes`): alpha is held
+    at the reference given, beta solves the one equation exactly."""
+    doc = _link_doc((97.5,), _ring_time)
+    doc["args"]["size_mib"] = 97.5
+    for row in doc["results"]:
+        del row["size_bytes"]
+    path = tmp_path / "bench_link.json"
+    path.write_text(json.dumps(doc))
+    fit = calibrate_comm.emulated_hosts(calibrate_comm.link_points([str(path)]), LINKS["gpu"][0])
+    fit = fit["hosts_sockets_4x4"]
+    assert fit["intra"]["alpha_s"] == LINKS["gpu"][0]
+    assert fit["inter"]["alpha_s"] == calibrate_comm.NCCL_NET_STEP_LATENCY_S
+    assert fit["intra"]["beta_bytes_per_s"] == pytest.approx(LINKS["gpu"][1], rel=1e-9)
+    # Inter: t - launch - 2 * 9.6 us = B / beta_fit, t from alpha 40 us: beta_fit = B / (B/beta
+    # + 2 * (40 - 9.6) us).
+    nbytes = int(97.5 * MIB) // 4 * 4
+    want = nbytes / (nbytes / LINKS["node"][1] + 2 * (40 - 9.6) * US)
+    assert fit["inter"]["beta_bytes_per_s"] == pytest.approx(want, rel=1e-9)
+    assert all("held" in fit[level]["alpha_source"] for level in ("intra", "inter"))
+
+
+def test_packaged_calibration_has_the_emulated_hosts_fit_of_the_recorded_link_run():
+    cal = json.loads(open(calibrate_comm.DEFAULT_OUT).read())
+    m = cm.load_emulated_hosts()
+    fit = cal["emulated_hosts"][cal["default_emulated"]]
+    assert cal["default_emulated"] == calibrate_comm.EMULATED_DEFAULT
+    assert m.intra == cm.Link(fit["intra"]["alpha_s"], fit["intra"]["beta_bytes_per_s"])
+    assert m.inter == cm.Link(fit["inter"]["alpha_s"], fit["inter"]["beta_bytes_per_s"])
+    assert m.overlap == cal["overlap"]["value"] and m.algorithms == ("ring", "tree")
+    # Bandwidth over sockets between hosts is far below NVLink's inside one.
+    assert m.inter.beta_bytes_per_s < m.intra.beta_bytes_per_s / 10
+    with pytest.raises(ValueError, match="hosts_by_pigeon"):
+        cm.load_emulated_hosts(setting="hosts_by_pigeon")
+
+
+def test_prediction_of_the_2x2_step_is_the_hand_computed_alpha_beta_cost():
+    """2 hosts x 2 GPUs, fp32 buckets of 16 MiB (4,194,304 values) from leaves of 5e6, 3e6, 1e6
+    and 2e5 values: buckets of 5e6 (alone, larger than a bucket), 4e6 and 2e5 values.
+
+    Per bucket of B bytes, with L the launch, a/b the intra alpha/beta, A/G the inter ones and
+    the node share w = min(b, 2 G) (two GPUs per host on the network):
+      flat: min(ring, tree) = min(L + 4a + 2A + 1.5 B / w, L + 2 (a + A) + 2 B / w);
+      hierarchical: reduce-scatter + all-gather over 2 GPUs, 2 (L + a + B/2 / b), and the
+      all-reduce of B/2 over 2 hosts, min(L + 2A + (B/2) / g1, L + 2A + B / g1), g1 = min(b, G).
+    """
+    L, (a, b), (A, G) = 8 * US, (3 * US, 150 * GB), (40 * US, 2.5 * GB)
+    m = cm.CommModel(
+        cm.Link(a, b), cm.Link(A, G), L, ("ring", "tree"), overlap=0.25, step_overhead_s=1e-3
+    )
+    w, g1 = min(b, 2 * G), min(b, G)
+
+    def flat(nbytes):
+        return min(L + 4 * a + 2 * A + 1.5 * nbytes / w, L + 2 * (a + A) + 2 * nbytes / w)
+
+    def hier(nbytes):
+        inside = 2 * (L + a + nbytes / 2 / b)
+        return inside + min(L + 2 * A + nbytes / 2 / g1, L + 2 * A + nbytes / g1)
+
+    buckets = np.array([5e6, 4e6, 2e5]) * 4
+    leaves = [5_000_000, 3_000_000, 1_000_000, 200_000]
+    compute = 45e-3
+    plans = cm.predict_strategies(
+        m,
+        node=2,
+        gpu=2,
+        leaf_sizes=leaves,
+        dtype="float32",
+        bucket_bytes=16 * MIB,
+        hybrid_crossover_bytes=4 * MIB,
+        compute_s=compute,
+    )
+    want = {
+        "flat": sum(flat(x) for x in buckets),
+        "hierarchical": sum(hier(x) for x in buckets),
+        # Below the 4 MiB crossover (the 0.8 MB bucket) hierarchical, the others flat.
+        "hybrid": flat(buckets[0]) + flat(buckets[1]) + hier(buckets[2]),
+    }
+    for strategy, t in want.items():
+        plan = plans[strategy]
+        assert (plan.strategy, plan.buckets) == (strategy, 3)
+        assert plan.comm_s == pytest.approx(t, **TIGHT)
+        assert plan.step_s == pytest.approx(compute + 0.75 * t + 1e-3, **TIGHT)
+    # auto: its own buckets and crossover, its cost by the same formulas, and no strategy at any
+    # bucket of the grid more than SIMPLER_MARGIN faster.
+    auto = plans["auto"]
+    elements = cm.bucket_elements(leaves, auto.bucket_bytes, 4)
+    by_hand = {
+        "flat": sum(flat(4 * e) for e in elements),
+        "hierarchical": sum(hier(4 * e) for e in elements),
+        "hybrid": sum(
+            hier(4 * e) if 4 * e < auto.hybrid_crossover_bytes else flat(4 * e) for e in elements
+        ),
+    }
+    assert auto.comm_s == pytest.approx(by_hand[auto.strategy], **TIGHT)
+    for bucket in cm.BUCKET_GRID:
+        e = cm.bucket_elements(leaves, bucket, 4)
+        for t in (sum(flat(4 * x) for x in e), sum(hier(4 * x) for x in e)):
+            assert auto.comm_s <= t / (1 - cm.SIMPLER_MARGIN)

@@ -1,4 +1,5 @@
-"""The fused BatchNorm(+add, +ReLU) and the space-to-depth stem compute the plain layers' function.
+"""The fused BatchNorm(+add, +ReLU), the space-to-depth stem and the sliced max-pool compute the
+plain layers' function (the max-pool alone: tests/test_max_pool.py).
 
 Float64 comparisons run under `jax.enable_x64`: there the only differences are float64 roundings
 (unit roundoff u = 2^-53 ~ 1.1e-16), so a wrong formula shows as an O(1) error against tolerances
@@ -272,7 +273,7 @@ def test_options_keep_the_variables_of_the_plain_net(name, count):
 
     # The options as a run passes them: --config.model.fused_bn=True etc. on a default config.
     config = default.get_config()
-    config.model.fused_bn = config.model.space_to_depth_stem = True
+    config.model.fused_bn = config.model.space_to_depth_stem = config.model.sliced_max_pool = True
     options = {k: v for k, v in config.model.items() if k != "name"}
     (plain, plain_order), (fused, fused_order) = variables(), variables(**options)
     assert fused_order == plain_order
@@ -313,7 +314,7 @@ def test_options_compute_the_plain_net_float64(x64, name, width, image):
     def build(**options):
         return create_model(name, num_classes=3, dtype=jnp.float64, width=width, **options)
 
-    plain, fused = build(), build(fused_bn=True, space_to_depth_stem=True)
+    plain, fused = build(), build(fused_bn=True, space_to_depth_stem=True, sliced_max_pool=True)
     variables = jax.jit(lambda: plain.init(jax.random.key(0, impl="rbg"), x, train=False))()
     variables = _randomise(jax.tree.map(lambda v: v.astype(jnp.float64), variables), seed=6)
 

@@ -96,10 +96,12 @@ def test_fused_model_options_are_free_on_resume():
     """A checkpoint from before the options existed resumes with them on (same function)."""
     config = default.get_config()
     current = recipe.of_run(config.to_json(), num_devices=8)
-    del config.model["fused_bn"], config.model["space_to_depth_stem"]
+    options = ("fused_bn", "space_to_depth_stem", "sliced_max_pool")
+    for option in options:
+        del config.model[option]
     meta = {"step": 5, "seed": 0, "config": config.to_json(), "num_devices": 8}
     assert current["model.fused_bn"] is False
-    current |= {"model.fused_bn": True, "model.space_to_depth_stem": True}
+    current |= {f"model.{option}": True for option in options}
     recipe.check_resume(meta, current, allow_change=False, step=5, directory="/c")
     current["model.bn_momentum"] = 0.99  # other model fields stay compared
     with pytest.raises(recipe.ConfigChangedError, match="model.bn_momentum"):

@@ -90,6 +90,8 @@ class AlexNetBN(nn.Module):
       space_to_depth_stem: conv1 (11x11, stride 4) computed as a 3x3 stride-1 conv on the 4x4
         space-to-depth input of 48 channels (`space_to_depth.py`): the same function and the
         same 11x11x3 kernel parameter. Not with ``small_inputs`` (its conv1 has stride 1).
+      sliced_max_pool: The three 3x3/2 max-pools with the elementwise backward of
+        `max_pool.py` (the same function and gradient), as ResNet's option of that name.
     """
 
     num_classes: int
@@ -103,6 +105,7 @@ class AlexNetBN(nn.Module):
     small_inputs: bool = False
     fused_bn: bool = False
     space_to_depth_stem: bool = False
+    sliced_max_pool: bool = False
 
     def __post_init__(self) -> None:
         layers.check_stem_options(self)
@@ -136,7 +139,7 @@ class AlexNetBN(nn.Module):
         pool_padding = ((1, 1), (1, 1)) if self.small_inputs else "VALID"
 
         def max_pool(y: jax.Array) -> jax.Array:
-            return nn.max_pool(y, (3, 3), strides=(2, 2), padding=pool_padding)
+            return layers.max_pool(self)(y, (3, 3), (2, 2), pool_padding)
 
         c1, c2, c3, c4, c5 = (self.width * u // 3 for u in _CONV_UNITS)
         if self.small_inputs:

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jax.nn.initializers import Initializer
 
 from jia_jax.models import fused_bn
+from jia_jax.models import max_pool as sliced
 from jia_jax.models.space_to_depth import SpaceToDepthConv
 
 
@@ -103,6 +104,12 @@ def stem_conv(model: nn.Module, kernel_init: Initializer) -> Callable[..., nn.Mo
         param_dtype=model.param_dtype,
         kernel_init=kernel_init,
     )
+
+
+def max_pool(model: nn.Module) -> Callable[..., jax.Array]:
+    """`nn.max_pool`, or with `model.sliced_max_pool` the same function with the elementwise
+    backward of `max_pool.py`. Called as ``(x, window_shape, strides, padding)``."""
+    return sliced.max_pool if model.sliced_max_pool else nn.max_pool
 
 
 def check_stem_options(model: nn.Module) -> None:

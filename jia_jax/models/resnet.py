@@ -118,6 +118,10 @@ class ResNet(nn.Module):
       space_to_depth_stem: The 7x7/2 stem conv computed as a 4x4 stride-1 conv on the 2x2
         space-to-depth input of 12 channels (`space_to_depth.py`): the same function and the
         same 7x7x3 kernel parameter. Not with ``small_inputs`` (its stem has stride 1).
+      sliced_max_pool: The stem's 3x3/2 max-pool as a maximum over strided slices that keeps
+        the winning tap (`max_pool.py`): the same function and gradient (ties to the first
+        maximum in window order, as flax's), with an elementwise backward instead of XLA's
+        select-and-scatter.
     """
 
     num_classes: int
@@ -131,6 +135,7 @@ class ResNet(nn.Module):
     small_inputs: bool = False
     fused_bn: bool = False
     space_to_depth_stem: bool = False
+    sliced_max_pool: bool = False
 
     def __post_init__(self) -> None:
         if self.depth not in _ARCHITECTURES:
@@ -167,7 +172,7 @@ class ResNet(nn.Module):
             stem_conv = layers.stem_conv(self, _conv_init)
             x = stem_conv(self.width, (7, 7), 2, padding=_pad(7), name="stem_conv")(x)
             x = norm(name="stem_bn")(x, relu=True)
-            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+            x = layers.max_pool(self)(x, (3, 3), (2, 2), ((1, 1), (1, 1)))
 
         for stage, num_blocks in enumerate(stage_sizes):
             for block in range(num_blocks):

@@ -1,19 +1,33 @@
 r"""One-device step rate of the trainer against the same model trained the plain way, one run.
 
-Rows per model (`--models`) and per-device batch (`--batches`), each kind in a child process of
-its own (JAX and PyTorch each take the GPU's memory):
+Rows per model (`--models`) and per-device batch (`--batches`), one after another on one GPU:
 
   * `trainer`: the trainer's step on a 1x1 mesh (`scripts/bench/trainer_step.py`: the model's
     64K config: LARS, bf16 compute, fp32 master weights, metrics);
   * `flax`: a plain flax step, `jax.jit(donate_argnums=0)` of forward/backward with the same
-    model (`jia_jax.models`, bf16 compute, fp32 parameters) and optax SGD with momentum;
+    model (`jia_jax.models`, bf16 compute, fp32 parameters, the plain layers) and optax SGD with
+    momentum;
   * `torch` (ResNet-50 only): torchvision's ResNet-50, channels-last, bf16 autocast, SGD with
     momentum, `torch.compile` of the model.
 
+Trainer variants, on the models of `--variant_models` (default: all): each `--model_options`
+(repeatable; comma-separated `model.*` options turned on, e.g. `fused_bn,sliced_max_pool`) at
+every batch, and each `--xla_flags_variant` (repeatable; appended to XLA_FLAGS, e.g. command
+buffers) at `--variant_batches` (default: all). Their rows carry `model_options` / `xla_flags` and
+`speedup_vs_trainer`, their queued images/s over the plain trainer row's.
+
+Processes: each torch row in a child of its own (JAX and PyTorch each take the GPU's memory); the
+JAX rows with the same XLA flags in one child (XLA reads the flags once, at start-up), which
+initialises each model's state once: the options keep the variables (tests/test_fused_layers.py).
+Order: the flag variants, torch, the trainer and flax rows, then the option sets in the order
+given: the one long child comes last, so a `--budget_s` cuts its last option sets (recorded as
+skipped), not a whole child.
+
 Synthetic ImageNet-shaped data resident on the device; 224 px unless `--image_size`. Timing as
-`scripts/bench/harness.py` times a step: synced (each step waited for) and queued (one step in flight ahead, a
-sample per completion; PyTorch waits on a CUDA event recorded after the previous step). Each
-trainer row carries `ratio_vs_faster_peer`: its queued images/s over the faster peer's.
+`scripts/bench/harness.py` times a step: synced (each step waited for) and queued (one step in
+flight ahead, a sample per completion; PyTorch waits on a CUDA event recorded after the previous
+step). Each trainer row carries `ratio_vs_faster_peer`: its queued images/s over the faster
+peer's.
 
   python -m scripts.bench.peers --out=/tmp/bench_peers.json             # on one GPU
 
@@ -36,8 +50,12 @@ from scripts.bench import harness
 KINDS = ("trainer", "flax", "torch")
 
 
-def _jax_step(kind: str, model_name: str, batch: int, args: argparse.Namespace):
-    """`(step, state, batch)` of the trainer or of the plain flax step."""
+def _jax_step(case: dict[str, Any], args: argparse.Namespace, cache: dict[str, Any]):
+    """`(step, state, batch)` of the trainer or of the plain flax step.
+
+    The initial state is made once per model and child (`cache`), kept on the host: every option
+    set has the same variables, and each case donates its own copy.
+    """
     import jax
 
     from jia_jax import mesh as mesh_lib
@@ -45,26 +63,29 @@ def _jax_step(kind: str, model_name: str, batch: int, args: argparse.Namespace):
     from scripts.bench import trainer_step
 
     config = trainer_step.make_config(
-        model_name,
+        case["model"],
         "xla",
         1,
         1,
-        per_device_batch_override=batch,
+        per_device_batch_override=case["per_device_batch"],
         image_size=args.image_size,
         model_width=args.model_width,
         small_inputs=args.small_inputs,
         # The peers keep the plain layers: they are what the options are measured against.
-        model_options=args.model_options if kind == "trainer" else (),
+        model_options=case.get("model_options", ()),
     )
     setup = trainer_step.build_setup(config, jax.devices()[:1])
-    if kind == "trainer":
+    states = cache.setdefault("host_states", {})
+    if case["model"] not in states:
+        states[case["model"]] = jax.device_get(setup["init"]())
+    state = jax.device_put(states[case["model"]], mesh_lib.replicated_sharding(setup["mesh"]))
+    if case["kind"] == "trainer":
         step = train.make_train_step(
             setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"]
         )
-        return step, setup["init"](), setup["batch"]
-    state, plain = _plain_flax_step(setup["model"], setup["init"]())
-    device = mesh_lib.replicated_sharding(setup["mesh"])
-    return plain, jax.device_put(state, device), setup["batch"]
+        return step, state, setup["batch"]
+    flax_state, plain = _plain_flax_step(setup["model"], state)
+    return plain, flax_state, setup["batch"]
 
 
 def _plain_flax_step(model, trainer_state):
@@ -102,9 +123,10 @@ def _plain_flax_step(model, trainer_state):
     return state, jax.jit(step, donate_argnums=0)
 
 
-def run_jax(kind: str, model_name: str, batch: int, args: argparse.Namespace) -> dict[str, Any]:
+def run_jax(case: dict[str, Any], args: argparse.Namespace, cache: dict[str, Any]) -> dict:
     """Compiles and times the trainer's or the plain flax step."""
-    step, state, data = _jax_step(kind, model_name, batch, args)
+    step, state, data = _jax_step(case, args, cache)
+    batch = case["per_device_batch"]
     start = time.perf_counter()
     compiled = step.lower(state, data).compile()
     compile_s = time.perf_counter() - start
@@ -181,34 +203,108 @@ def run_torch(model_name: str, batch: int, args: argparse.Namespace) -> dict[str
 
 def measure(case: dict[str, Any], args: argparse.Namespace, cache: dict[str, Any]) -> dict:
     """Child process: times one kind of step for one model and batch."""
-    del cache  # one case per child: JAX and PyTorch each take the GPU's memory
-    kind, model_name, batch = case["kind"], case["model"], case["per_device_batch"]
-    if kind == "torch":
-        return run_torch(model_name, batch, args)
+    if case["kind"] == "torch":
+        return run_torch(case["model"], case["per_device_batch"], args)
     # The run's provenance comes from a JAX child: a torch child must not initialise JAX (it
     # would take the GPU's memory), nor must the parent.
-    return {**run_jax(kind, model_name, batch, args), "environment": harness.environment()}
+    return {**run_jax(case, args, cache), "environment": harness.environment()}
+
+
+def variant(r: dict[str, Any]) -> str:
+    """A trainer row's options and flags ('' for the plain trainer and the peers)."""
+    return " ".join(filter(None, ("+".join(r.get("model_options", ())), r.get("xla_flags", ""))))
 
 
 def describe(r: dict[str, Any]) -> str:
     status = f"{r['images_per_s']:.0f} img/s" if "images_per_s" in r else r.get("error")
-    return f"{r['model']} {r['per_device_batch']} {r['kind']}: {status}"
+    return f"{r['model']} {r['per_device_batch']} {r['kind']} {variant(r)}: {status}"
+
+
+def build_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The rows to measure, in the order of the module docstring."""
+    kinds, models = harness.strings(args.kinds), harness.strings(args.models)
+    batches = [int(b) for b in harness.strings(args.batches)]
+    variant_models = harness.strings(args.variant_models) or models
+    variant_batches = [int(b) for b in harness.strings(args.variant_batches)] or batches
+
+    def case(kind: str, model: str, batch: int, **fields: Any) -> dict[str, Any]:
+        return {"kind": kind, "model": model, "per_device_batch": batch, **fields}
+
+    torch = [
+        case("torch", "resnet50", b) for b in batches if "torch" in kinds and "resnet50" in models
+    ]
+    core = [
+        case(k, m, b, **({"model_options": [], "xla_flags": ""} if k == "trainer" else {}))
+        for m in models
+        for b in batches
+        for k in kinds
+        if k != "torch"
+    ]
+    options = [
+        case("trainer", m, b, model_options=harness.strings(o), xla_flags="")
+        for m in variant_models
+        for o in args.model_options
+        for b in batches
+    ]
+    flags = [
+        case("trainer", m, b, model_options=[], xla_flags=f)
+        for f in args.xla_flags_variant
+        for m in variant_models
+        for b in variant_batches
+    ]
+    return flags + torch + core + options
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
-    """`ratio_vs_faster_peer` on each trainer row: queued images/s over the best peer's."""
+    """`ratio_vs_faster_peer` on each trainer row (queued images/s over the best peer's), and
+    `speedup_vs_trainer` on each variant (over the plain trainer row's)."""
     for r in rows:
         if r["kind"] != "trainer" or "images_per_s" not in r:
             continue
-        peers = [
-            p["images_per_s"]
+        same = [
+            p
             for p in rows
-            if p["kind"] != "trainer"
-            and "images_per_s" in p
+            if "images_per_s" in p
             and (p["model"], p["per_device_batch"]) == (r["model"], r["per_device_batch"])
         ]
+        peers = [p["images_per_s"] for p in same if p["kind"] != "trainer"]
         if peers:
             r["ratio_vs_faster_peer"] = r["images_per_s"] / max(peers)
+        plain = [p["images_per_s"] for p in same if p["kind"] == "trainer" and not variant(p)]
+        if variant(r) and plain:
+            r["speedup_vs_trainer"] = r["images_per_s"] / plain[0]
+
+
+def run_cases(cases: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Runs consecutive JAX cases with the same XLA flags in one child, each torch case in its
+    own, within `--budget_s`; the parent never touches a device."""
+    deadline = time.time() + args.budget_s
+    rows: list[dict[str, Any]] = []
+    estimates: dict[str, float] = {}  # longest JAX case so far, per model
+    groups: list[list[dict[str, Any]]] = []
+    for c in cases:
+        last = groups[-1][0] if groups else {"kind": "torch"}
+        jax_pair = "torch" not in (c["kind"], last["kind"])
+        if jax_pair and last.get("xla_flags", "") == c.get("xla_flags", ""):
+            groups[-1].append(c)
+        else:
+            groups.append([c])
+    for group in groups:
+        _, done = harness.run_children(
+            "scripts.bench.peers",
+            group,
+            args,
+            deadline,
+            f"{args.out}.child.json",
+            grace_s=args.grace_s,
+            extra_flags=group[0].get("xla_flags", ""),
+            estimates_s=estimates,
+        )
+        for r in done:
+            if r["kind"] != "torch" and "wall_s" in r:
+                estimates[r["model"]] = max(estimates.get(r["model"], 0.0), r["wall_s"])
+        rows.extend(done)
+    return rows
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -221,9 +317,28 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--small_inputs", action="store_true")
     parser.add_argument(
         "--model_options",
-        type=harness.strings,
+        action="append",
         default=[],
-        help="model.* options turned on in the trainer's step, e.g. fused_bn,space_to_depth_stem",
+        help="repeatable: trainer rows with these model.* options, e.g. fused_bn,sliced_max_pool",
+    )
+    parser.add_argument(
+        "--xla_flags_variant",
+        action="append",
+        default=[],
+        help="repeatable: a trainer row with these XLA flags appended to XLA_FLAGS",
+    )
+    parser.add_argument("--variant_models", default="", help="models of the variants (default all)")
+    parser.add_argument(
+        "--variant_batches", default="", help="batches of the XLA-flag variants (default: all)"
+    )
+    parser.add_argument(
+        "--budget_s",
+        type=float,
+        default=math.inf,
+        help="wall-clock budget; a case that would end past it is recorded as skipped",
+    )
+    parser.add_argument(
+        "--grace_s", type=float, default=60, help="a child running this long past it is killed"
     )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup_steps", type=int, default=3)
@@ -238,17 +353,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     if args.worker_spec:
         harness.worker(args.worker_spec, measure, describe, provenance=None)
         return None
-    cases = [
-        {"kind": kind, "model": model, "per_device_batch": int(batch)}
-        for model in args.models.split(",")
-        for batch in args.batches.split(",")
-        for kind in args.kinds.split(",")
-        if kind != "torch" or model == "resnet50"
-    ]
-    # One child per case; the parent never touches a device.
-    _, rows = harness.run_children(
-        "scripts.bench.peers", cases, args, math.inf, f"{args.out}.child.json", cases_per_child=1
-    )
+    rows = run_cases(build_cases(args), args)
     add_ratios(rows)
     environments = [r.pop("environment") for r in rows if "environment" in r]
     doc = {"environment": environments[0] if environments else {}, "args": vars(args)}
@@ -257,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     for r in rows:
         if "ratio_vs_faster_peer" in r:
             print(
-                f"{r['model']} {r['per_device_batch']}: trainer / faster peer = "
+                f"{r['model']} {r['per_device_batch']}: trainer {variant(r)} / faster peer = "
                 f"{r['ratio_vs_faster_peer']:.3f}"
             )
     return doc

@@ -229,7 +229,13 @@ def train_input_table(doc: dict[str, Any]) -> str:
 
 
 def peers_table(doc: dict[str, Any]) -> str:
-    """One-GPU step rates of the trainer and its peers, same call (scripts/bench/peers.py)."""
+    """One-GPU step rates of the trainer and its peers, same call (scripts/bench/peers.py); with
+    trainer variants (model options, XLA flags), a column for them and their speedup."""
+    from scripts.bench.peers import variant  # pylint: disable=import-outside-toplevel
+
+    variants = any(variant(r) for r in doc["results"])
+    extra = (" variant |", " --- |") if variants else ("", "")
+    tail = (" vs trainer |", " ---: |") if variants else ("", "")
     lines = [
         (
             f"One-GPU step ({_environment(doc)}; synthetic data, bf16; queued = one step in flight "
@@ -237,16 +243,23 @@ def peers_table(doc: dict[str, Any]) -> str:
         ),
         "",
         (
-            "| model | images per GPU | kind | images/s queued | images/s synced | "
-            "trainer / faster peer |"
+            f"| model | images per GPU | kind |{extra[0]} images/s queued | images/s synced | "
+            f"trainer / faster peer |{tail[0]}"
         ),
-        "| --- | ---: | --- | ---: | ---: | ---: |",
+        f"| --- | ---: | --- |{extra[1]} ---: | ---: | ---: |{tail[1]}",
     ]
     for r in doc["results"]:
         ratio = f"{r['ratio_vs_faster_peer']:.3f}" if "ratio_vs_faster_peer" in r else ""
+        head = f"| {r['model']} | {r['per_device_batch']} | {r['kind']} |"
+        if variants:
+            head += f" {variant(r)} |"
+        if "images_per_s" not in r:
+            lines.append(f"{head} {r.get('error') or r.get('skipped')} | | |" + " |" * variants)
+            continue
+        speedup = f" {r['speedup_vs_trainer']:.3f} |" if "speedup_vs_trainer" in r else " |"
         lines.append(
-            f"| {r['model']} | {r['per_device_batch']} | {r['kind']} | {r['images_per_s']:.0f} | "
-            f"{r['synced_images_per_s']:.0f} | {ratio} |"
+            f"{head} {r['images_per_s']:.0f} | {r['synced_images_per_s']:.0f} | {ratio} |"
+            + (speedup if variants else "")
         )
     return "\n".join(lines)
 
@@ -286,23 +299,28 @@ def _where(doc: dict[str, Any]) -> str:
 
 
 def link_table(doc: dict[str, Any]) -> str:
-    """Bus bandwidth of one all-reduce per mesh level and NCCL setting (scripts/bench/link.py)."""
+    """Bus bandwidth of one all-reduce per mesh level and NCCL setting (scripts/bench/link.py);
+    runs of several sizes get a size column (older runs timed one size, `args.size_mib`)."""
     args = doc["args"]
+    sizes = args["size_mib"] if isinstance(args["size_mib"], list) else [args["size_mib"]]
+    several = len(sizes) > 1
+    size = "" if several else f" of {sizes[0]} MiB per GPU"
     lines = [
-        f"One fp32 all-reduce of {args['size_mib']} MiB per GPU, {args['hosts']} processes x "
+        f"One fp32 all-reduce{size}, {args['hosts']} processes x "
         f"{args['gpus_per_host']} GPUs ({_where(doc)}), bus bandwidth in GB/s:",
         "",
-        "| NCCL setting | hosts to NCCL | `gpu` axis (in a process) | `node` axis (across) | "
-        "both axes |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| NCCL setting |" + " MiB per GPU |" * several + " hosts to NCCL | `gpu` axis (in a "
+        "process) | `node` axis (across) | both axes |",
+        "| --- |" + " ---: |" * several + " ---: | ---: | ---: | ---: |",
     ]
     for r in doc["results"]:
+        head = f"| {r['variant']} |" + (f" {r.get('size_bytes', 0) / (1 << 20):.3g} |" * several)
         if "error" in r:
-            lines.append(f"| {r['variant']} | failed | | | |")
+            lines.append(f"{head} failed | | | |")
             continue
         hosts = args["hosts"] if r["settings"]["separate_hosts"] else 1
         cells = " | ".join(f"{r[a]['bus_gb_s']:.2f}" for a in ("gpu", "node", "both"))
-        lines.append(f"| {r['variant']} | {hosts} | {cells} |")
+        lines.append(f"{head} {hosts} | {cells} |")
     return "\n".join(lines)
 
 

@@ -65,31 +65,20 @@ def train_record(
 
 def eval_record(index: int, *, source: Sequence[dict[str, Any]]) -> dict[str, np.ndarray]:
     """Record `index` with its centre crop; mask 0 past the part's end or where it is damaged."""
-    padding = {
+
+    def window(record: tuple[np.ndarray, np.int32, tuple[int, int]]) -> dict[str, np.ndarray]:
+        encoded, label, size = record
+        box = crop_windows.eval_crop_box(*size)
+        size_and_box = {SIZE: np.asarray(size, np.int32), BOX: np.asarray(box, np.float64)}
+        return {ENCODED: encoded, **size_and_box, "label": label}
+
+    blank = {
         ENCODED: np.zeros(0, np.uint8),
         SIZE: np.zeros(2, np.int32),
         BOX: np.zeros(4, np.float64),
         FLIP: np.bool_(False),
-        "label": np.int32(0),
-        "mask": np.float32(0),
-        bad_records.SKIPPED: np.int32(0),
-        bad_records.SKIPPED_FROM: np.int64(index),
     }
-    if index >= len(source):
-        return padding
-    try:
-        encoded, label, size = read_header(source, index)
-    except Exception:  # noqa: BLE001  a damaged record is left out; the counter names it
-        return {**padding, bad_records.SKIPPED: np.int32(1)}
-    box = crop_windows.eval_crop_box(*size)
-    return {
-        **padding,
-        ENCODED: encoded,
-        SIZE: np.asarray(size, np.int32),
-        BOX: np.asarray(box, np.float64),
-        "label": label,
-        "mask": np.float32(1),
-    }
+    return tfds_input.eval_entry(index, source, blank, read_header, window)
 
 
 def pack(records: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

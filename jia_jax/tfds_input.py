@@ -203,12 +203,18 @@ def train_example(
     }
 
 
-def eval_example(
-    index: int, *, source: Sequence[dict[str, Any]], image_size: int
+def eval_entry(
+    index: int,
+    source: Sequence[dict[str, Any]],
+    blank: dict[str, np.ndarray],
+    read: Callable[[Sequence[dict[str, Any]], int], T],
+    finish: Callable[[T], dict[str, np.ndarray]],
 ) -> dict[str, np.ndarray]:
-    """Example `index` of `source`; mask 0 past its end (padding) or where it is damaged."""
+    """Entry `index` of an eval pass over `source`: `finish(read(source, index))` with mask 1;
+    `blank` with label 0 and mask 0 past the end (padding) or where the record does not read
+    (left out; the counter names it)."""
     padding = {
-        "image": np.zeros((image_size, image_size, 3), np.uint8),
+        **blank,
         "label": np.int32(0),
         "mask": np.float32(0),
         bad_records.SKIPPED: np.int32(0),
@@ -217,12 +223,25 @@ def eval_example(
     if index >= len(source):
         return padding
     try:
-        image, label = _read(source, index)
+        record = read(source, index)
     except Exception:  # noqa: BLE001  a damaged record is left out; the counter names it
         return {**padding, bad_records.SKIPPED: np.int32(1)}
-    box = crop_windows.eval_crop_box(*image.size)
-    pixels = np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
-    return {**padding, "image": pixels, "label": label, "mask": np.float32(1)}
+    return {**padding, **finish(record), "mask": np.float32(1)}
+
+
+def eval_example(
+    index: int, *, source: Sequence[dict[str, Any]], image_size: int
+) -> dict[str, np.ndarray]:
+    """Example `index` of `source`, centre-cropped; mask 0 past its end or where it is damaged."""
+
+    def crop(record: tuple[PIL.Image.Image, np.int32]) -> dict[str, np.ndarray]:
+        image, label = record
+        box = crop_windows.eval_crop_box(*image.size)
+        pixels = np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
+        return {"image": pixels, "label": label}
+
+    blank = {"image": np.zeros((image_size, image_size, 3), np.uint8)}
+    return eval_entry(index, source, blank, _read, crop)
 
 
 def train_examples(

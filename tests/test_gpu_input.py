@@ -77,18 +77,7 @@ def test_record_windows_are_the_cpu_paths(data_dir):
     records = record_batches.train_batches(
         part, local_batch=4, seed=0, start_step=0, process_index=0
     )
-    cpu = tfds_input.train_batches(
-        tfds_data.NAME,
-        data_dir=data_dir,
-        split="train",
-        image_size=_SIZE,
-        local_batch=4,
-        seed=0,
-        start_step=0,
-        process_index=0,
-        process_count=1,
-        image_dtype="uint8",
-    )
+    cpu = tfds_data.train_batches(data_dir, image_size=_SIZE, image_dtype="uint8")
     for step, expected in zip(range(6), cpu):
         batch = records[step]
         np.testing.assert_array_equal(batch["label"], expected["label"])
@@ -274,18 +263,9 @@ def test_eval_top1_agrees_with_the_cpu_path_within_the_margin_bound(
 def test_trainer_runs_and_evaluates_on_the_gpu_path(data_dir, tmp_path, fake_gpu):  # noqa: F811
     """The whole loop with data.decode='gpu' (Pillow standing in for nvImageCodec): 2 steps on the
     2x4 mesh, then an eval that counts every example once."""
-    from configs import digits
     from jia_jax import loop
 
-    config = digits.get_config()
-    config.data.update(
-        name=tfds_data.NAME, data_dir=data_dir, image_size=16, decode="gpu", gpu_canvas=32
-    )
-    config.model.width = 4
-    config.global_batch_size = 8
-    config.eval_batch_size = 8
-    config.total_steps = 2
-    config.optimizer.warmup_epochs = 0.0
+    config = tfds_data.trainer_config(data_dir, decode="gpu", gpu_canvas=32)
     results = loop.train_and_evaluate(config, str(tmp_path))
     assert results["eval/examples"] == tfds_data.NUM_EVAL
     assert np.isfinite(results["train/loss"])

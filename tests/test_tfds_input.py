@@ -27,18 +27,7 @@ def data_dir(tmp_path_factory):
 
 
 def _train(data_dir, **overrides):
-    kwargs = {
-        "data_dir": data_dir,
-        "split": "train",
-        "image_size": _SIZE,
-        "local_batch": 4,
-        "seed": 0,
-        "start_step": 0,
-        "process_index": 0,
-        "process_count": 1,
-        "num_threads": 2,
-    }
-    return tfds_input.train_batches(_NAME, **{**kwargs, **overrides})
+    return tfds_data.train_batches(data_dir, **{"image_size": _SIZE, **overrides})
 
 
 def _eval(data_dir, **overrides):
@@ -171,19 +160,9 @@ def test_worker_processes_yield_the_same_batches(data_dir):
 
 def test_trainer_runs_and_evaluates_on_a_tfds_dataset(data_dir, tmp_path):
     """The whole loop on a prepared tfds dataset: 2x4 mesh, eval counts each example once."""
-    from configs import digits
     from jia_jax import loop
 
-    config = digits.get_config()
-    config.data.name = "jia_test_jpeg"
-    config.data.data_dir = data_dir
-    config.data.image_size = 16
-    config.model.width = 4
-    config.global_batch_size = 8
-    config.eval_batch_size = 8
-    config.total_steps = 2
-    config.optimizer.warmup_epochs = 0.0
-    results = loop.train_and_evaluate(config, str(tmp_path))
+    results = loop.train_and_evaluate(tfds_data.trainer_config(data_dir), str(tmp_path))
     assert results["eval/examples"] == _NUM_EVAL
     assert 0.0 <= results["eval/top1"] <= results["eval/top5"] <= 1.0
     assert np.isfinite(results["train/loss"])

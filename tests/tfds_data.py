@@ -10,6 +10,8 @@ import PIL.Image
 import tensorflow_datasets as tfds
 from array_record.python import array_record_module
 
+from jia_jax import tfds_input
+
 NAME = "jia_test_jpeg"
 NUM_TRAIN, NUM_EVAL = 12, 7
 # Example i has label i and green level GREEN_STEP * i, so an output image names its label.
@@ -80,6 +82,36 @@ class JiaTestOddImages(JiaTestJpeg):
         if i == 9:
             return jpeg(image, progressive=True)
         return jpeg(image)
+
+
+def train_batches(data_dir, **overrides):
+    """The CPU path's train batches of the test dataset (`tfds_input.train_batches`): one
+    process, 4 examples per batch, seed 0, unless `overrides` say otherwise."""
+    kwargs = {
+        "data_dir": data_dir,
+        "split": "train",
+        "local_batch": 4,
+        "seed": 0,
+        "start_step": 0,
+        "process_index": 0,
+        "process_count": 1,
+        "num_threads": 2,
+    }
+    return tfds_input.train_batches(NAME, **{**kwargs, **overrides})
+
+
+def trainer_config(data_dir, **data_fields):
+    """A 2-step run of a small ResNet on the test dataset at 16 px, batch 8 on the 2x4 mesh."""
+    from configs import digits  # pylint: disable=import-outside-toplevel
+
+    config = digits.get_config()
+    config.data.update(name=NAME, data_dir=data_dir, image_size=16, **data_fields)
+    config.model.width = 4
+    config.global_batch_size = 8
+    config.eval_batch_size = 8
+    config.total_steps = 2
+    config.optimizer.warmup_epochs = 0.0
+    return config
 
 
 def prepare(builder_class: type, path: str) -> str:

@@ -8,7 +8,8 @@
 # run at the same time on the other GPU and the other 16 cores) and on 2 GPUs (32 cores), and at
 # 64 per GPU on 1 GPU; the decode stage alone per GPU; and the smoke check (GPU path against CPU
 # path on the same images and parameters). Writes $OUT/bench_gpu_decode.json (the record
-# docs/input_pipeline.md renders) and $OUT/gpu_decode_smoke.json, and prints a summary last.
+# docs/input_pipeline.md renders), $OUT/gpu_decode_smoke.json and the logs' tails in
+# $OUT/bench_gpu_decode.log, and prints a summary last.
 set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 export PYTHONUNBUFFERED=1
@@ -16,12 +17,18 @@ export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/ji
 data=/tmp/jia_bench_data
 runs=/tmp/jia_gpu_decode_runs
 mkdir -p "$OUT" "$runs"
-rm -f "$runs"/*.json
+rm -f "$runs"/*.json "$runs"/*.log
 # Cores per GPU: 16, or half the host's if it has fewer than 32.
 half=$(( $(nproc) / 2 < 16 ? $(nproc) / 2 : 16 ))
 first="0-$((half - 1))" second="$half-$((2 * half - 1))" both="0-$((2 * half - 1))"
 
 python3 -c "from scripts.bench import input as b; print(b.prepare('$data', 1024, 'array_record'))"
+
+# First the smoke check (a broken GPU path shows here in a minute), then the decode stage alone.
+CUDA_VISIBLE_DEVICES=0 python3 -m scripts.bench.gpu_decode smoke --data_dir="$data" \
+  --out="$OUT/gpu_decode_smoke.json" >"$runs/smoke.log" 2>&1 || echo "smoke failed"
+python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 \
+  --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
 
 train() {  # train GPUS CORES PER_GPU STEPS LOG_EVERY VARIANTS WORKERS NAME
   CUDA_VISIBLE_DEVICES=$1 taskset -c "$2" python3 -m scripts.bench.train_input \
@@ -41,21 +48,27 @@ done
 # 2 GPUs, 32 cores, one process (16 record-reading workers).
 train 0,1 "$both" 256 100 20 synthetic,gpu "$half" 2gpu_256
 
-python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 \
-  --out="$runs/stage.json" || echo "decode stage failed"
 python3 -m scripts.bench.gpu_decode report --stage="$runs/stage.json" --runs "$runs"/train_*.json \
   --out="$OUT/bench_gpu_decode.json" || echo "report failed"
-CUDA_VISIBLE_DEVICES=0 python3 -m scripts.bench.gpu_decode smoke --data_dir="$data" \
-  --out="$OUT/gpu_decode_smoke.json" >"$runs/smoke.log" 2>&1 || { echo "smoke failed:"; tail -20 "$runs/smoke.log"; }
 
+for log in "$runs"/*.log; do echo "== $log"; tail -n 40 "$log"; done >"$OUT/bench_gpu_decode.log"
 echo "== summary"
 python3 -m scripts.render "$OUT/bench_gpu_decode.json" || tail -5 "$runs"/*.log
-python3 - "$OUT/gpu_decode_smoke.json" <<'PY' || true
-import json, sys
-s = json.load(open(sys.argv[1]))
-keep = ("examples", "top1_cpu", "top1_gpu", "top1_bound", "bound_holds", "max_pixel_change",
-        "mean_pixel_change", "labels_equal", "refused_by_gpu_decoder")
-print("smoke:", {k: s[k] for k in keep})
-for row in s["odd_images"]:
-    print("  ", row)
+python3 - "$OUT" <<'PY' || true
+import json, os, sys
+record = os.path.join(sys.argv[1], "bench_gpu_decode.json")
+if os.path.exists(record):
+    for run in json.load(open(record))["runs"]:
+        for r in run["results"]:
+            if "error" in r:
+                print(f"failed: {run['gpus']} GPU(s), {r['variant']}: {r['log_tail'][-1:]}")
+smoke = os.path.join(sys.argv[1], "gpu_decode_smoke.json")
+if os.path.exists(smoke):
+    s = json.load(open(smoke))
+    keep = ("examples", "top1_cpu", "top1_gpu", "predictions_changed", "top1_bound",
+            "bound_holds", "max_pixel_change", "mean_pixel_change", "labels_equal",
+            "refused_by_gpu_decoder")
+    print("smoke:", {k: s[k] for k in keep})
+    for row in s["odd_images"]:
+        print("  ", row)
 PY

@@ -19,12 +19,13 @@ Subcommands, each writing JSON:
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -274,27 +275,34 @@ def decode_stage(args: argparse.Namespace) -> dict[str, Any]:
                 (decoders[d], slice(k * per_gpu, (k + 1) * per_gpu))
                 for k, d in enumerate(devices[:gpus])
             ]
-            rows.append(
-                {
-                    "per_gpu": per_gpu,
-                    "gpus": gpus,
-                    "decode_images_per_s": _stage_rate(records, placed, args, canvas),
-                }
-            )
-            print(rows[-1], flush=True)
+            rate = functools.partial(_stage_rate, records, placed, args, canvas)
+            rows.append(_measured({"per_gpu": per_gpu, "gpus": gpus}, "decode_images_per_s", rate))
         if devices[0].platform == "gpu":  # not where a stand-in decodes on the CPU (tests)
-            whole = _whole_image_rate(records, devices[0], per_gpu, args.repeats)
-            rows.append({"per_gpu": per_gpu, "gpus": 1, "whole_image_decode_images_per_s": whole})
-            print(rows[-1], flush=True)
+            rate = functools.partial(_whole_image_rate, records, devices[0], per_gpu, args.repeats)
+            row = {"per_gpu": per_gpu, "gpus": 1}
+            rows.append(_measured(row, "whole_image_decode_images_per_s", rate))
     return {"canvas": canvas, "image_size": args.image_size, "results": rows}
+
+
+def _measured(row: dict[str, Any], key: str, measure: Callable[[], float]) -> dict[str, Any]:
+    """`row` with `measure()` under `key`, or its error: one failed row does not lose the rest."""
+    try:
+        row[key] = measure()
+    except Exception as e:  # pylint: disable=broad-except
+        row["error"] = f"{type(e).__name__}: {e}"[:2000]
+    print(row, flush=True)
+    return row
 
 
 def report(args: argparse.Namespace) -> dict[str, Any]:
     """One row per training configuration (GPUs, images per GPU) of the `train_input` JSONs: the
     GPU path's images/s against synthetic data's, with the decode stage's rate beside it; the
     runs themselves (commands, logged intervals, log tails) kept under `runs`."""
-    with open(args.stage) as f:
-        stage = json.load(f)
+    try:
+        with open(args.stage) as f:
+            stage = json.load(f)
+    except OSError as e:  # the decode stage failed: the runs still have their rows
+        stage = {"error": str(e), "results": []}
     rates = {
         (r["per_gpu"], r["gpus"]): r["decode_images_per_s"]
         for r in stage["results"]
@@ -327,7 +335,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
             row["errors"] = failed
         rows.append(row)
     return {
-        "environment": stage["environment"],
+        "environment": stage.get("environment") or runs[0]["environment"],
         "command": " ".join(sys.argv),
         "results": rows,
         "decode_stage": stage,

@@ -22,9 +22,8 @@ rm -f "$runs"/*.json "$runs"/*.log
 half=$(( $(nproc) / 2 < 16 ? $(nproc) / 2 : 16 ))
 first="0-$((half - 1))" second="$half-$((2 * half - 1))" both="0-$((2 * half - 1))"
 
-python3 -c "from scripts.bench import input as b; print(b.prepare('$data', 1024, 'array_record'))"
-
-# First the smoke check (a broken GPU path shows here in a minute), then the decode stage alone.
+# First the smoke check (it writes the dataset; a broken GPU path shows here in a minute), then
+# the decode stage alone.
 CUDA_VISIBLE_DEVICES=0 python3 -m scripts.bench.gpu_decode smoke --data_dir="$data" \
   --out="$OUT/gpu_decode_smoke.json" >"$runs/smoke.log" 2>&1 || echo "smoke failed"
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 \

@@ -277,16 +277,10 @@ def test_bench_train_input_compares_real_jpegs_with_synthetic_data(tmp_path):
 
 
 def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # noqa: F811
-    """scripts/bench/gpu_decode.py on CPU, Pillow standing in for nvImageCodec: the smoke check
-    finds the two paths within its bound, the decode stage times 1 and all 8 devices, and the
+    """scripts/bench/gpu_decode.py on CPU, Pillow standing in for nvImageCodec: it writes the
+    dataset, the smoke check finds the two paths within its bound, the decode stage times 1 and all 8 devices, and the
     report pairs each configuration's runs and renders."""
-    from absl import flags
-
-    from scripts.bench import input as bench_input
-
-    flags.FLAGS.mark_as_parsed()
-    bench_input.prepare(str(tmp_path), 16, "array_record")
-    common = [f"--data_dir={tmp_path}", "--image_size=32", "--canvas=128"]
+    common = [f"--data_dir={tmp_path}", "--num_images=16", "--image_size=32", "--canvas=128"]
     smoke = bench_gpu_decode.main(
         ["smoke", *common, "--images=16", "--batch=8", f"--out={tmp_path / 'smoke.json'}"]
     )

@@ -1,6 +1,6 @@
 r"""The GPU input path (data.decode='gpu') on the generated JPEGs of scripts/bench/input.py.
 
-Subcommands, each writing JSON:
+Subcommands, each writing JSON (the first two write the dataset first, unless it is there):
   * `smoke`: the GPU path against the CPU path on the same images and parameters (a ResNet-18 at
     the training size, random initialisation): top-1 of each, the bound on their difference
     (`compare_predictions`), the pixels' difference, how many images the GPU decoder refused;
@@ -347,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("smoke", "decode", "report"))
     parser.add_argument("--data_dir", default="/tmp/jia_bench_data")
+    parser.add_argument("--num_images", type=int, default=1024, help="JPEGs to write if absent")
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--canvas", type=int, default=512, help="data.gpu_canvas")
     parser.add_argument("--num_workers", type=int, default=0, help="smoke: data.num_workers")
@@ -365,7 +366,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         return doc
     from absl import flags  # pylint: disable=import-outside-toplevel
 
+    from scripts.bench import input as bench_input  # pylint: disable=import-outside-toplevel
+
     flags.FLAGS.mark_as_parsed()  # grain's worker processes read an absl flag
+    bench_input.prepare(args.data_dir, args.num_images, "array_record")  # unless there
     doc = smoke(args) if args.mode == "smoke" else decode_stage(args)
     doc = {"command": " ".join(sys.argv), "args": vars(args), **doc}
     harness.close_record(args.out, doc)

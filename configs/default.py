@@ -40,6 +40,14 @@ def get_config() -> ml_collections.ConfigDict:
     # Unreadable records (bad JPEG bytes, a failed checksum) a tfds dataset may have before the
     # run stops, naming file and record; each is logged and replaced by the next readable one.
     config.data.max_bad_records = 0
+    # Where a tfds dataset's JPEGs are decoded: "cpu" (Pillow, in the num_workers processes),
+    # "gpu" (nvImageCodec, `pip install -e ".[gpu]"`; the host then only reads the records), or
+    # "auto": the GPU where JAX runs on GPUs and nvImageCodec is installed, else the CPU. Both
+    # give the same examples and crop windows (docs/input_pipeline.md).
+    config.data.decode = "auto"
+    # GPU decoding: side of the square tiles each JPEG is decoded into. 512 holds the crop of an
+    # ImageNet-sized image (500 x 375) in one tile; a larger crop takes several.
+    config.data.gpu_canvas = 512
 
     config.global_batch_size = 256
     config.eval_batch_size = 256

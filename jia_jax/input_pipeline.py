@@ -9,6 +9,11 @@ Datasets:
 
 Every train stream is a pure function of (seed, step): resuming at step k yields exactly the
 batches an uninterrupted run sees from k on. Each process materialises only its share.
+
+A tfds dataset's JPEGs are decoded on the CPU (Pillow, `jia_jax.tfds_input`) or on the GPU
+(nvImageCodec, `jia_jax.gpu_input`), as `data.decode` says: "cpu", "gpu", or "auto" (the GPU
+where JAX runs on GPUs and nvImageCodec is installed, else the CPU). Both give the same examples
+with the same crop windows; docs/input_pipeline.md compares them.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import os
 from collections.abc import Callable, Iterator
 
 import jax
@@ -24,11 +30,15 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
+from absl import logging
+
+from jia_jax import gpu_decode
 from jia_jax import mesh as mesh_lib
 
 Batch = dict[str, jax.Array]
 
 DIGITS_TEST_SIZE = 360
+DECODE_CHOICES = ("auto", "cpu", "gpu")
 # Mean/std of the digits pixel values (0..16) over the whole set; fixed so the split does not leak.
 _DIGITS_MEAN, _DIGITS_STD = 4.88, 6.02
 
@@ -66,6 +76,8 @@ def create_input(
     num_devices = mesh.devices.size
     if data.image_size < 1:
         raise ValueError(f"data.image_size={data.image_size} must be positive.")
+    if data.decode not in DECODE_CHOICES:
+        raise ValueError(f"data.decode={data.decode!r} is not one of {DECODE_CHOICES}.")
     for field, size in (("global_batch_size", global_batch), ("eval_batch_size", eval_batch)):
         if size <= 0:
             raise ValueError(f"{field}={size} must be positive (a multiple of {num_devices}).")
@@ -111,12 +123,63 @@ def create_input(
 
         return Input(info, digits_train, digits_eval)
 
+    return _tfds_input(data, global_batch, eval_batch, sharding, seed)
+
+
+def resolve_decode(choice: str) -> str:
+    """"cpu" or "gpu": where a tfds dataset's JPEGs are decoded for `data.decode=choice`.
+
+    Raises:
+      ValueError: "gpu" where it cannot run (no GPU backend, no nvImageCodec, or XLA set to
+        reserve the memory its buffers need).
+    """
+    if choice == "cpu":
+        return "cpu"
+    if not gpu_decode.available():
+        if choice == "gpu":
+            raise ValueError(
+                f"data.decode='gpu' needs JAX on GPUs (here: {jax.default_backend()}) and "
+                f"nvImageCodec (installed: {gpu_decode.library_installed()}; "
+                "pip install -e '.[gpu]'); or set --config.data.decode=cpu."
+            )
+        return "cpu"
+    try:
+        gpu_decode.check_memory_fraction(os.environ)
+    except ValueError as e:
+        if choice == "gpu":
+            raise
+        logging.warning("Decoding on the CPU: %s", e)
+        return "cpu"
+    return "gpu"
+
+
+def _tfds_input(
+    data: ml_collections.ConfigDict,
+    global_batch: int,
+    eval_batch: int,
+    sharding: jax.sharding.NamedSharding,
+    seed: int,
+) -> Input:
+    """The streams of a prepared tfds dataset, decoded where `data.decode` says."""
     from jia_jax import tfds_input  # imported lazily: pulls in grain and tfds
 
     num_classes, num_train, num_eval = tfds_input.dataset_info(
         data.name, data.data_dir, data.train_split, data.eval_split
     )
     info = DatasetInfo(num_classes=num_classes, num_train=num_train, num_eval=num_eval, channels=3)
+    if resolve_decode(data.decode) == "gpu":
+        from jia_jax import gpu_input  # imported lazily: it builds decoders on the devices
+
+        try:
+            streams = gpu_input.GpuStreams.create(data, sharding, global_batch, eval_batch, seed)
+            logging.info("Decoding %s's JPEGs on the GPU.", data.name)
+            return Input(info, streams.train, streams.eval)
+        except gpu_decode.DecoderUnavailableError as e:
+            if data.decode == "gpu":
+                raise ValueError(str(e)) from e
+            logging.warning("Decoding on the CPU: %s", e)
+    logging.info("Decoding %s's JPEGs on the CPU.", data.name)
+    process, processes = jax.process_index(), jax.process_count()
 
     def tfds_train(start_step: int) -> Iterator[Batch]:
         local = tfds_input.train_batches(

@@ -23,8 +23,8 @@ takes the per-pixel arithmetic off the host CPU; any float dtype normalises here
 import functools
 import io
 import math
-from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 import grain
 import ml_dtypes  # noqa: F401  registers np.dtype('bfloat16')
@@ -32,13 +32,10 @@ import numpy as np
 import PIL.Image
 import tensorflow_datasets as tfds
 
-from jia_jax import bad_records, normalize
+from jia_jax import bad_records, crop_windows, normalize
 
 IMAGENET_MEAN, IMAGENET_STD = normalize.IMAGENET_MEAN, normalize.IMAGENET_STD
-EVAL_CROP_FRACTION = 0.875
-_CROP_AREA_RANGE = (0.08, 1.0)
-_CROP_RATIO_RANGE = (3 / 4, 4 / 3)
-_CROP_ATTEMPTS = 10
+T = TypeVar("T")
 
 
 class DatasetNotPreparedError(FileNotFoundError):
@@ -127,24 +124,31 @@ def dataset_info(
     )
 
 
-class _ProcessPart(NamedTuple):
+class ProcessPart(NamedTuple):
     """This process's part of a split: the records (images left encoded) and where they are."""
 
     source: Sequence[dict[str, Any]]
     locate: bad_records.RecordLocator
 
 
-def _process_part(
-    builder: tfds.core.DatasetBuilder,
+def process_part(
+    name: str,
+    data_dir: str | None,
     split: str,
     process_index: int,
     process_count: int,
     *,
     drop_remainder: bool,
-) -> _ProcessPart:
-    """This process's contiguous, disjoint part of `split`, its shards checked whole."""
+) -> ProcessPart:
+    """This process's contiguous, disjoint part of `split`, its shards checked whole.
+
+    Raises:
+      DatasetNotPreparedError: the dataset is missing or not in ArrayRecord format.
+      bad_records.CorruptDatasetError: a shard of the part is damaged.
+    """
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index {process_index} not in [0, {process_count}).")
+    builder = _builder(name, data_dir)
     sub_split = tfds.split_for_jax_process(
         split,
         process_index=process_index,
@@ -154,16 +158,22 @@ def _process_part(
     files = builder.info.splits[sub_split].file_instructions
     bad_records.check_shards(files)
     source = builder.as_data_source(split=sub_split, decoders={"image": tfds.decode.SkipDecoding()})
-    return _ProcessPart(source, bad_records.RecordLocator(files))
+    return ProcessPart(source, bad_records.RecordLocator(files))
 
 
-def _read(source: Sequence[dict[str, Any]], index: int) -> tuple[PIL.Image.Image, np.int32]:
-    """Record `index` decoded; raises if it is damaged (see jia_jax/bad_records.py)."""
+def read_record(source: Sequence[dict[str, Any]], index: int) -> tuple[bytes, np.int32]:
+    """Record `index` as (encoded image bytes, label); raises if it is damaged."""
     example = source[index]
     if not example["image"]:
         # What a shard cut short yields past its end, with label 0.
         raise ValueError("the record holds no image bytes")
-    return _decode_rgb(example["image"]), np.int32(example["label"])
+    return example["image"], np.int32(example["label"])
+
+
+def _read(source: Sequence[dict[str, Any]], index: int) -> tuple[PIL.Image.Image, np.int32]:
+    """Record `index` decoded; raises if it is damaged (see jia_jax/bad_records.py)."""
+    encoded, label = read_record(source, index)
+    return _decode_rgb(encoded), label
 
 
 def _decode_rgb(encoded: bytes) -> PIL.Image.Image:
@@ -173,51 +183,17 @@ def _decode_rgb(encoded: bytes) -> PIL.Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
-def random_crop_box(rng: np.random.Generator, width: int, height: int) -> tuple[int, int, int, int]:
-    """(left, top, right, bottom) of a random-resized crop, in pixels.
-
-    Samples area uniformly in 8-100% of the image and the aspect ratio log-uniformly in 3/4-4/3,
-    up to 10 times until the box fits; otherwise the largest centred box whose aspect ratio is
-    clamped to that range.
-    """
-    area = width * height
-    log_ratio = (math.log(_CROP_RATIO_RANGE[0]), math.log(_CROP_RATIO_RANGE[1]))
-    for _ in range(_CROP_ATTEMPTS):
-        target_area = area * rng.uniform(*_CROP_AREA_RANGE)
-        ratio = math.exp(rng.uniform(*log_ratio))
-        w = round(math.sqrt(target_area * ratio))
-        h = round(math.sqrt(target_area / ratio))
-        if 0 < w <= width and 0 < h <= height:
-            left = int(rng.integers(0, width - w + 1))
-            top = int(rng.integers(0, height - h + 1))
-            return left, top, left + w, top + h
-    ratio = min(max(width / height, _CROP_RATIO_RANGE[0]), _CROP_RATIO_RANGE[1])
-    if width / height <= ratio:
-        w, h = width, round(width / ratio)
-    else:
-        w, h = round(height * ratio), height
-    left, top = (width - w) // 2, (height - h) // 2
-    return left, top, left + w, top + h
-
-
-def eval_crop_box(width: int, height: int) -> tuple[float, float, float, float]:
-    """(left, top, right, bottom) of the centred square of 0.875 of the shorter side."""
-    side = EVAL_CROP_FRACTION * min(width, height)
-    left, top = (width - side) / 2, (height - side) / 2
-    return left, top, left + side, top + side
-
-
-def _train_example(
+def train_example(
     index: int, rng: np.random.Generator, *, source: Sequence[dict[str, Any]], image_size: int
 ) -> dict[str, np.ndarray]:
     """Record `index` augmented, or the next readable record if it is damaged."""
     skipped, (image, label) = bad_records.first_readable(
         functools.partial(_read, source), index, len(source)
     )
-    box = random_crop_box(rng, *image.size)
+    box, flip = crop_windows.train_window(rng, *image.size)
     # Resizing only the box is crop-then-resize in one pass, without copying the crop.
     pixels = np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
-    if rng.random() < 0.5:
+    if flip:
         pixels = pixels[:, ::-1]
     return {
         "image": pixels,
@@ -227,12 +203,18 @@ def _train_example(
     }
 
 
-def _eval_example(
-    index: int, *, source: Sequence[dict[str, Any]], image_size: int
+def eval_entry(
+    index: int,
+    source: Sequence[dict[str, Any]],
+    blank: dict[str, np.ndarray],
+    read: Callable[[Sequence[dict[str, Any]], int], T],
+    finish: Callable[[T], dict[str, np.ndarray]],
 ) -> dict[str, np.ndarray]:
-    """Example `index` of `source`; mask 0 past its end (padding) or where it is damaged."""
+    """Entry `index` of an eval pass over `source`: `finish(read(source, index))` with mask 1;
+    `blank` with label 0 and mask 0 past the end (padding) or where the record does not read
+    (left out; the counter names it)."""
     padding = {
-        "image": np.zeros((image_size, image_size, 3), np.uint8),
+        **blank,
         "label": np.int32(0),
         "mask": np.float32(0),
         bad_records.SKIPPED: np.int32(0),
@@ -241,12 +223,69 @@ def _eval_example(
     if index >= len(source):
         return padding
     try:
-        image, label = _read(source, index)
+        record = read(source, index)
     except Exception:  # noqa: BLE001  a damaged record is left out; the counter names it
         return {**padding, bad_records.SKIPPED: np.int32(1)}
-    box = eval_crop_box(*image.size)
-    pixels = np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
-    return {**padding, "image": pixels, "label": label, "mask": np.float32(1)}
+    return {**padding, **finish(record), "mask": np.float32(1)}
+
+
+def eval_example(
+    index: int, *, source: Sequence[dict[str, Any]], image_size: int
+) -> dict[str, np.ndarray]:
+    """Example `index` of `source`, centre-cropped; mask 0 past its end or where it is damaged."""
+
+    def crop(record: tuple[PIL.Image.Image, np.int32]) -> dict[str, np.ndarray]:
+        image, label = record
+        box = crop_windows.eval_crop_box(*image.size)
+        pixels = np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
+        return {"image": pixels, "label": label}
+
+    blank = {"image": np.zeros((image_size, image_size, 3), np.uint8)}
+    return eval_entry(index, source, blank, _read, crop)
+
+
+def train_examples(
+    part: ProcessPart, seed: int, process_index: int, augment: Callable[..., T]
+) -> grain.MapDataset:
+    """The endless, epoch-reshuffled examples of this process: `augment(index, rng)` at each
+    position, `rng` a function of (seed, process, position).
+
+    Both input paths build their examples here with their own `augment`, so position p draws
+    the same record and the same random numbers on either.
+    """
+    # Distinct per-process seeds keep hosts from drawing the same crops for their example i.
+    process_seed = int(np.random.SeedSequence([seed, process_index]).generate_state(1)[0])
+    # Indices, not records, are shuffled: a damaged record can then be replaced inside the map.
+    return (
+        grain.MapDataset.range(len(part.source))
+        .seed(process_seed)
+        .shuffle()
+        .repeat()
+        .random_map(augment)
+    )
+
+
+def check_train_part(part: ProcessPart, local_batch: int, split: str, process_index: int) -> None:
+    """Raises `ValueError` if the process's part holds less than one batch."""
+    if len(part.source) < local_batch:
+        raise ValueError(
+            f"Process {process_index} has {len(part.source)} examples of {split!r}, fewer than "
+            f"one batch of {local_batch}."
+        )
+
+
+def eval_batch_count(
+    name: str, data_dir: str | None, split: str, process_count: int, local_batch: int
+) -> int:
+    """Eval batches per process: enough for the largest process's part, the same on all."""
+    builder = _builder(name, data_dir)
+    largest_part = max(
+        builder.info.splits[
+            tfds.split_for_jax_process(split, process_index=p, process_count=process_count)
+        ].num_examples
+        for p in range(process_count)
+    )
+    return math.ceil(largest_part / local_batch)
 
 
 def _normalized(batches: grain.MapDataset, dtype: np.dtype) -> grain.MapDataset:
@@ -271,24 +310,26 @@ def _normalize(batch: dict[str, np.ndarray], *, dtype: np.dtype) -> dict[str, np
     return {**batch, "image": image.reshape(pixels.shape).astype(dtype, copy=False)}
 
 
-def _iterate(
-    batches: grain.MapDataset,
-    part: _ProcessPart,
-    max_bad_records: int,
-    num_threads: int,
-    num_workers: int,
+def host_iterator(
+    batches: grain.MapDataset, num_threads: int, num_workers: int
 ) -> Iterator[dict[str, np.ndarray]]:
+    """Iterates `batches` with `num_threads` threads in each of `num_workers` worker processes
+    (0: in this process)."""
     # Elements are whole batches: a few in flight per thread keep the loader ahead of the step
     # without holding hundreds of batches in memory (grain's default buffer is 500 elements).
     read_options = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=2 * num_threads)
     dataset = batches.to_iter_dataset(read_options)
     if num_workers > 0:
         dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
-    # Counted here, after the workers: one count per process, whatever the worker count.
-    counter = bad_records.BadRecordCounter(
+    return iter(dataset)
+
+
+def bad_record_counter(part: ProcessPart, max_bad_records: int) -> bad_records.BadRecordCounter:
+    """The consumer-side counter of the part's bad records (one per process, after any
+    workers), which names each by decoding it again."""
+    return bad_records.BadRecordCounter(
         functools.partial(_read, part.source), len(part.source), part.locate, max_bad_records
     )
-    return counter(iter(dataset))
 
 
 def train_batches(
@@ -343,27 +384,17 @@ def train_batches(
       bad_records.CorruptDatasetError: a shard is damaged (at once), or more than
         `max_bad_records` records are (when the batch holding the next one is reached).
     """
-    builder = _builder(name, data_dir)
-    part = _process_part(builder, split, process_index, process_count, drop_remainder=True)
-    if len(part.source) < local_batch:
-        raise ValueError(
-            f"Process {process_index} has {len(part.source)} examples of {split!r}, fewer than "
-            f"one batch of {local_batch}."
-        )
-    # Distinct per-process seeds keep hosts from drawing the same crops for their example i.
-    process_seed = int(np.random.SeedSequence([seed, process_index]).generate_state(1)[0])
-    # Indices, not records, are shuffled: a damaged record can then be replaced inside the map.
-    examples = (
-        grain.MapDataset.range(len(part.source))
-        .seed(process_seed)
-        .shuffle()
-        .repeat()
-        .random_map(functools.partial(_train_example, source=part.source, image_size=image_size))
-    )
+    part = process_part(name, data_dir, split, process_index, process_count, drop_remainder=True)
+    check_train_part(part, local_batch, split, process_index)
+    augment = functools.partial(train_example, source=part.source, image_size=image_size)
     # Slicing after batching skips whole batches by index arithmetic, without reading them.
-    batches = examples.batch(local_batch, drop_remainder=True)[start_step:]
+    batches = train_examples(part, seed, process_index, augment).batch(
+        local_batch, drop_remainder=True
+    )[start_step:]
     batches = _normalized(batches, np.dtype(image_dtype))
-    return _iterate(batches, part, max_bad_records, num_threads, num_workers)
+    return bad_record_counter(part, max_bad_records)(
+        host_iterator(batches, num_threads, num_workers)
+    )
 
 
 def eval_batches(
@@ -408,19 +439,14 @@ def eval_batches(
       bad_records.CorruptDatasetError: a shard is damaged (at once), or more than
         `max_bad_records` records are (when the batch holding the next one is reached).
     """
-    builder = _builder(name, data_dir)
-    part = _process_part(builder, split, process_index, process_count, drop_remainder=False)
-    largest_part = max(
-        builder.info.splits[
-            tfds.split_for_jax_process(split, process_index=p, process_count=process_count)
-        ].num_examples
-        for p in range(process_count)
-    )
-    num_batches = math.ceil(largest_part / local_batch)
+    part = process_part(name, data_dir, split, process_index, process_count, drop_remainder=False)
+    num_batches = eval_batch_count(name, data_dir, split, process_count, local_batch)
     batches = (
         grain.MapDataset.range(num_batches * local_batch)
-        .map(functools.partial(_eval_example, source=part.source, image_size=image_size))
+        .map(functools.partial(eval_example, source=part.source, image_size=image_size))
         .batch(local_batch)
     )
     batches = _normalized(batches, np.dtype(image_dtype))
-    return _iterate(batches, part, max_bad_records, num_threads, num_workers)
+    return bad_record_counter(part, max_bad_records)(
+        host_iterator(batches, num_threads, num_workers)
+    )

@@ -14,6 +14,7 @@ import jax
 import pytest
 
 from scripts.bench import allreduce as bench_allreduce
+from scripts.bench import gpu_decode as bench_gpu_decode
 from scripts.bench import harness
 from scripts.bench import hosts as bench_hosts
 from scripts.bench import input_stage_costs as bench_input_stage_costs
@@ -24,7 +25,9 @@ from scripts.bench import repro_peer_watch as bench_repro
 from scripts.bench import step as bench_step
 from scripts.bench import train_input as bench_train_input
 from scripts.bench import trainer_step
+from scripts.render import benchmarks as render_benchmarks
 from scripts.render import render
+from tests.gpu_fakes import fake_gpu  # noqa: F401  pytest fixture
 
 # Hand count for AlexNet-BN of width 3: kernels of conv1-5, fc6, fc7 (no bias before a BN) (7),
 # scale and bias of the 8 BatchNorms (after each of those and after pool5) (16), fc8 kernel and
@@ -291,6 +294,51 @@ def test_bench_train_input_compares_real_jpegs_with_synthetic_data(tmp_path):
     ratio = rows["host"]["images_per_s"] / rows["synthetic"]["images_per_s"]
     assert rows["host"]["ratio_vs_synthetic"] == pytest.approx(ratio)
     assert json.loads(out.read_text())["results"][1]["variant"] == "host"
+
+
+def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # noqa: F811
+    """scripts/bench/gpu_decode.py on CPU, Pillow standing in for nvImageCodec: it writes the
+    dataset, the smoke check finds the two paths within its bound, the decode stage times 1 and all 8 devices, and the
+    report pairs each configuration's runs and renders."""
+    common = [f"--data_dir={tmp_path}", "--num_images=16", "--image_size=32", "--canvas=128"]
+    smoke = bench_gpu_decode.main(
+        ["smoke", *common, "--images=16", "--batch=8", f"--out={tmp_path / 'smoke.json'}"]
+    )
+    assert smoke["examples"] == 16 and smoke["labels_equal"] and smoke["bound_holds"]
+    assert smoke["refused_by_gpu_decoder"] == 0 and smoke["max_pixel_change"] <= 3
+    decoded = {r["kind"]: r["decoded_on_gpu"] for r in smoke["odd_images"]}
+    assert decoded == {
+        "rgb": [True, True],
+        "grey": [True, True],
+        "cmyk": [False, False],
+        "png": [False, False],
+        "progressive": [False, False],
+        "truncated": [False, False],
+    }
+    stage_path = tmp_path / "stage.json"
+    stage = bench_gpu_decode.main(
+        ["decode", *common, "--per_gpu", "2", "--batches=1", "--repeats=1", f"--out={stage_path}"]
+    )
+    assert [(r["per_gpu"], r["gpus"]) for r in stage["results"]] == [(2, 1), (2, 8)]
+    assert all(r["decode_images_per_s"] > 0 for r in stage["results"])
+
+    def train_input_run(path, variants):
+        results = [{"variant": v, "images_per_s": rate} for v, rate in variants.items()]
+        doc = {"gpus": 8, "cores": 2, "args": {"per_gpu": 2}, "results": results}
+        path.write_text(json.dumps(doc))
+        return str(path)
+
+    runs = [
+        train_input_run(tmp_path / "synthetic.json", {"synthetic": 1000.0}),
+        train_input_run(tmp_path / "gpu.json", {"gpu": 980.0}),
+    ]
+    out = tmp_path / "report.json"
+    doc = bench_gpu_decode.main(["report", f"--stage={stage_path}", "--runs", *runs, f"--out={out}"])
+    [row] = doc["results"]
+    assert row["ratio"] == pytest.approx(0.98) and row["cores"] == 2
+    assert row["decode_images_per_s"] == stage["results"][1]["decode_images_per_s"]
+    table = render_benchmarks.table(str(out))
+    assert "| 8 | 2 | 2 | 980 | 1,000 | 0.980 |" in table
 
 
 def test_flag_variants_rerun_the_one_device_row_of_a_one_gpu_run():

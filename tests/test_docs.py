@@ -37,7 +37,12 @@ def assert_quoted(text: str, quotes: list[str]) -> None:
 def test_tables_are_the_render_of_their_sources(monkeypatch):
     monkeypatch.chdir(REPO)  # the render names the path as given, relative to the repository
     sources = {}
-    for doc in ("docs/benchmarks.md", "docs/scaling.md", "docs/large_batch.md"):
+    for doc in (
+        "docs/benchmarks.md",
+        "docs/scaling.md",
+        "docs/large_batch.md",
+        "docs/input_pipeline.md",
+    ):
         text = read(doc)
         sources[doc] = re.findall(r"^From `([^`]+)`\.$", text, re.MULTILINE)
         for source in sources[doc]:

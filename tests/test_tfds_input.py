@@ -1,87 +1,33 @@
 """Tests for jia_jax.tfds_input on a tiny tfds dataset of generated JPEGs, written in the test."""
 
-import io
 import itertools
 import logging
 import math
 import os
 import re
-import shutil
-from pathlib import Path
 
 import numpy as np
-import PIL.Image
 import pytest
-import tensorflow_datasets as tfds
 from absl import flags
-from array_record.python import array_record_module
 
 from jia_jax import bad_records, tfds_input
+from tests import tfds_data
 
-_NAME = "jia_test_jpeg"
-_NUM_TRAIN, _NUM_EVAL = 12, 7
+_NAME = tfds_data.NAME
+_NUM_TRAIN, _NUM_EVAL = tfds_data.NUM_TRAIN, tfds_data.NUM_EVAL
+_GREEN_STEP = tfds_data.GREEN_STEP
 _SIZE = 8
-# Example i has label i and green level _GREEN_STEP * i, so an output image names its label.
-_GREEN_STEP = 12
 # Pixel error allowed after JPEG (quality 100, no chroma subsampling) and resizing a flat channel.
 _PIXEL_TOL = 3
 
 
-class JiaTestJpeg(tfds.core.GeneratorBasedBuilder):
-    """Train examples 0..11, validation 12..18; red ramps up left to right, green encodes the id."""
-
-    VERSION = tfds.core.Version("1.0.0")
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
-            builder=self,
-            features=tfds.features.FeaturesDict(
-                {
-                    "image": tfds.features.Image(shape=(None, None, 3), encoding_format="jpeg"),
-                    "label": tfds.features.ClassLabel(num_classes=_NUM_TRAIN + _NUM_EVAL),
-                }
-            ),
-        )
-
-    def _split_generators(self, dl_manager):
-        del dl_manager
-        return {
-            "train": self._generate_examples(range(_NUM_TRAIN)),
-            "validation": self._generate_examples(range(_NUM_TRAIN, _NUM_TRAIN + _NUM_EVAL)),
-        }
-
-    def _generate_examples(self, ids):
-        for i in ids:
-            width, height = 24 + 2 * i, 18 + i  # varied, non-square sizes
-            pixels = np.zeros((height, width, 3), np.uint8)
-            pixels[..., 0] = np.linspace(0, 255, width).astype(np.uint8)
-            pixels[..., 1] = _GREEN_STEP * i
-            pixels[..., 2] = 128
-            encoded = io.BytesIO()
-            PIL.Image.fromarray(pixels).save(encoded, format="JPEG", quality=100, subsampling=0)
-            yield i, {"image": encoded.getvalue(), "label": i}
-
-
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("tfds"))
-    JiaTestJpeg(data_dir=path).download_and_prepare(file_format="array_record")
-    return path
+    return tfds_data.prepare(tfds_data.JiaTestJpeg, str(tmp_path_factory.mktemp("tfds")))
 
 
 def _train(data_dir, **overrides):
-    kwargs = {
-        "data_dir": data_dir,
-        "split": "train",
-        "image_size": _SIZE,
-        "local_batch": 4,
-        "seed": 0,
-        "start_step": 0,
-        "process_index": 0,
-        "process_count": 1,
-        "num_threads": 2,
-    }
-    return tfds_input.train_batches(_NAME, **{**kwargs, **overrides})
+    return tfds_data.train_batches(data_dir, **{"image_size": _SIZE, **overrides})
 
 
 def _eval(data_dir, **overrides):
@@ -128,34 +74,6 @@ def test_train_batches_shapes_normalization_and_flips(data_dir):
     slope = images[:, :, -1, 0].mean(axis=1) - images[:, :, 0, 0].mean(axis=1)
     assert np.all(np.abs(slope) > 1)
     assert 0 < np.sum(slope < 0) < len(slope)  # some flipped, some not (p of failing: 2^-23)
-
-
-def test_random_crop_box_stays_in_range():
-    rng = np.random.default_rng(0)
-    for width, height in [(500, 375), (375, 500), (64, 64)]:
-        for _ in range(300):
-            left, top, right, bottom = tfds_input.random_crop_box(rng, width, height)
-            w, h = right - left, bottom - top
-            assert 0 <= left < right <= width and 0 <= top < bottom <= height
-            # w and h are rounded from a sampled box: some box within half a pixel of each side must
-            # satisfy the ranges.
-            assert (w + 0.5) / (h - 0.5) >= 3 / 4 and (w - 0.5) / (h + 0.5) <= 4 / 3
-            assert (w + 0.5) * (h + 0.5) >= 0.08 * width * height
-
-
-def test_random_crop_box_falls_back_to_a_centred_crop():
-    # No box of 8% of a 1000x10 image has an aspect ratio of at most 4/3: the fallback is the
-    # centred 13x10 box (ratio clamped to 4/3, width rounded).
-    box = tfds_input.random_crop_box(np.random.default_rng(0), 1000, 10)
-    assert box == (493, 0, 506, 10)
-
-
-def test_eval_crop_box_matches_resize_then_center_crop():
-    # Resize the shorter side of a 500x375 image to 256, centre-crop 224: in source pixels that is a
-    # square of 224 * 375 / 256 = 328.125 centred in the image.
-    side = 224 * 375 / 256
-    expected = ((500 - side) / 2, (375 - side) / 2, (500 + side) / 2, (375 + side) / 2)
-    np.testing.assert_allclose(tfds_input.eval_crop_box(500, 375), expected, rtol=0, atol=1e-9)
 
 
 def test_processes_read_disjoint_shards_and_reshuffle_each_epoch(data_dir):
@@ -242,19 +160,9 @@ def test_worker_processes_yield_the_same_batches(data_dir):
 
 def test_trainer_runs_and_evaluates_on_a_tfds_dataset(data_dir, tmp_path):
     """The whole loop on a prepared tfds dataset: 2x4 mesh, eval counts each example once."""
-    from configs import digits
     from jia_jax import loop
 
-    config = digits.get_config()
-    config.data.name = "jia_test_jpeg"
-    config.data.data_dir = data_dir
-    config.data.image_size = 16
-    config.model.width = 4
-    config.global_batch_size = 8
-    config.eval_batch_size = 8
-    config.total_steps = 2
-    config.optimizer.warmup_epochs = 0.0
-    results = loop.train_and_evaluate(config, str(tmp_path))
+    results = loop.train_and_evaluate(tfds_data.trainer_config(data_dir), str(tmp_path))
     assert results["eval/examples"] == _NUM_EVAL
     assert 0.0 <= results["eval/top1"] <= results["eval/top5"] <= 1.0
     assert np.isfinite(results["train/loss"])
@@ -262,69 +170,18 @@ def test_trainer_runs_and_evaluates_on_a_tfds_dataset(data_dir, tmp_path):
 
 # Damaged datasets: a copy of the test dataset with one record or one shard broken.
 
-
-def _copy(data_dir, tmp_path):
-    copy = tmp_path / "tfds"
-    shutil.copytree(data_dir, copy)
-    return str(copy)
-
-
-def _shard(data_dir, split):
-    (path,) = Path(data_dir).glob(f"{_NAME}/*/{_NAME}-{split}.array_record-*")
-    return path
-
-
-def _labels_in_shard_order(data_dir, split):
-    """Record labels by position (tfds shuffles the examples when it prepares the dataset)."""
-    source = tfds.builder(_NAME, data_dir=data_dir).as_data_source(
-        split=split, decoders={"image": tfds.decode.SkipDecoding()}
-    )
-    return [int(source[i]["label"]) for i in range(len(source))]
-
-
-def _break_jpeg(data_dir, split, label):
-    """Rewrites the shard with the JPEG of `label`'s record unreadable; returns its position."""
-    shard = _shard(data_dir, split)
-    reader = array_record_module.ArrayRecordReader(str(shard))
-    options, records = (
-        reader.writer_options_string(),
-        reader.read(list(range(reader.num_records()))),
-    )
-    reader.close()
-    position = _labels_in_shard_order(data_dir, split).index(label)
-    # Zero the JPEG start-of-image marker: same length, so the record stays a valid example.
-    records[position] = records[position].replace(b"\xff\xd8\xff", b"\x00\x00\x00", 1)
-    writer = array_record_module.ArrayRecordWriter(str(shard), options)
-    for record in records:
-        writer.write(record)
-    writer.close()
-    return position
-
-
-def _break_chunk(data_dir, split, label):
-    """Zeroes 3 bytes of `label`'s record in the shard file: its checksum fails. Returns its position."""
-    shard = _shard(data_dir, split)
-    order = _labels_in_shard_order(data_dir, split)
-    position = order.index(label)
-    data = shard.read_bytes()
-    # One record per chunk, in order; each starts with a JPEG start-of-image marker, which zstd
-    # leaves as is.
-    starts = [m.start() for m in re.finditer(b"\xff\xd8\xff", data)]
-    assert len(starts) == len(order)
-    at = starts[position]
-    shard.write_bytes(data[:at] + bytes(3) + data[at + 3 :])
-    return position
-
-
 @pytest.mark.parametrize(
     "damage, error",
-    [(_break_jpeg, "UnidentifiedImageError"), (_break_chunk, "RuntimeError: Corrupted Riegeli")],
+    [
+        (tfds_data.break_jpeg, "UnidentifiedImageError"),
+        (tfds_data.break_chunk, "RuntimeError: Corrupted Riegeli"),
+    ],
 )
 def test_a_damaged_record_stops_the_run_naming_file_and_record(data_dir, tmp_path, damage, error):
-    damaged = _copy(data_dir, tmp_path)
+    damaged = tfds_data.copy(data_dir, tmp_path)
     position = damage(damaged, "train", 5)
     batches = _train(damaged)
-    pattern = rf"Cannot read record {position} of {_shard(damaged, 'train')} \({error}"
+    pattern = rf"Cannot read record {position} of {tfds_data.shard(damaged, 'train')} \({error}"
     with pytest.raises(bad_records.CorruptDatasetError, match=pattern) as info:
         list(itertools.islice(batches, 3))  # one epoch
     assert "data.max_bad_records=0" in str(info.value)
@@ -335,9 +192,9 @@ def test_bad_records_up_to_the_limit_are_replaced_the_same_way_every_time(
     data_dir, tmp_path, caplog, num_workers
 ):
     flags.FLAGS.mark_as_parsed()  # grain's workers read an absl flag
-    damaged = _copy(data_dir, tmp_path)
-    position = _break_jpeg(damaged, "train", 5)
-    order = _labels_in_shard_order(damaged, "train")
+    damaged = tfds_data.copy(data_dir, tmp_path)
+    position = tfds_data.break_jpeg(damaged, "train", 5)
+    order = tfds_data.labels_in_shard_order(damaged, "train")
     replacement = order[(position + 1) % len(order)]  # the next record in the shard
     clean = list(itertools.islice(_train(data_dir), 6))  # two epochs: record 5 twice
     with caplog.at_level(logging.WARNING):
@@ -354,7 +211,8 @@ def test_bad_records_up_to_the_limit_are_replaced_the_same_way_every_time(
     assert sum(np.sum(b["label"] == 5) for b in clean) == 2
     # Met twice, logged and counted once, by this process (after its workers).
     warnings = [r.getMessage() for r in caplog.records if "unreadable" in r.getMessage()]
-    assert len(warnings) == 1 and f"record {position} of {_shard(damaged, 'train')}" in warnings[0]
+    named = f"record {position} of {tfds_data.shard(damaged, 'train')}"
+    assert len(warnings) == 1 and named in warnings[0]
     # A resumed stream replaces it the same way.
     resumed = list(itertools.islice(_train(damaged, start_step=2, max_bad_records=1), 4))
     for expected, got in zip(replaced[2:], resumed, strict=True):
@@ -363,16 +221,16 @@ def test_bad_records_up_to_the_limit_are_replaced_the_same_way_every_time(
 
 
 def test_more_bad_records_than_the_limit_stop_the_run(data_dir, tmp_path):
-    damaged = _copy(data_dir, tmp_path)
-    _break_jpeg(damaged, "train", 3)
-    _break_jpeg(damaged, "train", 7)
+    damaged = tfds_data.copy(data_dir, tmp_path)
+    tfds_data.break_jpeg(damaged, "train", 3)
+    tfds_data.break_jpeg(damaged, "train", 7)
     with pytest.raises(bad_records.CorruptDatasetError, match="2 unreadable records, more than "):
         list(itertools.islice(_train(damaged, max_bad_records=1), 3))
 
 
 def test_eval_leaves_a_bad_record_out_and_counts_it(data_dir, tmp_path):
-    damaged = _copy(data_dir, tmp_path)
-    position = _break_jpeg(damaged, "validation", 14)
+    damaged = tfds_data.copy(data_dir, tmp_path)
+    position = tfds_data.break_jpeg(damaged, "validation", 14)
     batches = _eval(damaged, max_bad_records=1)
     labels = np.concatenate([b["label"] for b in batches])
     mask = np.concatenate([b["mask"] for b in batches])
@@ -383,8 +241,8 @@ def test_eval_leaves_a_bad_record_out_and_counts_it(data_dir, tmp_path):
 
 @pytest.mark.parametrize("size", [65536, 9000])
 def test_a_truncated_shard_is_named_before_any_batch(data_dir, tmp_path, size):
-    damaged = _copy(data_dir, tmp_path)
-    shard = _shard(damaged, "train")
+    damaged = tfds_data.copy(data_dir, tmp_path)
+    shard = tfds_data.shard(damaged, "train")
     # 65536: the footer (the index of records) is cut off; 9000: not even one 64 KiB block.
     os.truncate(shard, size)
     expected = (

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import PIL.Image
 
-from jia_jax import tfds_input
+from jia_jax import crop_windows, tfds_input
 
 
 def _jpegs(count: int) -> list[bytes]:
@@ -55,7 +55,7 @@ def main() -> None:
     decoded = [tfds_input._decode_rgb(x) for x in jpegs]
     arrays = [np.asarray(d) for d in decoded]
     rng = np.random.default_rng(1)
-    boxes = [tfds_input.random_crop_box(rng, 500, 375) for _ in range(64)]
+    boxes = [crop_windows.random_crop_box(rng, 500, 375) for _ in range(64)]
 
     def crop(i: int) -> np.ndarray:
         left, top, right, bottom = boxes[i % 64]

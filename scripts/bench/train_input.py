@@ -4,7 +4,9 @@ Each variant is one training run of the ResNet-50 64K config (bf16, `per_gpu` im
 visible GPUs, one process), in a child process, with checkpoints and mid-run evals off:
   * `synthetic`: images made on the device (no input cost): the step's own speed;
   * `host`: the tfds dataset written by `scripts/bench/input.py` (ArrayRecord, 500x375 JPEGs),
-    decoded and augmented by `data.num_workers` worker processes, uint8 to the device.
+    decoded and augmented by `data.num_workers` worker processes, uint8 to the device;
+  * `gpu`: the same dataset decoded and augmented on the GPUs (`data.decode=gpu`, nvImageCodec),
+    its records read by `data.num_workers` worker processes.
 The rate of a run is the median of the trainer's own logged images/s over the logging intervals
 after the first (which holds compilation and the workers' start). Writes JSON with each run's
 command, log tail and ratio to `synthetic`.
@@ -12,6 +14,8 @@ command, log tail and ratio to `synthetic`.
   python -m scripts.bench.input --data_dir=/tmp/jia_bench_data --cores 16   # writes the dataset
   python -m scripts.bench.train_input --data_dir=/tmp/jia_bench_data --num_workers=15 \
       --out=/tmp/bench_train_input.json
+  python -m scripts.bench.train_input --data_dir=/tmp/jia_bench_data --variants=synthetic,gpu \
+      --num_workers=4 --out=/tmp/bench_train_input_gpu.json    # needs pip install -e ".[gpu]"
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from typing import Any
 
 from scripts.bench import harness
 
-VARIANTS = ("synthetic", "host")
+VARIANTS = ("synthetic", "host", "gpu")
+DECODE = {"host": "cpu", "gpu": "gpu"}
 
 
 def command(variant: str, args: argparse.Namespace, gpus: int, workdir: str) -> list[str]:
@@ -51,6 +56,7 @@ def command(variant: str, args: argparse.Namespace, gpus: int, workdir: str) -> 
     return [
         *cmd,
         "--config.data.name=jia_bench_jpeg",
+        f"--config.data.decode={DECODE[variant]}",
         f"--config.data.data_dir={os.path.join(args.data_dir, 'array_record')}",
         f"--config.data.num_workers={args.num_workers}",
         # The generated dataset has one split; the final eval reads a slice of it.
@@ -85,7 +91,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--override", action="append", default=[], help="extra --config.x=y flags; repeatable"
     )
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--variants", default="synthetic,host", help=f"comma-separated, of {', '.join(VARIANTS)}"
+    )
     parser.add_argument("--num_workers", type=int, default=max((os.cpu_count() or 2) - 1, 1))
     parser.add_argument("--per_gpu", type=int, default=256)
     parser.add_argument("--steps", type=int, default=240)
@@ -101,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     gpus = jax.local_device_count()
     environment = {**harness.environment(), "cpu_count": os.cpu_count()}
+    # The cores this process (and so its children) may run on: fewer than the host's under taskset.
+    cores = len(os.sched_getaffinity(0))
     rows = [run(v, args, gpus) for v in args.variants.split(",")]
     base = next((r for r in rows if r["variant"] == "synthetic" and "images_per_s" in r), None)
     for r in rows:
@@ -114,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "environment": environment,
         "command": " ".join(sys.argv),
         "gpus": gpus,
+        "cores": cores,
         "args": {k: v for k, v in vars(args).items() if k != "child_env"},
         "results": rows,
     }

@@ -1,6 +1,7 @@
 """The tables of the JSON that the benchmarks of `scripts/bench/` write: step, allreduce, input,
-train_input, peers, profile_step (and its `.kernels.json.gz`: the step's device time by what the
-kernels do), multiprocess, hosts, link and repro_peer_watch (and a killed run's log)."""
+train_input, gpu_decode (its report), peers, profile_step (and its `.kernels.json.gz`: the step's
+device time by what the kernels do), multiprocess, hosts, link and repro_peer_watch (and a killed
+run's log)."""
 
 from __future__ import annotations
 
@@ -228,6 +229,42 @@ def train_input_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def gpu_decode_table(doc: dict[str, Any]) -> str:
+    """The trainer with data.decode=gpu against synthetic data, and the decode stage alone
+    (scripts/bench/gpu_decode.py, scripts/bench_gpu_decode.sh)."""
+    lines = [
+        (
+            f"JPEGs decoded on the GPU ({_environment(doc)}; ResNet-50 64K config, bf16, "
+            "generated 500x375 JPEGs; the trainer's median images/s over the logged intervals "
+            "after the first; decode stage: tiles decoded, cropped and resized per GPU, records "
+            "read beforehand):"
+        ),
+        "",
+        (
+            "| GPUs | CPU cores | images per GPU | images/s, decode=gpu | images/s, synthetic | "
+            "ratio | decode stage images/s per GPU |"
+        ),
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+
+    def cell(value: float | None, fmt: str) -> str:
+        return "failed" if value is None else f"{value:{fmt}}"
+
+    for r in doc["results"]:
+        lines.append(
+            f"| {r['gpus']} | {r['cores']} | {r['per_gpu']} | {cell(r['images_per_s'], ',.0f')} | "
+            f"{cell(r['synthetic_images_per_s'], ',.0f')} | {cell(r.get('ratio'), '.3f')} | "
+            f"{cell(r['decode_images_per_s'], ',.0f')} |"
+        )
+    whole = [r for r in doc["decode_stage"]["results"] if "whole_image_decode_images_per_s" in r]
+    for r in whole:
+        lines.append(
+            f"\nnvImageCodec's whole-image decode of the same JPEGs, {r['per_gpu']} per call, "
+            f"one GPU: {r['whole_image_decode_images_per_s']:,.0f} images/s."
+        )
+    return "\n".join(lines)
+
+
 def peers_table(doc: dict[str, Any]) -> str:
     """One-GPU step rates of the trainer and its peers, same call (scripts/bench/peers.py); with
     trainer variants (model options, XLA flags), a column for them and their speedup."""
@@ -392,6 +429,8 @@ def table(path: str) -> str:
     if "log" in doc:
         return killed_table(path, doc)
     first = (doc.get("results") or [{}])[0]
+    if "synthetic_images_per_s" in first:
+        return gpu_decode_table(doc)
     if "hosts" in first:
         return hosts_table(doc)
     if "settings" in first:

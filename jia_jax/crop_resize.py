@@ -1,0 +1,207 @@
+"""Crop and resize on the device, from decoded tiles: Pillow's bilinear resize, in JAX.
+
+The GPU input path (jia_jax/gpu_input.py) has the JPEG decoder write each image as square tiles
+of `canvas` pixels: the region of the image at a tile's origin, zeros past the image's edge. A
+crop whose window (plus the filter's reach around it) fits in one canvas, which a 512 canvas
+gives every ImageNet-sized (500 x 375) image, takes one tile; a larger one takes a grid of
+tiles. Every tile has the same shape, so one program of fixed shape resizes a whole batch, for
+any mix of image and crop sizes: the plan (`plan_tiles`, on the host) says where each tile sits,
+and the resize's scale and translation are traced values, not shapes.
+
+The resize is the one Pillow's `Image.resize(size, BILINEAR, box=box)` computes (the CPU path):
+a triangle filter whose support widens with the downscale factor (antialiasing), over the
+image's pixels only, each output pixel's weights normalised to sum to 1. Per axis it is a dense
+[out, canvas] weight matrix; a tile contributes `Wy @ tile @ Wx^T`, and an example's tiles are
+summed and divided by the sum of their weights. Pixels past the image's edge get weight 0, so the
+filter is renormalised at the image's borders exactly as Pillow's is. `jax.image.
+scale_and_translate` computes the same filter but normalises over the whole array it is given,
+padding included, so it is used only as a cross-check where a tile holds nothing but image
+(tests/test_crop_resize.py).
+
+Arithmetic: the weights and the pixels are bfloat16, products accumulate in float32 (tensor
+cores on a GPU; the CPU computes the same products). Per output pixel in 0..255 this costs at
+most 3 x 2^-9 x 255 < 1.5 levels against exact arithmetic: the relative rounding (2^-9) of the
+normalised vertical weights, of the intermediate rows, and of the horizontal weights, each on
+values of at most 255 with weights summing to 1. Pillow itself rounds the intermediate rows to
+uint8 (at most 0.5 level) and its output (0.5), so after rounding both to uint8 the two paths
+differ by at most 3 levels.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Where each tile's resize parameters sit in a plan row.
+Y_START, Y_LENGTH, Y_VALID, X_START, X_LENGTH, X_VALID, FLIP = range(7)
+NUM_PARAMS = 7
+# A batch's tile count is padded up to a multiple of this fraction of the batch, so that a few
+# compiled programs serve every mix of large and small crops.
+_TILE_BUCKETS_PER_BATCH = 4
+
+
+class TilePlan(NamedTuple):
+    """Where each tile of a batch sits.
+
+    example: int32 [T], the example each tile belongs to (the batch size for padding tiles,
+      whose contribution is dropped).
+    origin: int64 [T, 2], (y, x) of the tile's top-left pixel in its image.
+    params: float32 [T, NUM_PARAMS], per axis the crop's start relative to the tile's origin,
+      the crop's length and the image's extent from the tile's origin (pixels past it are
+      padding); then 1 where the example is flipped horizontally.
+    """
+
+    example: np.ndarray
+    origin: np.ndarray
+    params: np.ndarray
+
+
+def _support(length: np.ndarray, out_size: int) -> np.ndarray:
+    """Reach of the filter on either side of a sample, in source pixels: 1 when upscaling, the
+    scale factor when downscaling (Pillow's bilinear support times its filter scale)."""
+    return np.maximum(length / out_size, 1.0)
+
+
+def _span(start: np.ndarray, stop: np.ndarray, extent: np.ndarray, out_size: int):
+    """The source rows (or columns) a crop's resize reads: its window widened by the filter's
+    reach, clipped to the image."""
+    reach = _support(stop - start, out_size)
+    low = np.clip(np.floor(start - reach), 0, extent).astype(np.int64)
+    high = np.clip(np.ceil(stop + reach), 0, extent).astype(np.int64)
+    return low, high
+
+
+def plan_tiles(
+    boxes: np.ndarray,
+    sizes: np.ndarray,
+    flips: np.ndarray,
+    has_image: np.ndarray,
+    image_size: int,
+    canvas: int,
+) -> TilePlan:
+    """The tiles that cover each example's crop.
+
+    Args:
+      boxes: float [B, 4], (left, top, right, bottom) of each crop in source pixels.
+      sizes: int [B, 2], (width, height) of each source image.
+      flips: bool [B], flip the output horizontally.
+      has_image: bool [B], False for examples without an image (eval padding, a record left
+        out): they get no tile, and their output is zeros.
+      image_size: output height and width.
+      canvas: side of a tile.
+
+    Returns:
+      The plan, tiles of one example consecutive, row-major over its grid.
+    """
+    boxes = np.asarray(boxes, np.float64)
+    width, height = np.asarray(sizes, np.int64).T
+    y_low, y_high = _span(boxes[:, 1], boxes[:, 3], height, image_size)
+    x_low, x_high = _span(boxes[:, 0], boxes[:, 2], width, image_size)
+    rows = -(-(y_high - y_low) // canvas)
+    cols = -(-(x_high - x_low) // canvas)
+    counts = np.where(has_image, rows * cols, 0)
+    example = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+    within = np.arange(len(example)) - np.repeat(np.cumsum(counts) - counts, counts)
+    origin_y = y_low[example] + within // cols[example] * canvas
+    origin_x = x_low[example] + within % cols[example] * canvas
+    box = boxes[example]
+    params = np.stack(
+        [
+            box[:, 1] - origin_y,
+            box[:, 3] - box[:, 1],
+            height[example] - origin_y,
+            box[:, 0] - origin_x,
+            box[:, 2] - box[:, 0],
+            width[example] - origin_x,
+            np.asarray(flips, np.float64)[example],
+        ],
+        axis=1,
+    ).astype(np.float32)
+    return TilePlan(example, np.stack([origin_y, origin_x], axis=1), params)
+
+
+def padded_count(num_tiles: int, batch: int) -> int:
+    """`num_tiles` rounded up to a multiple of a quarter of the batch (at least one tile)."""
+    step = max(1, batch // _TILE_BUCKETS_PER_BATCH)
+    return max(step, -(-num_tiles // step) * step)
+
+
+def pad_plan(plan: TilePlan, count: int, batch: int) -> TilePlan:
+    """`plan` with padding tiles up to `count`; they belong to example `batch` (dropped)."""
+    extra = count - len(plan.example)
+    return TilePlan(
+        np.concatenate([plan.example, np.full(extra, batch, np.int32)]),
+        np.concatenate([plan.origin, np.zeros((extra, 2), np.int64)]),
+        np.concatenate([plan.params, np.zeros((extra, NUM_PARAMS), np.float32)]),
+    )
+
+
+def axis_weights(
+    start: jax.Array, length: jax.Array, valid: jax.Array, out_size: int, canvas: int
+) -> jax.Array:
+    """[out_size, canvas] unnormalised triangle-filter weights of one tile along one axis.
+
+    Output sample j is centred at `start + (j + 0.5) * length / out_size` (Pillow's centre, in
+    the tile's coordinates); pixel i at `i + 0.5`; the weight is `max(0, 1 - |distance| / s)`,
+    s the filter's support, and 0 for pixels at or past `valid` (outside the image).
+    """
+    scale = length / out_size
+    support = jnp.maximum(scale, 1.0)
+    centre = start + (jnp.arange(out_size, dtype=jnp.float32) + 0.5) * scale
+    pixel = jnp.arange(canvas, dtype=jnp.float32) + 0.5
+    weight = jnp.maximum(1.0 - jnp.abs(pixel[None, :] - centre[:, None]) / support, 0.0)
+    return jnp.where(jnp.arange(canvas)[None, :] < valid, weight, 0.0)
+
+
+def resize_tiles(
+    tiles: jax.Array,
+    example: jax.Array,
+    params: jax.Array,
+    *,
+    batch: int,
+    image_size: int,
+    dtype: jnp.dtype = jnp.bfloat16,
+) -> jax.Array:
+    """The resized crops, float32 [batch, image_size, image_size, 3], unrounded.
+
+    Args:
+      tiles: uint8 [T, canvas, canvas, 3], the decoded tiles of `plan_tiles` (padded).
+      example: int32 [T], `TilePlan.example`.
+      params: float32 [T, NUM_PARAMS], `TilePlan.params`.
+      batch: examples in the batch.
+      image_size: output height and width.
+      dtype: the weights' and pixels' dtype in the products (float32 accumulation).
+    """
+    canvas = tiles.shape[1]
+    weights = jax.vmap(functools.partial(axis_weights, out_size=image_size, canvas=canvas))
+    wy = weights(params[:, Y_START], params[:, Y_LENGTH], params[:, Y_VALID]).astype(dtype)
+    wx = weights(params[:, X_START], params[:, X_LENGTH], params[:, X_VALID])
+    # Flipping the output left-right is reading the horizontal weights' rows in reverse.
+    wx = jnp.where(params[:, FLIP, None, None] > 0.5, wx[:, ::-1], wx).astype(dtype)
+    rows = jnp.einsum(
+        "tsh,thwc->tswc", wy, tiles.astype(dtype), preferred_element_type=jnp.float32
+    ).astype(dtype)
+    num = jnp.einsum("tkw,tswc->tskc", wx, rows, preferred_element_type=jnp.float32)
+    # An example's weights, summed over its tiles, are (sum of wy) x (sum of wx): its grid of
+    # tiles splits each axis into disjoint ranges.
+    den = jnp.einsum(
+        "ts,tk->tsk", wy.astype(jnp.float32).sum(-1), wx.astype(jnp.float32).sum(-1)
+    )
+    # `plan_tiles` lists an example's tiles together and in example order, padding last.
+    num = jax.ops.segment_sum(num, example, num_segments=batch, indices_are_sorted=True)
+    den = jax.ops.segment_sum(den, example, num_segments=batch, indices_are_sorted=True)
+    return num / jnp.where(den > 0, den, 1.0)[..., None]
+
+
+@functools.partial(jax.jit, static_argnames=("batch", "image_size"))
+def crop_resize(
+    tiles: list[jax.Array], example: jax.Array, params: jax.Array, *, batch: int, image_size: int
+) -> jax.Array:
+    """uint8 [batch, image_size, image_size, 3]: the decoded tiles (a list, all on the device
+    that runs this) cropped, resized and flipped per `TilePlan`, rounded to pixels."""
+    resized = resize_tiles(jnp.stack(tiles), example, params, batch=batch, image_size=image_size)
+    return jnp.clip(jnp.round(resized), 0, 255).astype(jnp.uint8)

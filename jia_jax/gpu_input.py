@@ -1,0 +1,310 @@
+"""The GPU input path: records read on the host, decoded, cropped and resized on each device.
+
+Per batch, the host reads the CPU path's records and crop windows (jia_jax/record_batches.py, in
+grain's worker processes when `data.num_workers` > 0). Then each local device takes its rows of
+the batch, the rows the batch sharding gives it: the decoder writes their tiles into the device's
+memory (jia_jax/gpu_decode.py), and one jitted program crops, resizes and flips them into uint8
+[rows, S, S, 3] there (jia_jax/crop_resize.py); the train and eval steps normalise them, as they
+do the CPU path's. The per-device images become the global batch with
+`jax.make_array_from_single_device_arrays`: no pixel crosses the host. A thread runs this two
+batches ahead of the trainer, with one thread per device for the decoding.
+
+An example the decoder refuses (a CMYK or PNG record, bytes that do not decode) is the CPU path's
+example for that slot, decoded and resized with Pillow on the host and uploaded: the same
+record, window and flip, or, where the record is damaged, the same replacement (train) or mask 0
+(eval). The bad-record counter then names damaged records as the CPU path does.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+import math
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import grain
+import jax
+import ml_collections
+import numpy as np
+from absl import logging
+
+from jia_jax import crop_resize, gpu_decode, record_batches, tfds_input
+
+T = TypeVar("T")
+Batch = dict[str, jax.Array]
+# A position of the process's example stream -> the CPU path's example there.
+Fallback = Callable[[int], dict[str, np.ndarray]]
+_AHEAD = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceDecoder:
+    """One local device and its decoder."""
+
+    device: jax.Device
+    decode: gpu_decode.TileDecoder
+    zeros: jax.Array  # a blank tile on the device: padding, and where a tile did not decode
+
+
+def device_rows(
+    sharding: jax.sharding.Sharding, global_batch: int
+) -> list[tuple[jax.Device, slice]]:
+    """Each local device and the rows of this process's batch it holds under `sharding`.
+
+    Raises:
+      ValueError: the process's devices do not hold one contiguous block of rows each.
+    """
+    spans = sorted(
+        (index[0].indices(global_batch)[:2], device.id, device)
+        for device, index in sharding.addressable_devices_indices_map((global_batch,)).items()
+    )
+    offset = stop = spans[0][0][0]
+    for (start, end), _, _ in spans:
+        if start != stop:
+            raise ValueError(f"The batch sharding gives this process rows {spans}: not one block.")
+        stop = end
+    return [(device, slice(start - offset, end - offset)) for (start, end), _, device in spans]
+
+
+def device_decoders(devices: Sequence[jax.Device], canvas: int) -> dict[jax.Device, DeviceDecoder]:
+    """A decoder per device (`gpu_decode.new_decoder`), with its blank tile."""
+    blank = np.zeros((canvas, canvas, 3), np.uint8)
+    return {
+        d: DeviceDecoder(d, gpu_decode.new_decoder(d), jax.device_put(blank, d)) for d in devices
+    }
+
+
+def decode_rows(
+    batch: dict[str, np.ndarray],
+    rows: slice,
+    decoder: DeviceDecoder,
+    image_size: int,
+    canvas: int,
+) -> tuple[jax.Array, list[int]]:
+    """`rows` of a record batch as uint8 [rows, S, S, 3] on the decoder's device, and the rows
+    (counted from the first of `rows`) that did not decode."""
+    first, stop = rows.start, rows.stop
+    offsets = batch[record_batches.OFFSETS]
+    plan = crop_resize.plan_tiles(
+        batch[record_batches.BOX][rows],
+        batch[record_batches.SIZE][rows],
+        batch[record_batches.FLIP][rows],
+        offsets[first + 1 : stop + 1] > offsets[rows],
+        image_size,
+        canvas,
+    )
+    encoded = batch[record_batches.ENCODED]
+    wanted = [encoded[offsets[first + e] : offsets[first + e + 1]] for e in plan.example.tolist()]
+    tiles = decoder.decode(wanted, plan.origin, canvas) if wanted else []
+    failed = sorted({e for e, tile in zip(plan.example.tolist(), tiles) if tile is None})
+    count = crop_resize.padded_count(len(tiles), stop - first)
+    plan = crop_resize.pad_plan(plan, count, stop - first)
+    tiles = [decoder.zeros if t is None else t for t in tiles]
+    tiles += [decoder.zeros] * (count - len(tiles))
+    images = crop_resize.crop_resize(
+        tiles,
+        jax.device_put(plan.example, decoder.device),
+        jax.device_put(plan.params, decoder.device),
+        batch=stop - first,
+        image_size=image_size,
+    )
+    return images, failed
+
+
+@jax.jit
+def _put_row(images: jax.Array, row: jax.Array, pixels: jax.Array) -> jax.Array:
+    return jax.lax.dynamic_update_index_in_dim(images, pixels, row, 0)
+
+
+class _FallbackLog:
+    """Logs how many examples the decoders refused, at 1, 10, 100, ... of them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def add(self, count: int) -> None:
+        if not count:
+            return
+        before, self.count = self.count, self.count + count
+        if before == 0 or int(math.log10(self.count)) > int(math.log10(before)):
+            logging.warning(
+                "%d examples so far decoded with Pillow on the CPU: the GPU decoder refused them "
+                "(CMYK, PNG or damaged records).",
+                self.count,
+            )
+
+
+def device_batches(
+    batches: Iterator[dict[str, np.ndarray]],
+    decoders: Sequence[tuple[DeviceDecoder, slice]],
+    fallback: Fallback,
+    *,
+    first_step: int,
+    image_size: int,
+    canvas: int,
+) -> Iterator[dict[str, Any]]:
+    """Record batches decoded on the devices: {"image": per-device arrays in `decoders`' order,
+    then the batch's host fields (label, mask, bad-record counts)}."""
+    log = _FallbackLog()
+    with concurrent.futures.ThreadPoolExecutor(len(decoders), "decode") as pool:
+        for step, batch in enumerate(batches, start=first_step):
+            first_position = step * len(batch["label"])
+            futures = [
+                pool.submit(decode_rows, batch, rows, d, image_size, canvas) for d, rows in decoders
+            ]
+            # Copied: arrays from grain's workers may be read-only shared memory.
+            host = {k: np.array(v) for k, v in batch.items() if k not in record_batches.RECORD_KEYS}
+            images = []
+            for (_, rows), future in zip(decoders, futures, strict=True):
+                pixels, failed = future.result()
+                for row in failed:
+                    example = fallback(first_position + rows.start + row)
+                    pixels = _put_row(pixels, row, example.pop("image"))
+                    for key, value in example.items():
+                        host[key][rows.start + row] = value
+                log.add(len(failed))
+                images.append(pixels)
+            yield {"image": images, **host}
+
+
+def assemble(batch: dict[str, Any], sharding: jax.sharding.Sharding, global_batch: int) -> Batch:
+    """The global batch: the per-device images as one array, the host fields uploaded."""
+    shards = batch.pop("image")
+    shape = (global_batch, *shards[0].shape[1:])
+    images = jax.make_array_from_single_device_arrays(shape, sharding, shards)
+    fields = {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+    return {"image": images, **fields}
+
+
+def background(items: Iterator[T], depth: int = _AHEAD) -> Iterator[T]:
+    """`items`, produced by a thread that runs up to `depth` ahead; its error is raised here."""
+    slots: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+
+    def put(entry: tuple[bool, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                slots.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((True, item)):
+                    return
+        except BaseException as error:  # pylint: disable=broad-except  # raised by the consumer
+            put((False, error))
+            return
+        put((False, None))
+
+    thread = threading.Thread(target=produce, name="gpu-input", daemon=True)
+    thread.start()
+    try:
+        while True:
+            ok, item = slots.get()
+            if ok:
+                yield item
+            elif item is None:
+                return
+            else:
+                raise item
+    finally:
+        stop.set()
+        thread.join()
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuStreams:
+    """The train and eval streams of a tfds dataset on the GPU path."""
+
+    data: ml_collections.ConfigDict
+    sharding: jax.sharding.Sharding
+    global_batch: int
+    eval_batch: int
+    seed: int
+    decoders: dict[jax.Device, DeviceDecoder]
+
+    @classmethod
+    def create(
+        cls,
+        data: ml_collections.ConfigDict,
+        sharding: jax.sharding.Sharding,
+        global_batch: int,
+        eval_batch: int,
+        seed: int,
+    ) -> GpuStreams:
+        """Builds a decoder per local device up front, so a broken one stops the run at once."""
+        if data.gpu_canvas < 16:
+            raise ValueError(f"data.gpu_canvas={data.gpu_canvas} must be at least 16.")
+        devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
+        decoders = device_decoders(devices, data.gpu_canvas)
+        return cls(data, sharding, global_batch, eval_batch, seed, decoders)
+
+    def train(self, start_step: int) -> Iterator[Batch]:
+        """Global train batches from `start_step`: the CPU path's stream, decoded here."""
+        data, process, processes = self.data, jax.process_index(), jax.process_count()
+        local_batch = self.global_batch // processes
+        part = tfds_input.process_part(
+            data.name, data.data_dir, data.train_split, process, processes, drop_remainder=True
+        )
+        tfds_input.check_train_part(part, local_batch, data.train_split, process)
+        records = record_batches.train_batches(
+            part,
+            local_batch=local_batch,
+            seed=self.seed,
+            start_step=start_step,
+            process_index=process,
+        )
+        augment = functools.partial(
+            tfds_input.train_example, source=part.source, image_size=data.image_size
+        )
+        cpu_examples = tfds_input.train_examples(part, self.seed, process, augment)
+        return self._stream(records, part, cpu_examples.__getitem__, start_step, self.global_batch)
+
+    def eval(self) -> Iterator[Batch]:
+        """One pass over the eval split, padded with mask 0, as the CPU path's."""
+        data, process, processes = self.data, jax.process_index(), jax.process_count()
+        local_batch = self.eval_batch // processes
+        part = tfds_input.process_part(
+            data.name, data.data_dir, data.eval_split, process, processes, drop_remainder=False
+        )
+        num_batches = tfds_input.eval_batch_count(
+            data.name, data.data_dir, data.eval_split, processes, local_batch
+        )
+        records = record_batches.eval_batches(
+            part, local_batch=local_batch, num_batches=num_batches
+        )
+        fallback = functools.partial(
+            tfds_input.eval_example, source=part.source, image_size=data.image_size
+        )
+        return self._stream(records, part, fallback, 0, self.eval_batch)
+
+    def _stream(
+        self,
+        records: grain.MapDataset,
+        part: tfds_input.ProcessPart,
+        fallback: Fallback,
+        first_step: int,
+        global_batch: int,
+    ) -> Iterator[Batch]:
+        data = self.data
+        placement = device_rows(self.sharding, global_batch)
+        decoders = [(self.decoders[device], rows) for device, rows in placement]
+        host = tfds_input.host_iterator(records, num_threads=4, num_workers=data.num_workers)
+        decoded = device_batches(
+            host,
+            decoders,
+            fallback,
+            first_step=first_step,
+            image_size=data.image_size,
+            canvas=data.gpu_canvas,
+        )
+        counted = tfds_input.bad_record_counter(part, data.max_bad_records)(decoded)
+        return background(assemble(b, self.sharding, global_batch) for b in counted)

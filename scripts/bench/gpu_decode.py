@@ -1,0 +1,381 @@
+r"""The GPU input path (data.decode='gpu') on the generated JPEGs of scripts/bench/input.py.
+
+Subcommands, each writing JSON (the first two write the dataset first, unless it is there):
+  * `smoke`: the GPU path against the CPU path on the same images and parameters (a ResNet-18 at
+    the training size, random initialisation): top-1 of each, the bound on their difference
+    (`compare_predictions`), the pixels' difference, how many images the GPU decoder refused;
+    and per kind of odd image (grey, CMYK, PNG, progressive, truncated JPEG) whether the GPU
+    decodes it and how far its tile is from Pillow's.
+  * `decode`: the decode stage alone (tiles decoded, cropped and resized on each GPU, the host's
+    records read beforehand), in images/s per GPU, on one GPU and on all of them at once; and
+    nvImageCodec's whole-image decode of the same JPEGs, for reference.
+  * `report`: the record of scripts/bench_gpu_decode.sh: one row per training configuration
+    (`scripts.bench.train_input` JSONs) with the decode stage's rate beside it.
+
+  python -m scripts.bench.gpu_decode smoke --data_dir=/tmp/jia_bench_data --out=smoke.json
+  python -m scripts.bench.gpu_decode decode --data_dir=/tmp/jia_bench_data --out=stage.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import io
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from scripts.bench import harness
+
+_NAME = "jia_bench_jpeg"
+
+
+def compare_predictions(
+    cpu_logits: np.ndarray, gpu_logits: np.ndarray, labels: np.ndarray, mask: np.ndarray
+) -> dict[str, Any]:
+    """Top-1 of the two paths' logits over the real examples (mask 1), and its bound.
+
+    If no logit moves by more than c between the paths, a prediction can change only where the
+    CPU path's margin (top logit minus the next) is at most 2c: the old top must fall and a
+    rival rise to meet it. So |top-1 difference| <= (examples with margin <= 2c) / examples.
+    """
+    real = mask > 0
+    cpu_logits, gpu_logits, labels = cpu_logits[real], gpu_logits[real], labels[real]
+    change = float(np.abs(gpu_logits - cpu_logits).max())
+    top2 = np.sort(cpu_logits, axis=1)[:, -2:]
+    near = top2[:, 1] - top2[:, 0] <= 2 * change
+    cpu_top, gpu_top = cpu_logits.argmax(1), gpu_logits.argmax(1)
+    changed = cpu_top != gpu_top
+    top1_cpu, top1_gpu = float(np.mean(cpu_top == labels)), float(np.mean(gpu_top == labels))
+    bound = float(np.mean(near))
+    return {
+        "examples": int(real.sum()),
+        "top1_cpu": top1_cpu,
+        "top1_gpu": top1_gpu,
+        "predictions_changed": int(changed.sum()),
+        "max_logit_change": change,
+        "top1_bound": bound,
+        "bound_holds": bool(np.all(near[changed]) and abs(top1_gpu - top1_cpu) <= bound),
+    }
+
+
+def pixel_change(cpu_images: np.ndarray, gpu_images: np.ndarray, mask: np.ndarray) -> dict:
+    """Largest and mean |difference| of the two paths' uint8 images over the real examples."""
+    real = mask > 0
+    diff = np.abs(gpu_images[real].astype(np.int32) - cpu_images[real])
+    return {"max_pixel_change": int(diff.max()), "mean_pixel_change": float(diff.mean())}
+
+
+def _data_config(args: argparse.Namespace, decode: str, eval_split: str):
+    from configs import default  # pylint: disable=import-outside-toplevel
+
+    data = default.get_config().data
+    data.update(
+        name=_NAME,
+        data_dir=os.path.join(args.data_dir, "array_record"),
+        image_size=args.image_size,
+        decode=decode,
+        gpu_canvas=args.canvas,
+        eval_split=eval_split,
+        num_workers=args.num_workers,
+    )
+    return data
+
+
+def _eval_pass(args: argparse.Namespace, decode: str, mesh) -> dict[str, np.ndarray]:
+    from jia_jax import input_pipeline  # pylint: disable=import-outside-toplevel
+
+    data = _data_config(args, decode, f"train[:{args.images}]")
+    stream = input_pipeline.create_input(data, args.batch, args.batch, mesh, 0)
+    batches = [{k: np.asarray(v) for k, v in b.items()} for b in stream.eval()]
+    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+def _odd_images(decoder, canvas: int) -> list[dict[str, Any]]:
+    """Each kind of odd record, decoded by `decoder` at two origins, against Pillow."""
+    import PIL.Image  # pylint: disable=import-outside-toplevel
+
+    rng = np.random.default_rng(0)
+    coarse = PIL.Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8))
+    image = coarse.resize((500, 375), PIL.Image.BICUBIC)
+
+    def encode(im, fmt="JPEG", **options):
+        out = io.BytesIO()
+        im.save(out, format=fmt, **options)
+        return out.getvalue()
+
+    baseline = encode(image, quality=90)
+    kinds = {
+        "rgb": baseline,
+        "grey": encode(image.convert("L"), quality=90),
+        "cmyk": encode(image.convert("CMYK"), quality=90),
+        "png": encode(image, "PNG"),
+        "progressive": encode(image, quality=90, progressive=True),
+        "truncated": baseline[: len(baseline) * 2 // 3],
+    }
+    origins = np.array([[0, 0], [100, 200]])
+    rows = []
+    for kind, encoded in kinds.items():
+        data = np.frombuffer(encoded, np.uint8)
+        tiles = decoder([data, data], origins, canvas)
+        row: dict[str, Any] = {"kind": kind, "decoded_on_gpu": [t is not None for t in tiles]}
+        try:
+            pixels = np.asarray(PIL.Image.open(io.BytesIO(encoded)).convert("RGB"))
+        except OSError as e:
+            row["pillow"] = f"{type(e).__name__}: {e}"
+            rows.append(row)
+            continue
+        diffs = []
+        for tile, (y, x) in zip(tiles, origins.tolist()):
+            if tile is None:
+                continue
+            expected = np.zeros((canvas, canvas, 3), np.int32)
+            region = pixels[y : y + canvas, x : x + canvas]
+            expected[: region.shape[0], : region.shape[1]] = region
+            diffs.append(np.abs(np.asarray(tile, np.int32) - expected))
+        if diffs:
+            row["max_diff_vs_pillow"] = int(max(d.max() for d in diffs))
+            row["mean_diff_vs_pillow"] = float(np.mean([d.mean() for d in diffs]))
+        rows.append(row)
+    return rows
+
+
+def smoke(args: argparse.Namespace) -> dict[str, Any]:
+    """The GPU path's eval against the CPU path's on one device (see the module docstring)."""
+    import jax  # pylint: disable=import-outside-toplevel
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+    # pylint: disable=import-outside-toplevel
+    from jia_jax import gpu_decode, gpu_input, models, normalize, record_batches, tfds_input
+    from jia_jax import mesh as mesh_lib
+
+    device = jax.local_devices()[0]
+    mesh = mesh_lib.create_mesh(1, 1, [device])
+    gpu, cpu = _eval_pass(args, "gpu", mesh), _eval_pass(args, "cpu", mesh)
+    model = models.create_model("resnet18", num_classes=1000, width=16, dtype=jnp.float32)
+    shape = (1, args.image_size, args.image_size, 3)
+    variables = jax.jit(lambda k: model.init(k, jnp.zeros(shape), train=False))(jax.random.key(0))
+
+    @jax.jit
+    def apply(images):
+        return model.apply(variables, normalize.model_input(images, jnp.float32), train=False)
+
+    def logits(images):
+        return np.concatenate([apply(images[i : i + 64]) for i in range(0, len(images), 64)])
+
+    result = compare_predictions(
+        logits(cpu["image"]), logits(gpu["image"]), cpu["label"], cpu["mask"]
+    )
+    result |= pixel_change(cpu["image"], gpu["image"], cpu["mask"])
+    result["labels_equal"] = bool(np.array_equal(cpu["label"], gpu["label"]))
+    # How many of the dataset's images the GPU decoder refused (they went to Pillow).
+    data = _data_config(args, "gpu", f"train[:{args.images}]")
+    decoder = gpu_input.device_decoders([device], data.gpu_canvas)[device]
+    part = tfds_input.process_part(
+        _NAME, data.data_dir, data.eval_split, 0, 1, drop_remainder=False
+    )
+    records = record_batches.eval_batches(
+        part, local_batch=args.batch, num_batches=-(-args.images // args.batch)
+    )
+    refused = 0
+    for k in range(len(records)):
+        decoded = gpu_input.decode_rows(
+            records[k], slice(0, args.batch), decoder, args.image_size, data.gpu_canvas
+        )
+        refused += len(decoded[1])
+    result["refused_by_gpu_decoder"] = refused
+    result["odd_images"] = _odd_images(gpu_decode.new_decoder(device), data.gpu_canvas)
+    return result
+
+
+def _record_batches(args: argparse.Namespace, local_batch: int, count: int) -> list[dict]:
+    """`count` train record batches of the generated dataset, read into memory."""
+    from jia_jax import record_batches, tfds_input  # pylint: disable=import-outside-toplevel
+
+    data_dir = os.path.join(args.data_dir, "array_record")
+    part = tfds_input.process_part(_NAME, data_dir, "train", 0, 1, drop_remainder=True)
+    batches = record_batches.train_batches(
+        part, local_batch=local_batch, seed=0, start_step=0, process_index=0
+    )
+    return [batches[k] for k in range(count)]
+
+
+def _stage_rate(records: list[dict], decoders, args: argparse.Namespace, canvas: int) -> float:
+    """Images/s per GPU of `gpu_input.device_batches` over `records`, after a warm-up pass."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    from jia_jax import gpu_input  # pylint: disable=import-outside-toplevel
+
+    def refuse(position: int) -> dict:
+        raise RuntimeError(f"the GPU decoder refused example {position} of generated JPEGs")
+
+    def run(batches) -> None:
+        outputs = gpu_input.device_batches(
+            iter(batches),
+            decoders,
+            refuse,
+            first_step=0,
+            image_size=args.image_size,
+            canvas=canvas,
+        )
+        for out in outputs:
+            jax.block_until_ready(out["image"])
+
+    run(records)  # compiles each tile count
+    start = time.perf_counter()
+    run(records * args.repeats)
+    seconds = time.perf_counter() - start
+    per_gpu = decoders[0][1].stop - decoders[0][1].start
+    return per_gpu * len(records) * args.repeats / seconds
+
+
+def _whole_image_rate(records: list[dict], device, per_gpu: int, repeats: int) -> float:
+    """nvImageCodec's whole-image decode of the same JPEGs (lists of `per_gpu`), best of
+    `repeats` calls, in images/s: the figure to compare with the library's own."""
+    import jax  # pylint: disable=import-outside-toplevel
+    from nvidia import nvimgcodec  # pylint: disable=import-outside-toplevel
+
+    decoder = nvimgcodec.Decoder(
+        device_id=device.local_hardware_id,
+        backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)],
+    )
+    params = nvimgcodec.DecodeParams(apply_exif_orientation=False)
+    batch = records[0]
+    offsets = batch["offsets"]
+    encoded = [batch["encoded"][offsets[i] : offsets[i + 1]] for i in range(per_gpu)]
+    streams = [nvimgcodec.CodeStream(e) for e in encoded]
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        images = decoder.decode(streams, params=params)
+        jax.block_until_ready([jax.dlpack.from_dlpack(im) for im in images])
+        best = min(best, time.perf_counter() - start)
+    return per_gpu / best
+
+
+def decode_stage(args: argparse.Namespace) -> dict[str, Any]:
+    """The decode stage's images/s per GPU, on one GPU and on all local GPUs at once."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    from jia_jax import gpu_input  # pylint: disable=import-outside-toplevel
+
+    devices = jax.local_devices()
+    canvas = args.canvas
+    decoders = gpu_input.device_decoders(devices, canvas)
+    rows = []
+    for per_gpu in args.per_gpu:
+        for gpus in sorted({1, len(devices)}):
+            records = _record_batches(args, per_gpu * gpus, args.batches)
+            placed = [
+                (decoders[d], slice(k * per_gpu, (k + 1) * per_gpu))
+                for k, d in enumerate(devices[:gpus])
+            ]
+            rate = functools.partial(_stage_rate, records, placed, args, canvas)
+            rows.append(_measured({"per_gpu": per_gpu, "gpus": gpus}, "decode_images_per_s", rate))
+        if devices[0].platform == "gpu":  # not where a stand-in decodes on the CPU (tests)
+            rate = functools.partial(_whole_image_rate, records, devices[0], per_gpu, args.repeats)
+            row = {"per_gpu": per_gpu, "gpus": 1}
+            rows.append(_measured(row, "whole_image_decode_images_per_s", rate))
+    return {"canvas": canvas, "image_size": args.image_size, "results": rows}
+
+
+def _measured(row: dict[str, Any], key: str, measure: Callable[[], float]) -> dict[str, Any]:
+    """`row` with `measure()` under `key`, or its error: one failed row does not lose the rest."""
+    try:
+        row[key] = measure()
+    except Exception as e:  # pylint: disable=broad-except
+        row["error"] = f"{type(e).__name__}: {e}"[:2000]
+    print(row, flush=True)
+    return row
+
+
+def report(args: argparse.Namespace) -> dict[str, Any]:
+    """One row per training configuration (GPUs, images per GPU) of the `train_input` JSONs: the
+    GPU path's images/s against synthetic data's, with the decode stage's rate beside it; the
+    runs themselves (commands, logged intervals, log tails) kept under `runs`."""
+    try:
+        with open(args.stage) as f:
+            stage = json.load(f)
+    except OSError as e:  # the decode stage failed: the runs still have their rows
+        stage = {"error": str(e), "results": []}
+    rates = {
+        (r["per_gpu"], r["gpus"]): r["decode_images_per_s"]
+        for r in stage["results"]
+        if "decode_images_per_s" in r
+    }
+    runs, configs = [], {}
+    for path in args.runs:
+        with open(path) as f:
+            run = json.load(f)
+        runs.append(run)
+        key = (run["gpus"], run["args"]["per_gpu"])
+        for r in run["results"]:
+            configs.setdefault(key, {})[r["variant"]] = {**r, "cores": run["cores"]}
+    rows = []
+    for (gpus, per_gpu), variants in sorted(configs.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
+        synthetic, gpu = variants.get("synthetic", {}), variants.get("gpu", {})
+        row = {
+            "gpus": gpus,
+            "cores": gpu.get("cores"),
+            "per_gpu": per_gpu,
+            "decode": "gpu",
+            "images_per_s": gpu.get("images_per_s"),
+            "synthetic_images_per_s": synthetic.get("images_per_s"),
+            "decode_images_per_s": rates.get((per_gpu, gpus)),
+        }
+        if row["images_per_s"] and row["synthetic_images_per_s"]:
+            row["ratio"] = row["images_per_s"] / row["synthetic_images_per_s"]
+        failed = [r.get("error", "no run") for r in (synthetic, gpu) if not r or "error" in r]
+        if failed:
+            row["errors"] = failed
+        rows.append(row)
+    return {
+        "environment": stage.get("environment") or runs[0]["environment"],
+        "command": " ".join(sys.argv),
+        "results": rows,
+        "decode_stage": stage,
+        "runs": runs,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", choices=("smoke", "decode", "report"))
+    parser.add_argument("--data_dir", default="/tmp/jia_bench_data")
+    parser.add_argument("--num_images", type=int, default=1024, help="JPEGs to write if absent")
+    parser.add_argument("--image_size", type=int, default=224)
+    parser.add_argument("--canvas", type=int, default=512, help="data.gpu_canvas")
+    parser.add_argument("--num_workers", type=int, default=0, help="smoke: data.num_workers")
+    parser.add_argument("--images", type=int, default=256, help="smoke: eval images")
+    parser.add_argument("--batch", type=int, default=64, help="smoke: eval batch")
+    parser.add_argument("--per_gpu", type=int, nargs="+", default=[256, 64], help="decode")
+    parser.add_argument("--batches", type=int, default=4, help="decode: record batches held")
+    parser.add_argument("--repeats", type=int, default=5, help="decode: passes over them")
+    parser.add_argument("--stage", help="report: the decode stage's JSON")
+    parser.add_argument("--runs", nargs="*", default=[], help="report: train_input JSONs")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    if args.mode == "report":
+        doc = report(args)
+        harness.write_json(args.out, doc)
+        return doc
+    from absl import flags  # pylint: disable=import-outside-toplevel
+
+    from scripts.bench import input as bench_input  # pylint: disable=import-outside-toplevel
+
+    flags.FLAGS.mark_as_parsed()  # grain's worker processes read an absl flag
+    bench_input.prepare(args.data_dir, args.num_images, "array_record")  # unless there
+    doc = smoke(args) if args.mode == "smoke" else decode_stage(args)
+    doc = {"command": " ".join(sys.argv), "args": vars(args), **doc}
+    harness.close_record(args.out, doc)
+    print(json.dumps({k: v for k, v in doc.items() if k not in ("odd_images", "args")}, indent=1))
+    return doc
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU-decode measurements of docs/input_pipeline.md in one call (about 6 minutes) on a host
+# with 2 GPUs and 32 or more cores, nvImageCodec installed (pip install -e ".[gpu]"); run from the
+# repository root:
+#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh
+# ResNet-50 64K config, bf16, on the generated JPEGs of scripts/bench/input.py: the trainer with
+# data.decode=gpu against synthetic data at 256 images per GPU on 1 GPU (16 cores, the synthetic
+# run at the same time on the other GPU and the other 16 cores) and on 2 GPUs (32 cores), and at
+# 64 per GPU on 1 GPU; the decode stage alone per GPU; and the smoke check (GPU path against CPU
+# path on the same images and parameters). Writes $OUT/bench_gpu_decode.json (the record
+# docs/input_pipeline.md renders), $OUT/gpu_decode_smoke.json and the logs' tails in
+# $OUT/bench_gpu_decode.log, and prints a summary last.
+set -uo pipefail
+: "${OUT:?set OUT to the folder for the results}"
+export PYTHONUNBUFFERED=1
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
+data=/tmp/jia_bench_data
+runs=/tmp/jia_gpu_decode_runs
+mkdir -p "$OUT" "$runs"
+rm -f "$runs"/*.json "$runs"/*.log
+# Cores per GPU: 16, or half the host's if it has fewer than 32.
+half=$(( $(nproc) / 2 < 16 ? $(nproc) / 2 : 16 ))
+first="0-$((half - 1))" second="$half-$((2 * half - 1))" both="0-$((2 * half - 1))"
+
+# First the smoke check (it writes the dataset; a broken GPU path shows here in a minute), then
+# the decode stage alone.
+CUDA_VISIBLE_DEVICES=0 python3 -m scripts.bench.gpu_decode smoke --data_dir="$data" \
+  --out="$OUT/gpu_decode_smoke.json" >"$runs/smoke.log" 2>&1 || echo "smoke failed"
+python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 \
+  --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
+
+train() {  # train GPUS CORES PER_GPU STEPS LOG_EVERY VARIANTS WORKERS NAME
+  CUDA_VISIBLE_DEVICES=$1 taskset -c "$2" python3 -m scripts.bench.train_input \
+    --data_dir="$data" --per_gpu="$3" --steps="$4" --log_every="$5" --variants="$6" \
+    --num_workers="$7" --timeout_s=240 --out="$runs/train_$8.json" >"$runs/$8.log" 2>&1 \
+    || echo "train $8 failed: see the record's log tails"
+}
+
+# 1 GPU, 16 cores each: the GPU path (8 record-reading workers) and, beside it, the synthetic
+# baseline.
+for batch in "256 100 20" "64 200 40"; do
+  set -- $batch
+  train 0 "$first" "$1" "$2" "$3" gpu $((half / 2)) "1gpu_$1_gpu" &
+  train 1 "$second" "$1" "$2" "$3" synthetic 0 "1gpu_$1_synthetic" &
+  wait
+done
+# 2 GPUs, 32 cores, one process (16 record-reading workers).
+train 0,1 "$both" 256 100 20 synthetic,gpu "$half" 2gpu_256
+
+python3 -m scripts.bench.gpu_decode report --stage="$runs/stage.json" --runs "$runs"/train_*.json \
+  --out="$OUT/bench_gpu_decode.json" || echo "report failed"
+
+for log in "$runs"/*.log; do echo "== $log"; tail -n 40 "$log"; done >"$OUT/bench_gpu_decode.log"
+echo "== summary"
+python3 -m scripts.render "$OUT/bench_gpu_decode.json" || tail -5 "$runs"/*.log
+python3 - "$OUT" <<'PY' || true
+import json, os, sys
+record = os.path.join(sys.argv[1], "bench_gpu_decode.json")
+if os.path.exists(record):
+    for run in json.load(open(record))["runs"]:
+        for r in run["results"]:
+            if "error" in r:
+                print(f"failed: {run['gpus']} GPU(s), {r['variant']}: {r['log_tail'][-1:]}")
+smoke = os.path.join(sys.argv[1], "gpu_decode_smoke.json")
+if os.path.exists(smoke):
+    s = json.load(open(smoke))
+    keep = ("examples", "top1_cpu", "top1_gpu", "predictions_changed", "top1_bound",
+            "bound_holds", "max_pixel_change", "mean_pixel_change", "labels_equal",
+            "refused_by_gpu_decoder")
+    print("smoke:", {k: s[k] for k in keep})
+    for row in s["odd_images"]:
+        print("  ", row)
+PY

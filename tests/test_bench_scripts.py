@@ -478,3 +478,34 @@ def test_model_options_turn_on_model_fields_and_name_a_missing_one():
     assert config.model.fused_bn and not config.model.space_to_depth_stem
     with pytest.raises(ValueError, match="no model.fused_relu"):
         trainer_step.make_config("resnet50", "flat", 1, 1, model_options=["fused_relu"])
+
+
+def test_overlap_schedule_reads_each_collective_of_the_entry_computation():
+    # A scheduled entry computation as XLA prints it: a convolution, an asynchronous all-reduce
+    # with a convolution between its start and done, a synchronous one, another convolution.
+    from scripts.bench import overlap as bench_overlap
+
+    conv = 'custom-call(p), custom_call_target="__cudnn$convForward"'
+    hlo = "\n".join(
+        [
+            "HloModule m, is_scheduled=true",
+            "",
+            "ENTRY %main (p: f32[4]) -> f32[4] {",
+            f"  %c0 = f32[4]{{0}} {conv}",
+            "  %s = ((bf16[8]{0}), bf16[8]{0}) all-reduce-start(%c0), to_apply=%add",
+            f"  %c1 = f32[4]{{0}} {conv}",
+            "  %d = bf16[8]{0} all-reduce-done(%s)",
+            '  %s2 = ((f32[2]{0}), f32[2]{0}) all-reduce-start(%c1), backend_config={"is_sync":true}',
+            "  %d2 = f32[2]{0} all-reduce-done(%s2)",
+            f"  ROOT %c2 = f32[4]{{0}} {conv}",
+            "}",
+            "",
+        ]
+    )
+    first, second = bench_overlap.schedule(hlo)
+    # Positions count the lines of the entry computation, its header line being 0.
+    assert (first["start_index"], first["done_index"]) == (2, 4)
+    assert first["convolutions_before_start"] == 1 and first["convolutions_between"] == 1
+    assert not first["sync"] and second["sync"]
+    assert second["convolutions_before_start"] == 2 and second["convolutions_between"] == 0
+    assert first["convolutions"] == 3 and first["shape"].startswith("((bf16[8]")

@@ -510,3 +510,48 @@ def test_render_names_the_machine_without_its_pool_label(tmp_path):
     path.write_text(json.dumps(doc))
     caption = render.render(str(path)).splitlines()[2]
     assert "(4x H100 80GB HBM3 (one host, NVLink))" in caption and "nvidia" not in caption
+
+
+def test_overlap_answers_agree_with_the_json():
+    def rows(name):
+        out = {}
+        data = [r for r in load(name)["results"] if "images_per_s" in r]
+        one = {r["per_device_batch"]: r for r in data if r["layout"] == "1x1"}
+        for r in data:
+            base = one[r["per_device_batch"]]
+            gpus = r["hosts"] * r["gpus_per_host"]
+            out[r["layout"], r["variant"], r["per_device_batch"]] = {
+                **r,
+                "eff": r["images_per_s"] / (gpus * base["images_per_s"]),
+                "synced_eff": r["synced_images_per_s"] / (gpus * base["synced_images_per_s"]),
+            }
+        return out
+
+    kept = rows("bench_overlap_2xH100.json")
+    capped = rows("bench_overlap_combine_cap_2xH100.json")
+    on256, off256, peer256 = (kept["2x1", v, 256] for v in ("overlap", "no_overlap", "peer"))
+    on64, off64, peer64 = (kept["2x1", v, 64] for v in ("overlap", "no_overlap", "peer"))
+    pairs = [
+        c for c in on256["schedule"] if c["op"] == "all-reduce" and "bf16" in c["shape"]
+    ]
+    assert len(pairs) == 2 and pairs[1]["convolutions_before_start"] == pairs[1]["convolutions"]
+    assert_quoted(
+        _section("## Across hosts"),
+        [
+            f"the overlap keeps {on256['eff']:.3f} of two single GPUs ({on256['synced_eff']:.3f} "
+            f"synced) against {off256['eff']:.3f} without it and {peer256['eff']:.3f} for the "
+            f"plain peer",
+            f"falls from {off256['exposed_comm_ms']:.1f} to {on256['exposed_comm_ms']:.1f} ms",
+            f"{on64['eff']:.3f} against {off64['eff']:.3f} and {peer64['eff']:.3f}",
+            "into two all-reduces ({:.1f}M and {:.1f}M bf16 elements)".format(
+                *(int(re.search(r"\[(\d+)\]", c["shape"]).group(1)) / 1e6 for c in pairs)
+            ),
+            f"after {pairs[0]['convolutions_before_start']} of the {pairs[0]['convolutions']} "
+            f"convolutions; {pairs[0]['convolutions_between']} convolutions",
+            f"({capped['2x1', 'overlap', 64]['eff']:.3f} against {on64['eff']:.3f} with the pairs",
+            f"({capped['1x2', 'overlap', 256]['eff']:.3f} against "
+            f"{capped['1x2', 'no_overlap', 256]['eff']:.3f} at 256, "
+            f"{capped['1x2', 'overlap', 64]['eff']:.3f} against "
+            f"{capped['1x2', 'no_overlap', 64]['eff']:.3f} at 64)",
+        ],
+    )

@@ -57,7 +57,8 @@ _ROW = "OVERLAP_ROW "
 
 def schedule(hlo: str) -> list[dict[str, Any]]:
     """Each collective of the optimized entry computation, in schedule order: its operand bytes'
-    shape, its position, the convolutions and fusions scheduled between its start and done, and
+    shape, its position (line of the entry computation, the header being 0), the convolutions
+    scheduled before its start and between its start and done, and
     whether XLA runs it synchronously (`is_sync`)."""
     entry = hlo.split("\nENTRY", 1)[1].split("\n}\n", 1)[0].splitlines()
     convs = [i for i, line in enumerate(entry) if "custom_call_target=\"__cudnn$conv" in line]

@@ -13,7 +13,8 @@ import json
 
 
 def render(source: str) -> str:
-    """The block for `source`: a path of a raw file, or `scaling:<table name>`."""
+    """The block for `source`: a path of a raw file, `<overlap raw file>#schedule` (where XLA put
+    each all-reduce), or `scaling:<table name>`."""
     if source.startswith("scaling:"):
         # Imported here: the scaling tables need JAX (for parameter shapes), the others do not.
         from scripts.render import scaling  # pylint: disable=import-outside-toplevel
@@ -28,6 +29,11 @@ def render(source: str) -> str:
         with open(source) as f:
             doc = json.load(f)
         table = large_batch.table(doc["rows"], doc["meta"]).rstrip("\n")
+    elif source.endswith("#schedule"):
+        from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
+
+        with open(source.removesuffix("#schedule")) as f:
+            table = benchmarks.overlap_schedule_table(json.load(f))
     else:
         from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
 

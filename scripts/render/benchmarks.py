@@ -390,6 +390,59 @@ def hosts_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def overlap_table(doc: dict[str, Any]) -> str:
+    """Each (layout, variant, batch) row of scripts/bench/overlap.py: rates, efficiency, trace."""
+    lines = [
+        f"The trainer's step timed in-process ({_where(doc)}; ResNet-50 64K config, bf16, `flat`, "
+        "synthetic data; efficiency against the 1x1 row of the same batch):",
+        "",
+        "| processes x GPUs | variant | per GPU | images/s | efficiency | synced images/s "
+        "| synced efficiency | exposed comm ms/step | idle ms/step |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    rows = [r for r in doc["results"] if "images_per_s" in r]
+    # Computed here, not read: a run cut short by its time limit wrote its rows but not these.
+    one = {r["per_device_batch"]: r for r in rows if r["layout"] == "1x1"}
+    for r in rows:
+        gpus = r["hosts"] * r["gpus_per_host"] * one[r["per_device_batch"]]["images_per_s"]
+        synced = gpus / one[r["per_device_batch"]]["images_per_s"] * one[
+            r["per_device_batch"]
+        ]["synced_images_per_s"]
+        lines.append(
+            f"| {r['layout']} | {r['variant'] if r['layout'] != '1x1' else '-'} | "
+            f"{r['per_device_batch']} | {r['images_per_s']:.0f} | "
+            f"{r['images_per_s'] / gpus:.3f} | {r['synced_images_per_s']:.0f} | "
+            f"{r['synced_images_per_s'] / synced:.3f} | "
+            f"{r['exposed_comm_ms']:.1f} | {r['idle_ms']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def overlap_schedule_table(doc: dict[str, Any]) -> str:
+    """Where XLA put each gradient bucket's all-reduce in the step (2 hosts x 1 GPU rows)."""
+    lines = [
+        "Each gradient all-reduce of the 2 processes x 1 GPU steps in XLA's schedule: the "
+        "convolutions (of all of forward and backward) scheduled before its start and between "
+        "its start and its done:",
+        "",
+        "| variant | per GPU | all-reduce | convolutions before start | convolutions between "
+        "| of |",
+        "| --- | ---: | --- | ---: | ---: | ---: |",
+    ]
+    for r in doc["results"]:
+        if r.get("layout") != "2x1" or "schedule" not in r:
+            continue
+        for c in r["schedule"]:
+            if c["op"] == "all-reduce" and "bf16" in c["shape"]:
+                shape = c["shape"].split("bf16")[-1].split("{")[0]
+                lines.append(
+                    f"| {r['variant']} | {r['per_device_batch']} | bf16{shape} | "
+                    f"{c['convolutions_before_start']} | {c['convolutions_between']} | "
+                    f"{c['convolutions']} |"
+                )
+    return "\n".join(lines)
+
+
 def repro_table(doc: dict[str, Any]) -> str:
     """Each combination of recoverable mode and polling thread (scripts/bench/repro_peer_watch.py)."""
     args = doc["args"]
@@ -429,6 +482,8 @@ def table(path: str) -> str:
     if "log" in doc:
         return killed_table(path, doc)
     first = (doc.get("results") or [{}])[0]
+    if "layout" in first:
+        return overlap_table(doc)
     if "synthetic_images_per_s" in first:
         return gpu_decode_table(doc)
     if "hosts" in first:

@@ -555,3 +555,10 @@ def test_overlap_answers_agree_with_the_json():
             f"{capped['1x2', 'no_overlap', 64]['eff']:.3f} at 64)",
         ],
     )
+    assert_quoted(
+        read("README.md"),
+        [
+            f"keeps {on256['eff']:.3f} of two GPUs at 256 images per GPU ({off256['eff']:.3f} "
+            f"without) and {on64['eff']:.3f} at 64 ({off64['eff']:.3f} without)",
+        ],
+    )

@@ -123,9 +123,9 @@ def test_bench_step_case_order_and_skip_rule():
     cases = bench_step.build_cases(["a", "b"], bench_step.MESHES, bench_step.STRATEGIES, [1, 4])
     # Per model: 1x1 xla; xla on 1xn; flat, hierarchical, hybrid x 2 buckets on 1xn; hierarchical
     # and hybrid x 2 buckets on 2xn/2 (xla and flat reduce over the same devices as on 1xn); the
-    # peers on 1xn only: the two AD-placed ones unbucketed, concatenated buckets x 2; auto
-    # (unbucketed: the model picks) on both.
-    assert len(cases) == 2 * (1 + 1 + 3 * 2 + 2 * 2 + 2 + 2 + 2)
+    # peers on 1xn only: the two AD-placed ones unbucketed, the two concatenated-bucket ones
+    # (fp32 and wire dtype) x 2; auto (unbucketed: the model picks) on both.
+    assert len(cases) == 2 * (1 + 1 + 3 * 2 + 2 * 2 + 2 + 2 * 2 + 2)
     assert [(c.model, c.mesh) for c in cases[:4]] == [
         ("a", "1x1"),
         ("b", "1x1"),

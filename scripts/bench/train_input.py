@@ -105,9 +105,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # The children need the GPUs' memory: this process looks at the devices without taking it.
     args.child_env = dict(os.environ)
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    import jax
+    try:
+        import jax
 
-    gpus = jax.local_device_count()
+        gpus = jax.local_device_count()  # the backend reads the setting here, once
+    finally:
+        # Not left to whatever runs in this process later (main() is also called in-process).
+        os.environ.clear()
+        os.environ.update(args.child_env)
     environment = {**harness.environment(), "cpu_count": os.cpu_count()}
     # The cores this process (and so its children) may run on: fewer than the host's under taskset.
     cores = len(os.sched_getaffinity(0))

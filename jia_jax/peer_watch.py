@@ -13,8 +13,9 @@ A process ends with the first of these that concerns it:
 - a peer's error: `process K of N failed at step S: LINE`, status 1 (running again will not help);
 - a peer that vanished (its link closed without a word, or silent for `timeout_s`):
   `process K of N stopped at step S; restart the job ...`, status 75 (EX_TEMPFAIL, try again).
-A peer's error is taken as this process's reason only after `timeout_s` without an error of its
-own: processes that diverge together each report their own error.
+A peer's error becomes this process's line after `timeout_s` without an error of its own, or at
+once when a collective fails for want of that peer: processes that diverge together each report
+their own error.
 
 A process that fails leaves through `os._exit`, never through JAX's exit-time shutdown (a barrier
 that waits for every process, some of which have already gone the same way), and process 0, where

@@ -24,6 +24,9 @@ from jia_jax import peer_watch
 from tests import mp_util
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Short, and safe on a busy machine: the children's main threads only sleep, so nothing keeps the
+# watch's thread from Python's lock (a main thread tracing a step can, hence longer timeouts in
+# tests/test_multiprocess.py).
 TIMEOUT_S = 2
 
 # The package's __init__ imports JAX (`from jia_jax import lars`); the watch's module does not,
@@ -127,6 +130,15 @@ def watch_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if " stopped " in line or " failed " in line]
 
 
+def assert_the_others_say(results: list[tuple[int, str]], process: int, status: int, line: str):
+    """Every process but `process` exited with `status` and one watch line, ending in `line`."""
+    for i, (got, stderr) in enumerate(results):
+        if i != process:
+            assert got == status, stderr
+            assert len(watch_lines(stderr)) == 1, stderr
+            assert watch_lines(stderr)[0].endswith(line), stderr
+
+
 @pytest.mark.parametrize("victim", [1, 2])
 def test_a_killed_process_stops_every_survivor_at_once_with_one_line(tmp_path, victim):
     processes = start(tmp_path, ["wait", "wait", "wait"])
@@ -135,15 +147,13 @@ def test_a_killed_process_stops_every_survivor_at_once_with_one_line(tmp_path, v
     results = finish(processes, timeout=TIMEOUT_S + 10)
     # A closed socket is noticed at once, long before the heartbeat timeout.
     assert time.monotonic() - killed_at < TIMEOUT_S
-    for i, (status, stderr) in enumerate(results):
-        if i == victim:
-            continue
-        assert status == peer_watch.EXIT_STATUS, stderr
-        assert len(watch_lines(stderr)) == 1, stderr
-        assert watch_lines(stderr)[0].endswith(
-            f"process {victim} of 3 stopped at step 5; restart the job; it starts again from "
-            "step 0 (no committed checkpoint found)"
-        ), stderr
+    assert_the_others_say(
+        results,
+        victim,
+        peer_watch.EXIT_STATUS,
+        f"process {victim} of 3 stopped at step 5; restart the job; it starts again from "
+        "step 0 (no committed checkpoint found)",
+    )
 
 
 def test_a_silent_process_is_stopped_after_the_heartbeat_timeout(tmp_path):
@@ -187,16 +197,13 @@ def test_a_process_that_fails_is_named_as_failed_by_the_others(tmp_path, failing
     assert status == peer_watch.FAILED_STATUS, stderr
     assert stderr.rstrip().endswith("RuntimeError: the same error on every process"), stderr
     assert not watch_lines(stderr), stderr
-    for i, (status, stderr) in enumerate(results):
-        if i == failing:
-            continue
-        # Running again would fail again: not the "restart" status.
-        assert status == peer_watch.FAILED_STATUS, stderr
-        assert len(watch_lines(stderr)) == 1, stderr
-        assert watch_lines(stderr)[0].endswith(
-            f"process {failing} of 3 failed at step 5: RuntimeError: the same error on every "
-            "process"
-        ), stderr
+    # Running again would fail again: not the "restart" status.
+    assert_the_others_say(
+        results,
+        failing,
+        peer_watch.FAILED_STATUS,
+        f"process {failing} of 3 failed at step 5: RuntimeError: the same error on every process",
+    )
 
 
 def test_processes_failing_alike_each_report_their_own_error(tmp_path):

@@ -216,23 +216,32 @@ def wait_for_checkpoint(workdir, started):
     assert all(p.poll() is None for p, _ in started), [log.read_text() for _, log in started]
 
 
+def run_job(env, workdir, address, logs, timeout_s, act=lambda started: None):
+    """Both processes of a job; `act(started)` once they run. Their exit statuses and stderr."""
+    started = [start_process(env, workdir, i, address, logs) for i in range(PROCESSES)]
+    try:
+        act(started)
+        statuses = [process.wait(timeout=timeout_s) for process, _ in started]
+    finally:
+        for process, _ in started:
+            process.kill()
+            process.wait()
+    return statuses, [log.read_text() for _, log in started]
+
+
 def test_sigterm_to_one_process_saves_every_process_at_the_same_step(env, launched, tmp_path):
     # The request travels in the step's reduced stop flag: one process of two asking makes it
     # 0.5, and both stop after the same step, save it together and exit 0.
     workdir, logs = tmp_path / "run", tmp_path / "logs"
     logs.mkdir()
-    address = f"127.0.0.1:{mp_util.free_port()}"
-    started = [start_process(env, workdir, i, address, logs) for i in range(PROCESSES)]
-    try:
+
+    def stop_one(started):
         wait_for_checkpoint(workdir, started)
         started[1][0].send_signal(signal.SIGTERM)
-        # A few steps and a save are left: a process that waits longer hangs in a collective.
-        statuses = [process.wait(timeout=STOP_TIMEOUT_S) for process, _ in started]
-    finally:
-        for process, _ in started:
-            process.kill()
-            process.wait()
-    stderr = [log.read_text() for _, log in started]
+
+    address = f"127.0.0.1:{mp_util.free_port()}"
+    # A few steps and a save are left: a process that waits longer hangs in a collective.
+    statuses, stderr = run_job(env, workdir, address, logs, STOP_TIMEOUT_S, stop_one)
     assert statuses == [0, 0], stderr
     pattern = r"Preemption signal: saved the checkpoint of step (\d+)"
     stops = [re.findall(pattern, text) for text in stderr]
@@ -242,23 +251,15 @@ def test_sigterm_to_one_process_saves_every_process_at_the_same_step(env, launch
     assert all("final eval" not in text for text in stderr)
 
 
-
 @pytest.mark.skipif(not mp_util.has_ipv6_loopback(), reason="no IPv6 loopback here")
 def test_an_ipv6_coordinator_address_runs(env, launched, tmp_path):
     # JAX's coordinator and the peer watch both listen where "[::1]:port" says.
-    logs = tmp_path / "logs"
+    workdir, logs = tmp_path / "run", tmp_path / "logs"
     logs.mkdir()
     address = f"[::1]:{mp_util.free_port()}"
-    started = [start_process(env, tmp_path / "run", i, address, logs) for i in range(PROCESSES)]
-    try:
-        statuses = [process.wait(timeout=RUN_TIMEOUT_S) for process, _ in started]
-    finally:
-        for process, _ in started:
-            process.kill()
-            process.wait()
-    stderr = [log.read_text() for _, log in started]
+    statuses, stderr = run_job(env, workdir, address, logs, RUN_TIMEOUT_S)
     assert statuses == [0, 0], stderr
-    assert checkpoint_steps(tmp_path / "run")[-1] == TOTAL_STEPS
+    assert checkpoint_steps(workdir)[-1] == TOTAL_STEPS
     assert all(f"final eval at step {TOTAL_STEPS}" in text for text in stderr), stderr
 
 
@@ -317,6 +318,7 @@ def test_failed_processes_end_with_their_own_error_and_the_others_name_it(failin
     it as stopped (75) and, process 0 having taken JAX's coordination service with it, the
     failing one died of SIGABRT with a C++ fatal message and a dump of every thread.
     """
+    # 10 s: these main threads trace nothing but a one-element collective.
     env = {"JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo", "FAILING": failing, "TIMEOUT_S": "10"}
     results = mp_util.run_to_exit(_FAILING, initialize=False, env=env, timeout=120)
     failed = [int(p) for p in failing.split(",")]

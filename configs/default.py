@@ -66,7 +66,8 @@ def get_config() -> ml_collections.ConfigDict:
             "num_processes": ml_collections.config_dict.placeholder(int),
             "process_id": ml_collections.config_dict.placeholder(int),
             # A process that exits, or is silent this long, has stopped: the others stop with
-            # one line naming it and the checkpoint to resume from (jia_jax/liveness.py).
+            # one line naming it and the checkpoint to resume from (jia_jax/peer_watch.py).
+            # Must exceed the longest time a busy host leaves the watch's thread unrun.
             "heartbeat_timeout_s": 30,
             # False: no watch (JAX's own coordination service aborts the survivors after
             # heartbeat_timeout_s instead, with a dump of every thread).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from absl import logging
 
 from jia_jax import checkpoint
 from jia_jax import input_pipeline
+from jia_jax import liveness
 from jia_jax import mesh as mesh_lib
 from jia_jax import metrics as metrics_lib
 from jia_jax import models
@@ -211,7 +213,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     writer = metrics_lib.MetricsWriter(workdir)
     preemption = checkpoint.PreemptionHandler()
     # If another process dies, `peers` ends this one with a line naming the newest checkpoint.
-    with peers.reporting(ckpt.directory), ckpt, writer, preemption:
+    resume_step = functools.partial(liveness.newest_checkpoint, ckpt.directory)
+    with peers.reporting(resume_step), ckpt, writer, preemption:
         start_step, state = _resume_or_start(ckpt, trainer, config, mesh.devices.size)
 
         def save(step: int, force: bool = False) -> None:

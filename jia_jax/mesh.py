@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jia_jax import liveness
+from jia_jax import peer_watch
 
 NODE_AXIS = "node"
 GPU_AXIS = "gpu"
@@ -26,7 +27,7 @@ BATCH_AXES = (NODE_AXIS, GPU_AXIS)
 _CLUSTER_SIZE_VARS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
-def initialize_distributed(dist: ml_collections.ConfigDict) -> liveness.PeerWatch:
+def initialize_distributed(dist: ml_collections.ConfigDict) -> peer_watch.PeerWatch:
     """Starts `jax.distributed` when this run is one of several processes.
 
     Explicit settings (a local launcher) win: `dist.coordinator_address`, `dist.num_processes` and
@@ -37,12 +38,12 @@ def initialize_distributed(dist: ml_collections.ConfigDict) -> liveness.PeerWatc
       dist: the `distributed` config block.
 
     Returns:
-      The watch that ends this process with one line if another one stops, or is silent for
-      `dist.heartbeat_timeout_s` (jia_jax/liveness.py); it watches nothing for one process,
+      The watch that ends this process with one line if another one fails, stops, or is silent
+      for `dist.heartbeat_timeout_s` (jia_jax/peer_watch.py); it watches nothing for one process,
       with `dist.watch_peers` off, or if `jax.distributed` was started before.
     """
     if jax.distributed.is_initialized():
-        return liveness.PeerWatch()
+        return peer_watch.PeerWatch()
     if dist.coordinator_address:
         if dist.num_processes is None or dist.process_id is None:
             raise ValueError(
@@ -58,7 +59,7 @@ def initialize_distributed(dist: ml_collections.ConfigDict) -> liveness.PeerWatc
     elif any(int(os.environ.get(v, "1")) > 1 for v in _CLUSTER_SIZE_VARS):
         explicit = {}
     else:
-        return liveness.PeerWatch()
+        return peer_watch.PeerWatch()
     timeout_kwargs = liveness.initialize_kwargs(dist.heartbeat_timeout_s, dist.watch_peers)
     jax.distributed.initialize(**explicit, **timeout_kwargs)
     logging.info(
@@ -68,8 +69,8 @@ def initialize_distributed(dist: ml_collections.ConfigDict) -> liveness.PeerWatc
         jax.local_device_count(),
     )
     if not dist.watch_peers:
-        return liveness.PeerWatch()
-    return liveness.PeerWatch.of_this_job(dist.heartbeat_timeout_s)
+        return peer_watch.PeerWatch()
+    return liveness.watch_this_job(dist.heartbeat_timeout_s)
 
 
 def mesh_shape(node: int, gpu: int, num_devices: int, num_processes: int) -> tuple[int, int]:

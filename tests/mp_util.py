@@ -39,6 +39,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def has_ipv6_loopback() -> bool:
+    """Whether this machine can listen on ::1."""
+    try:
+        with socket.create_server(("::1", 0), family=socket.AF_INET6):
+            return True
+    except OSError:
+        return False
+
+
 def _child_env(
     process_id: int,
     num_processes: int,
@@ -66,6 +75,38 @@ def _child_env(
 
 def _tail(path: Path, chars: int = 3000) -> str:
     return path.read_text(errors="replace")[-chars:]
+
+
+def _start(
+    script: str,
+    tmp_dir: Path,
+    num_processes: int,
+    local_devices: int,
+    initialize: bool,
+    env: Mapping[str, str] | None,
+    address: str | None,
+) -> tuple[list[subprocess.Popen], list[Path], list[Path]]:
+    """Starts the processes; returns them and the files of their stdout and stderr."""
+    source = (_PREAMBLE if initialize else "") + textwrap.dedent(script)
+    address = address or f"127.0.0.1:{free_port()}"
+    script_path = tmp_dir / "snippet.py"
+    script_path.write_text(source)
+    outs = [tmp_dir / f"stdout_{i}.txt" for i in range(num_processes)]
+    errs = [tmp_dir / f"stderr_{i}.txt" for i in range(num_processes)]
+    procs = []
+    for i in range(num_processes):
+        # Files, not pipes: a chatty process cannot block on a full pipe while we wait on another.
+        with outs[i].open("wb") as out, errs[i].open("wb") as err:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(script_path)],
+                    cwd=REPO_ROOT,
+                    stdout=out,
+                    stderr=err,
+                    env=_child_env(i, num_processes, local_devices, address, env),
+                )
+            )
+    return procs, outs, errs
 
 
 def run_multiprocess(
@@ -99,28 +140,10 @@ def run_multiprocess(
       RuntimeError: A process exited with a non-zero status, or the timeout passed; the message holds
         every process's exit status and stderr tail.
     """
-    source = (_PREAMBLE if initialize else "") + textwrap.dedent(script)
-    address = f"127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="mp_util_") as tmp:
-        tmp_dir = Path(tmp)
-        script_path = tmp_dir / "snippet.py"
-        script_path.write_text(source)
-        outs = [tmp_dir / f"stdout_{i}.txt" for i in range(num_processes)]
-        errs = [tmp_dir / f"stderr_{i}.txt" for i in range(num_processes)]
-        procs = []
-        for i in range(num_processes):
-            # Files, not pipes: a chatty process cannot block on a full pipe while we wait on another.
-            with outs[i].open("wb") as out, errs[i].open("wb") as err:
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, str(script_path)],
-                        cwd=REPO_ROOT,
-                        stdout=out,
-                        stderr=err,
-                        env=_child_env(i, num_processes, local_devices, address, env),
-                    )
-                )
-
+        procs, outs, errs = _start(
+            script, Path(tmp), num_processes, local_devices, initialize, env, None
+        )
         deadline = time.monotonic() + timeout
         failure = None
         while failure is None and any(p.poll() is None for p in procs):
@@ -145,3 +168,39 @@ def run_multiprocess(
             )
             raise RuntimeError(f"run_multiprocess: {failure}.\n{report}")
         return [o.read_text() for o in outs]
+
+
+def run_to_exit(
+    script: str,
+    num_processes: int = 2,
+    local_devices: int = 1,
+    timeout: float = 180.0,
+    *,
+    initialize: bool = True,
+    env: Mapping[str, str] | None = None,
+    address: str | None = None,
+) -> list[tuple[int, str]]:
+    """Runs `script` as `run_multiprocess` does, but lets every process end by itself.
+
+    Args:
+      address: The coordinator address (default "127.0.0.1:<free port>").
+
+    Returns:
+      The exit status (negative: killed by that signal) and stderr of each process.
+
+    Raises:
+      subprocess.TimeoutExpired: A process still ran at `timeout` (all are killed).
+    """
+    with tempfile.TemporaryDirectory(prefix="mp_util_") as tmp:
+        procs, _, errs = _start(
+            script, Path(tmp), num_processes, local_devices, initialize, env, address
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            for p in procs:
+                p.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        return [(p.returncode, e.read_text(errors="replace")) for p, e in zip(procs, errs)]

@@ -194,6 +194,32 @@ def test_fused_bn_bf16_within_bf16_rounding_of_float64(train, relu, residual, pa
         np.testing.assert_array_equal(np.asarray(d_res[0], np.float64), g)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+def test_bn_normalises_channels_far_from_zero_fp32(fused):
+    """fp32 channels N(100, 0.01^2) and N(3000, 1), normalised as the models' layers do.
+
+    The float64 two-pass reference sees the same fp32 values. In fp32, x - mean is off by the
+    rounding of the mean, ~ u |mean| times a sum's growth (log2 of the 8,192 terms: 13): the
+    output errs by ~ 13 * 2^-24 * |mean| / std, 1e-2 for the first channel, 2e-3 for the second,
+    at worst; randomly signed roundings give far less. E[x^2] - E[x]^2 loses relative accuracy
+    ~ 2^-24 * mean^2 / var of the variance: 6 and 0.5 here, an O(1) error in the outputs.
+    """
+    rng = np.random.default_rng(8)
+    shape = (32, 16, 16)
+    x = np.stack([rng.normal(100.0, 0.01, shape), rng.normal(3000.0, 1.0, shape)], axis=-1)
+    x = x.astype(np.float32)
+    # An epsilon negligible beside both variances: the outputs have unit variance.
+    module = layers.BatchNormAct(
+        use_running_average=False, epsilon=1e-12, dtype=jnp.float32, fused=fused
+    )
+    variables = module.init(jax.random.key(0), x)
+    y, _ = jax.jit(lambda v, x: module.apply(v, x, mutable=["batch_stats"]))(variables, x)
+    x64 = x.astype(np.float64)
+    axes = (0, 1, 2)
+    want = (x64 - x64.mean(axes)) / np.sqrt(((x64 - x64.mean(axes)) ** 2).mean(axes))
+    np.testing.assert_allclose(np.asarray(y, np.float64), want, rtol=0, atol=1e-2)
+
+
 @pytest.mark.parametrize(
     "kernel, stride, pad, size",
     [(7, 2, 3, 16), (7, 2, 3, 15), (11, 4, 2, 35), (3, 2, 1, 9)],

@@ -21,7 +21,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import digits
-from jia_jax import input_pipeline, liveness, loop
+from jia_jax import input_pipeline, liveness, loop, peer_watch
 from tests import mp_util
 from tests.test_resume import assert_bitwise_equal, configured
 
@@ -29,7 +29,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 PROCESSES, DEVICES = 2, 4
 TOTAL_STEPS = 12
 CHECKPOINT_EVERY = 4
-HEARTBEAT_TIMEOUT_S = 5
+# The watch runs in a thread of the training process: a main thread tracing the step on a
+# loaded 2-core machine has kept it from running for 5 s. 20 s leaves a margin of four.
+HEARTBEAT_TIMEOUT_S = 20
 # JAX's own default is 100 s: a survivor that is not gone by timeout + this is not using ours.
 EXIT_SLACK_S = 45
 OVERRIDES = {
@@ -47,6 +49,7 @@ OVERRIDES = {
 FLAGS = [f"--config.{name}={value}" for name, value in OVERRIDES.items()]
 # Generous: the first run compiles, and the CI box may be busy.
 RUN_TIMEOUT_S = 600
+STOP_TIMEOUT_S = 180
 
 
 @pytest.fixture(scope="module")
@@ -175,9 +178,7 @@ def test_dead_process_stops_the_survivor_with_one_line_and_restart_resumes_bitwi
     (survivor, survivor_log), (victim, _) = started
     try:
         # Kill once a checkpoint is committed, well before the end.
-        while not checkpoint_steps(workdir) and all(p.poll() is None for p, _ in started):
-            time.sleep(0.05)
-        assert all(p.poll() is None for p, _ in started), survivor_log.read_text()
+        wait_for_checkpoint(workdir, started)
         victim.send_signal(signal.SIGKILL)
         # Raises TimeoutExpired (a failure) if the survivor waits for JAX's own 100 s.
         status = survivor.wait(timeout=HEARTBEAT_TIMEOUT_S + EXIT_SLACK_S)
@@ -187,7 +188,7 @@ def test_dead_process_stops_the_survivor_with_one_line_and_restart_resumes_bitwi
             process.wait()
 
     stderr = survivor_log.read_text()
-    assert status == liveness.EXIT_STATUS, stderr
+    assert status == peer_watch.EXIT_STATUS, stderr
     lines = re.findall(r"^.*of 2 stopped .*$", stderr, re.MULTILINE)
     assert len(lines) == 1, stderr
     match = re.search(
@@ -208,14 +209,132 @@ def test_dead_process_stops_the_survivor_with_one_line_and_restart_resumes_bitwi
     assert_bitwise_equal(read_state(workdir, TOTAL_STEPS), read_state(reference, TOTAL_STEPS))
 
 
-def test_failure_message_names_the_process_step_and_checkpoint():
-    assert liveness.failure_message([1], 2, 40, 30) == (
+def wait_for_checkpoint(workdir, started):
+    """Returns once a checkpoint is committed; fails if a process ended first."""
+    while not checkpoint_steps(workdir) and all(p.poll() is None for p, _ in started):
+        time.sleep(0.05)
+    assert all(p.poll() is None for p, _ in started), [log.read_text() for _, log in started]
+
+
+def run_job(env, workdir, address, logs, timeout_s, act=lambda started: None):
+    """Both processes of a job; `act(started)` once they run. Their exit statuses and stderr."""
+    started = [start_process(env, workdir, i, address, logs) for i in range(PROCESSES)]
+    try:
+        act(started)
+        statuses = [process.wait(timeout=timeout_s) for process, _ in started]
+    finally:
+        for process, _ in started:
+            process.kill()
+            process.wait()
+    return statuses, [log.read_text() for _, log in started]
+
+
+def test_sigterm_to_one_process_saves_every_process_at_the_same_step(env, launched, tmp_path):
+    # The request travels in the step's reduced stop flag: one process of two asking makes it
+    # 0.5, and both stop after the same step, save it together and exit 0.
+    workdir, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+
+    def stop_one(started):
+        wait_for_checkpoint(workdir, started)
+        started[1][0].send_signal(signal.SIGTERM)
+
+    address = f"127.0.0.1:{mp_util.free_port()}"
+    # A few steps and a save are left: a process that waits longer hangs in a collective.
+    statuses, stderr = run_job(env, workdir, address, logs, STOP_TIMEOUT_S, stop_one)
+    assert statuses == [0, 0], stderr
+    pattern = r"Preemption signal: saved the checkpoint of step (\d+)"
+    stops = [re.findall(pattern, text) for text in stderr]
+    assert len(stops[0]) == 1 and stops[0] == stops[1], stderr
+    stop = int(stops[0][0])
+    assert CHECKPOINT_EVERY <= stop < TOTAL_STEPS and checkpoint_steps(workdir)[-1] == stop
+    assert all("final eval" not in text for text in stderr)
+
+
+@pytest.mark.skipif(not mp_util.has_ipv6_loopback(), reason="no IPv6 loopback here")
+def test_an_ipv6_coordinator_address_runs(env, launched, tmp_path):
+    # JAX's coordinator and the peer watch both listen where "[::1]:port" says.
+    workdir, logs = tmp_path / "run", tmp_path / "logs"
+    logs.mkdir()
+    address = f"[::1]:{mp_util.free_port()}"
+    statuses, stderr = run_job(env, workdir, address, logs, RUN_TIMEOUT_S)
+    assert statuses == [0, 0], stderr
+    assert checkpoint_steps(workdir)[-1] == TOTAL_STEPS
+    assert all(f"final eval at step {TOTAL_STEPS}" in text for text in stderr), stderr
+
+
+def test_watch_lines_name_the_process_step_and_checkpoint():
+    assert peer_watch.stopped_message([1], 2, 40, 30) == (
         "process 1 of 2 stopped at step 40; restart the job to resume from step 30"
     )
-    assert liveness.failure_message([1, 3], 4, None, None) == (
+    assert peer_watch.stopped_message([1, 3], 4, None, None) == (
         "processes 1, 3 of 4 stopped before the first step; "
         "restart the job; it starts again from step 0 (no committed checkpoint found)"
     )
+    assert peer_watch.failed_message(2, 4, 7, "FloatingPointError: loss is nan") == (
+        "process 2 of 4 failed at step 7: FloatingPointError: loss is nan"
+    )
+    error = ValueError("two\nlines")
+    assert peer_watch.one_line(error) == "ValueError: two lines"
+
+
+# Each process joins the job as the trainer does (`mesh.initialize_distributed`: JAX, gloo and
+# the peer watch), meets the others in a collective, and then the processes in FAILING raise the
+# same error, 0.3 s apart in that order; the others wait in a collective for them.
+_FAILING = """
+import os, sys, time
+import jax
+import ml_collections
+from jax.experimental import multihost_utils
+from jia_jax import mesh
+
+dist = ml_collections.ConfigDict({
+    "coordinator_address": os.environ["MP_COORDINATOR_ADDRESS"],
+    "num_processes": int(os.environ["MP_NUM_PROCESSES"]),
+    "process_id": int(os.environ["MP_PROCESS_ID"]),
+    "heartbeat_timeout_s": int(os.environ["TIMEOUT_S"]),
+    "watch_peers": True,
+})
+peers = mesh.initialize_distributed(dist)
+me, failing = jax.process_index(), [int(p) for p in os.environ["FAILING"].split(",")]
+try:
+    with peers.reporting():
+        peers.step = 4
+        multihost_utils.sync_global_devices("joined")
+        if me in failing:
+            time.sleep(0.3 * failing.index(me))
+            raise FloatingPointError("loss is nan at step 4")
+        multihost_utils.sync_global_devices("never completes")
+except FloatingPointError as error:
+    sys.exit(f"{type(error).__name__}: {error}")  # as jia_jax.main
+"""
+
+
+@pytest.mark.parametrize("failing", ["0,1", "1,0", "1", "0"])
+def test_failed_processes_end_with_their_own_error_and_the_others_name_it(failing):
+    """Every process exits 1 with one true line, and none is aborted by JAX.
+
+    A process that left first used to close its watch link without a word: the other reported
+    it as stopped (75) and, process 0 having taken JAX's coordination service with it, the
+    failing one died of SIGABRT with a C++ fatal message and a dump of every thread.
+    """
+    # 10 s: these main threads trace nothing but a one-element collective.
+    env = {"JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo", "FAILING": failing, "TIMEOUT_S": "10"}
+    results = mp_util.run_to_exit(_FAILING, initialize=False, env=env, timeout=120)
+    failed = [int(p) for p in failing.split(",")]
+    for process, (status, stderr) in enumerate(results):
+        assert status == peer_watch.FAILED_STATUS, stderr
+        for noise in ("Check failure", "Fatal Python error", "Terminating process", "Traceback"):
+            assert noise not in stderr, stderr
+        lines = re.findall(r"^.*(?: failed | stopped ).*$", stderr, re.MULTILINE)
+        if process in failed:
+            assert stderr.splitlines()[-1] == "FloatingPointError: loss is nan at step 4", stderr
+            assert not lines, stderr
+        else:
+            assert len(lines) == 1 and lines[0].endswith(
+                f"process {failed[0]} of 2 failed at step 4: "
+                "FloatingPointError: loss is nan at step 4"
+            ), stderr
 
 
 def test_newest_checkpoint_ignores_unfinished_saves(tmp_path):
@@ -229,7 +348,7 @@ def test_heartbeat_timeout_is_validated_and_jax_waits_longer_than_the_watch():
     assert liveness.initialize_kwargs(7) == {"heartbeat_timeout_seconds": 7}
     # Watched: JAX's own abort must come after the watch's one line.
     watched = liveness.initialize_kwargs(7, watched=True)["heartbeat_timeout_seconds"]
-    assert watched > 7 + liveness._POLL_S
+    assert watched > 7 + peer_watch.HEARTBEAT_INTERVAL_S
     with pytest.raises(ValueError, match="heartbeat_timeout_s=0 must be at least 1"):
         liveness.initialize_kwargs(0)
     assert digits.get_config().distributed.heartbeat_timeout_s <= 30

@@ -113,6 +113,22 @@ def test_xla_strategy_reduces_over_the_devices_in_the_wire_dtype(wire):
     assert reduces == [{"bfloat16": "bf16", "float16": "f16", "float32": "f32"}[wire]], hlo
 
 
+def test_xla_strategy_train_step_carries_bf16_gradient_reductions():
+    # The trainer's own step, not `stacked_mean` alone: with comm.dtype bf16 each parameter's
+    # gradient is summed over the stacked device axis in bf16, the reduction that XLA's SPMD
+    # partitioner turns into the all-reduce. The model computes in fp32, so a bf16 reduction
+    # can only be the wire's.
+    config = tiny_config("xla")
+    config.comm.dtype = "bfloat16"
+    mesh = mesh_lib.create_mesh(2, 4)
+    _, state, step = build(config, mesh)
+    batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in global_batch().items()}
+    hlo = step.lower(state, batch).as_text(dialect="hlo")
+    bf16_sums = re.findall(r"= bf16\[([\d,]*)\]\{[\d,]*\} reduce\(.*dimensions=\{0\}", hlo)
+    shapes = [",".join(map(str, p.shape)) for p in jax.tree.leaves(state.params)]
+    assert sorted(bf16_sums) == sorted(shapes), hlo
+
+
 def test_a_bf16_wire_trains_within_its_rounding_of_an_fp32_wire():
     # Three SGD steps on a 2x4 mesh, gradients sent as fp32 or as bf16. A bf16 wire rounds each
     # device's gradient once (u = 2^-8) and each of the 7 partial sums once: the mean of 8

@@ -229,6 +229,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 "num_devices": mesh.devices.size,
             }
             ckpt.save(step, state, meta, force=force)
+            progress.restart(step)  # a save (and its wait for the previous one) is not training
 
         progress = metrics_lib.ProgressMeter(
             total_steps=steps, start_step=start_step, global_batch_size=config.global_batch_size
@@ -248,11 +249,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             step, values = fetched
             values = {k: v for k, v in values.items() if k != train.STOP_KEY}
             overflow.update(step, values)
+            if step == start_step + 1:
+                progress.restart(step)  # the first step compiled (after a restore, if resumed)
             if step % config.log_every_steps and step != steps:
                 return
             throughput = progress.measure(step)
             results.update({f"train/{k}": v for k, v in values.items()})
-            results["train/images_per_sec"] = throughput.images_per_sec
+            if throughput is not None:
+                results["train/images_per_sec"] = throughput.images_per_sec
             writer.write_scalars(step, results)
             logging.info(metrics_lib.format_progress(step, steps, values, throughput))
 
@@ -284,6 +288,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 results.update(evaluate(eval_step, state, data))
                 writer.write_scalars(done, results)
                 logging.info("step %d: eval top-1 %.4f", done, results["eval/top1"])
+                progress.restart(done)
         tracing.stop(state)
         log(pending.flush())
         if eval_step is not None:

@@ -48,6 +48,23 @@ def check_schedule_fields(config: ml_collections.ConfigDict) -> None:
         raise ValueError(f"profile.steps={config.profile.steps} must be at least 1.")
 
 
+def make_checkpoint_dir(workdir: str) -> str:
+    """Creates ``<workdir>/checkpoints`` and returns its absolute path.
+
+    Raises:
+      OSError: naming --workdir and the system's reason, if it cannot be created.
+    """
+    directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        raise OSError(
+            f"--workdir={workdir}: cannot create {directory} ({error.strerror or error}); give a "
+            "directory you can write to (it is created if missing)."
+        ) from error
+    return directory
+
+
 def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
     """`total_steps`, or `num_epochs` worth of steps when it is -1."""
     if config.total_steps > 0:
@@ -204,7 +221,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     eval_step = train.make_eval_step(trainer.model, config, mesh) if data.eval else None
 
     ckpt = checkpoint.Checkpointer(
-        os.path.join(os.path.abspath(workdir), "checkpoints"),
+        make_checkpoint_dir(workdir),
         max_to_keep=config.checkpoint_keep,
         save_every_steps=config.checkpoint_every_steps,
     )

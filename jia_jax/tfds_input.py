@@ -20,9 +20,12 @@ steps normalise them on the device (`jia_jax/normalize.py`), which halves the by
 takes the per-pixel arithmetic off the host CPU; any float dtype normalises here.
 """
 
+import contextlib
 import functools
 import io
+import logging
 import math
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -52,19 +55,38 @@ class DatasetSizes(NamedTuple):
 
 
 def _prepare_hint(name: str, data_dir: str) -> str:
+    """One line: the commands that prepare `name` in `data_dir`, or convert a TFRecord copy."""
     manual = (
         " --manual_dir=DIR_WITH_ILSVRC2012_img_train.tar_AND_ILSVRC2012_img_val.tar"
         if name.startswith("imagenet2012")
         else ""
     )
+    base = name.split("/")[0].split(":")[0]
     return (
-        f"Prepare it once (this needs `pip install tensorflow-cpu`, training does not):\n"
-        f"  tfds build {name} --data_dir={data_dir}{manual} --file_format=array_record\n"
-        f"A copy already prepared as TFRecord converts in place with:\n"
-        f"  tfds convert_format --dataset_dir={data_dir}/{name.split('/')[0].split(':')[0]} "
-        f"--out_file_format=array_record\n"
-        f"See docs/input_pipeline.md."
+        f"Prepare it once with `tfds build {name} --data_dir={data_dir}{manual} "
+        "--file_format=array_record` (needs `pip install tensorflow-cpu`; training does not), "
+        f"convert a TFRecord copy with `tfds convert_format --dataset_dir={data_dir}/{base} "
+        "--out_file_format=array_record`, or point --config.data.data_dir at the prepared copy "
+        "(docs/input_pipeline.md)."
     )
+
+
+@contextlib.contextmanager
+def _without_tfds_logs() -> Iterator[None]:
+    """Drops tfds's log lines while it looks for a dataset: of one not prepared it warns about
+    the folder it did not find ("Variant folder ... has no dataset_info.json") before the error
+    that says so and what to do."""
+    tfds_dir = os.path.dirname(tfds.__file__)
+
+    def outside_tfds(record: logging.LogRecord) -> bool:
+        return not record.pathname.startswith(tfds_dir)
+
+    logger = logging.getLogger("absl")  # absl.logging's, which tfds logs through
+    logger.addFilter(outside_tfds)
+    try:
+        yield
+    finally:
+        logger.removeFilter(outside_tfds)
 
 
 def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
@@ -73,23 +95,28 @@ def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
     Without `data_dir` it is tfds's default ($TFDS_DATA_DIR or ~/tensorflow_datasets), named so
     that the error and the commands it suggests name the directory looked in.
     """
-    data_dir = data_dir or tfds.core.constants.DATA_DIR
+    where = f"{data_dir!r} (--config.data.data_dir)"
+    if data_dir is None:
+        data_dir = tfds.core.constants.DATA_DIR
+        where = f"{data_dir!r} (tfds's default; set --config.data.data_dir to where it is)"
     try:
-        builder = tfds.builder(name, data_dir=data_dir, try_gcs=False)
+        with _without_tfds_logs():
+            builder = tfds.builder(name, data_dir=data_dir, try_gcs=False)
+            prepared = builder.is_prepared()
     except tfds.core.DatasetNotFoundError as e:
         raise DatasetNotPreparedError(
-            f"Dataset {name!r} is neither a tfds dataset nor prepared in {data_dir!r}.\n"
-            + _prepare_hint(name, data_dir)
+            f"Dataset {name!r} (--config.data.name) is neither a tfds dataset nor prepared in "
+            f"{where}.\n{_prepare_hint(name, data_dir)}"
         ) from e
-    if not builder.is_prepared():
+    if not prepared:
         raise DatasetNotPreparedError(
-            f"Dataset {name!r} is not prepared in {data_dir!r} (no {builder.data_path}).\n"
+            f"Dataset {name!r} is not prepared in {where}: no {builder.data_path}.\n"
             + _prepare_hint(name, data_dir)
         )
     file_format = builder.info.file_format
     if file_format != tfds.core.FileFormat.ARRAY_RECORD:
         raise DatasetNotPreparedError(
-            f"Dataset {name!r} in {data_dir!r} is stored as {file_format.value}; this input "
+            f"Dataset {name!r} in {where} is stored as {file_format.value}; this input "
             "pipeline reads by index and needs ArrayRecord.\n" + _prepare_hint(name, data_dir)
         )
     features = dict(builder.info.features.items())

@@ -198,13 +198,50 @@ def test_missing_dataset_names_the_directory_tfds_looked_in(tmp_path):
         timeout=120,
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    # The mesh line, the error, and its hint: two commands and where to read more.
-    assert len(result.stderr.strip().splitlines()) <= 8, result.stderr
-    assert f"is not prepared in '{default}'" in result.stderr
-    assert f"tfds build imagenet2012 --data_dir={default} " in result.stderr
-    assert f"tfds convert_format --dataset_dir={default}/imagenet2012 " in result.stderr
+    # The mesh line, the error naming the flag, and one line of hint: the commands that prepare
+    # it; no warning of tfds's about the folder it did not find before them.
+    mesh, error, hint = result.stderr.strip().splitlines()
+    assert "mesh" in mesh, result.stderr
+    assert error.startswith(f"DatasetNotPreparedError: Dataset 'imagenet2012' is not prepared in "
+                            f"'{default}' (tfds's default; set --config.data.data_dir to where")
+    assert f"tfds build imagenet2012 --data_dir={default} " in hint
+    assert f"tfds convert_format --dataset_dir={default}/imagenet2012 " in hint
     assert "None" not in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_dataset_missing_from_the_given_data_dir_names_the_flag(tmp_path):
+    result = run_main(
+        "--config=configs/resnet50_64k.py",
+        f"--workdir={tmp_path / 'run'}",
+        f"--config.data.data_dir={tmp_path}",
+        timeout=120,
+    )
+    assert_one_clear_line(
+        result,
+        rf"^DatasetNotPreparedError: Dataset 'imagenet2012' is not prepared in '{tmp_path}' "
+        r"\(--config\.data\.data_dir\): no ",
+    )
+    assert not any(line.startswith("W") for line in result.stderr.splitlines()), result.stderr
+
+
+@pytest.mark.parametrize("where", ["/proc/jia_jax_run", "under_a_file"])
+def test_workdir_that_cannot_be_created_is_one_line_naming_the_flag(tmp_path, where):
+    if where == "under_a_file":
+        (tmp_path / "notes.txt").write_text("mine")
+        where = str(tmp_path / "notes.txt" / "run")
+    elif not os.path.isdir("/proc"):
+        pytest.skip("no /proc here")
+    result = run_main(
+        *DIGITS,
+        f"--workdir={where}",
+        "--config.total_steps=2",
+        "--config.optimizer.warmup_epochs=0",
+        timeout=120,
+    )
+    assert_one_clear_line(
+        result, rf"^OSError: --workdir={re.escape(where)}: cannot create .*; give a directory"
+    )
 
 
 def test_a_normal_run_prints_no_library_info_lines(tmp_path):

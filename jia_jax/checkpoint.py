@@ -25,8 +25,6 @@ Typical use in the training loop::
 from __future__ import annotations
 
 import contextlib
-import logging as std_logging
-import os
 import signal
 import sys
 import types
@@ -40,6 +38,8 @@ import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jia_jax import console
 
 PyTree = Any
 
@@ -378,7 +378,9 @@ def _try_restore(
     # Before the read: a failed read's aftermath can reach the console before `except` runs.
     _drop_closed_loop_callbacks()
     try:
-        with _without_orbax_logs():
+        # On a damaged checkpoint orbax logs its internals ("Metadata file does not exist",
+        # "provide a `CheckpointHandlerRegistry`"): the caller's one line says what happened.
+        with console.without_logs_from(ocp):
             _check_layout(manager, step, abstract_state)
             restored = manager.restore(
                 step,
@@ -394,27 +396,6 @@ def _try_restore(
     except Exception as error:  # noqa: BLE001 (any read failure makes it "unreadable")
         return None, _error_text(error)
     return restored, None
-
-
-@contextlib.contextmanager
-def _without_orbax_logs() -> Iterator[None]:
-    """Drops orbax's log lines while a checkpoint is read.
-
-    On a damaged checkpoint orbax logs its internals from several threads ("Metadata file does
-    not exist", "provide a `CheckpointHandlerRegistry`"), several lines per checkpoint; the caller
-    says in one line what happened and what to do.
-    """
-    orbax_dir = os.path.dirname(ocp.__file__)
-
-    def outside_orbax(record: std_logging.LogRecord) -> bool:
-        return not record.pathname.startswith(orbax_dir)
-
-    logger = std_logging.getLogger("absl")  # absl.logging's, which orbax logs through
-    logger.addFilter(outside_orbax)
-    try:
-        yield
-    finally:
-        logger.removeFilter(outside_orbax)
 
 
 def _drop_closed_loop_callbacks() -> None:

@@ -5,7 +5,6 @@ flag or config value, a path, a dataset not prepared, a damaged checkpoint, a di
 the run with one line naming it and exit status 1; `--traceback` shows where it was raised.
 """
 
-import logging as std_logging
 import os
 import re
 import sys
@@ -17,6 +16,7 @@ from ml_collections import config_flags
 
 from jia_jax import bad_records
 from jia_jax import checkpoint
+from jia_jax import console
 from jia_jax import loop
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -45,15 +45,6 @@ USER_ERRORS = (
     checkpoint.NoReadableCheckpointError,
     checkpoint.CheckpointWriteError,
 )
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def _hide_library_info(record: std_logging.LogRecord) -> bool:
-    # Libraries log at INFO what a user need not read (orbax every save step by step, JAX the
-    # TPU backend it did not find): keep the console to our progress and everyone's warnings.
-    return record.levelno >= std_logging.WARNING or record.pathname.startswith(_PACKAGE_DIR)
-
-
 def _flag_error(error: BaseException, argv: list[str]) -> str:
     """One line for a config file that does not load or an override of a field it lacks."""
     if isinstance(error, OSError):
@@ -96,7 +87,7 @@ def main(argv: list[str]) -> None:
             f"FATAL Flags parsing error: unexpected arguments {argv[1:]}; flags are written "
             "--name=value (no spaces around '=')."
         )
-    logging.get_absl_handler().addFilter(_hide_library_info)
+    logging.get_absl_handler().addFilter(console.hide_library_info)
     try:
         check_workdir(_WORKDIR.value)
         loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)

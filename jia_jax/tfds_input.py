@@ -20,12 +20,9 @@ steps normalise them on the device (`jia_jax/normalize.py`), which halves the by
 takes the per-pixel arithmetic off the host CPU; any float dtype normalises here.
 """
 
-import contextlib
 import functools
 import io
-import logging
 import math
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -35,7 +32,7 @@ import numpy as np
 import PIL.Image
 import tensorflow_datasets as tfds
 
-from jia_jax import bad_records, normalize
+from jia_jax import bad_records, console, normalize
 
 IMAGENET_MEAN, IMAGENET_STD = normalize.IMAGENET_MEAN, normalize.IMAGENET_STD
 EVAL_CROP_FRACTION = 0.875
@@ -71,24 +68,6 @@ def _prepare_hint(name: str, data_dir: str) -> str:
     )
 
 
-@contextlib.contextmanager
-def _without_tfds_logs() -> Iterator[None]:
-    """Drops tfds's log lines while it looks for a dataset: of one not prepared it warns about
-    the folder it did not find ("Variant folder ... has no dataset_info.json") before the error
-    that says so and what to do."""
-    tfds_dir = os.path.dirname(tfds.__file__)
-
-    def outside_tfds(record: logging.LogRecord) -> bool:
-        return not record.pathname.startswith(tfds_dir)
-
-    logger = logging.getLogger("absl")  # absl.logging's, which tfds logs through
-    logger.addFilter(outside_tfds)
-    try:
-        yield
-    finally:
-        logger.removeFilter(outside_tfds)
-
-
 def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
     """The builder of a prepared ArrayRecord dataset, or `DatasetNotPreparedError`.
 
@@ -100,7 +79,9 @@ def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
         data_dir = tfds.core.constants.DATA_DIR
         where = f"{data_dir!r} (tfds's default; set --config.data.data_dir to where it is)"
     try:
-        with _without_tfds_logs():
+        # Of a dataset not prepared tfds first warns about the folder it did not find ("Variant
+        # folder ... has no dataset_info.json"); the error below says so and what to do.
+        with console.without_logs_from(tfds):
             builder = tfds.builder(name, data_dir=data_dir, try_gcs=False)
             prepared = builder.is_prepared()
     except tfds.core.DatasetNotFoundError as e:

@@ -45,6 +45,10 @@ USER_ERRORS = (
     checkpoint.NoReadableCheckpointError,
     checkpoint.CheckpointWriteError,
 )
+# The checkout's root: it holds the shipped `configs` package beside `jia_jax`.
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def _flag_error(error: BaseException, argv: list[str]) -> str:
     """One line for a config file that does not load or an override of a field it lacks."""
     if isinstance(error, OSError):
@@ -61,8 +65,31 @@ def _flag_error(error: BaseException, argv: list[str]) -> str:
     return f"{named}: the config has no field {key!r}. {hint}"
 
 
+def make_configs_importable(argv: list[str]) -> None:
+    """Lets the `--config` file import the shipped configs and its own neighbours, from any
+    working directory.
+
+    A config file is loaded by path, so Python finds neither `configs` (the shipped ones, which
+    import each other as `from configs import default`, and which a user's config may start
+    from) nor the modules beside it. Appended to `sys.path`: the checkout root that holds
+    `configs/`, and the config file's folder (its parent if the folder is a package, so that
+    its modules are imported as the package's).
+    """
+    paths = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    paths += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
+    folders = [_REPO_ROOT] if os.path.isdir(os.path.join(_REPO_ROOT, "configs")) else []
+    for path in paths[-1:]:
+        folder = os.path.dirname(os.path.abspath(path.split(":", 1)[0]))
+        is_package = os.path.isfile(os.path.join(folder, "__init__.py"))
+        folders.append(os.path.dirname(folder) if is_package else folder)
+    for folder in folders:
+        if folder not in sys.path:
+            sys.path.append(folder)
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing; a config override or file that cannot apply is one line too."""
+    make_configs_importable(argv)
     try:
         args = app.parse_flags_with_usage(argv)
         _CONFIG.value.get("seed")  # ml_collections defers a config file's load error to first use

@@ -1,5 +1,6 @@
 """The command line as users run it: configs, overrides, clear errors for bad input."""
 
+import json
 import os
 import pathlib
 import re
@@ -11,7 +12,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from configs import digits
+from configs import digits, resnet50_64k
 from jia_jax import loop
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -257,3 +258,70 @@ def test_a_normal_run_prints_no_library_info_lines(tmp_path):
     lines = result.stderr.strip().splitlines()
     ours = r"I\d{4} [\d:.]+ +\d+ (loop|main)\.py:\d+\] "
     assert lines and all(re.match(ours, line) for line in lines), lines
+
+
+# `python -m jia_jax.main ARGS` as a `pip install -e .` runs it: `jia_jax` importable, but not
+# the checkout's root (an editable install's finder maps the package alone), so `configs` is
+# not importable unless the trainer makes it so. Prints the loaded config.
+EDITABLE_INSTALL = """
+import importlib.util, os, sys
+repo = sys.argv[1]
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != repo]
+spec = importlib.util.spec_from_file_location(
+    "jia_jax", os.path.join(repo, "jia_jax", "__init__.py"),
+    submodule_search_locations=[os.path.join(repo, "jia_jax")],
+)
+sys.modules["jia_jax"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sys.modules["jia_jax"])
+from absl import flags
+from jia_jax import main
+main.parse_flags(["main", *sys.argv[2:]])
+print(flags.FLAGS.config.to_json())
+"""
+
+
+def load_elsewhere(cwd: pathlib.Path, *args: str) -> dict:
+    """The config `python -m jia_jax.main ARGS` loads when run in `cwd` from an editable install."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-c", EDITABLE_INSTALL, str(REPO), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def test_a_shipped_config_loads_from_another_working_directory(tmp_path):
+    config = load_elsewhere(tmp_path, f"--config={REPO}/configs/digits.py", "--workdir=run")
+    assert config["data"]["name"] == "digits"
+    assert config["optimizer"]["warmup_epochs"] == digits.get_config().optimizer.warmup_epochs
+
+
+USER_CONFIG = '''"""My run: the shipped 64K recipe at batch 8,192 with a 5-epoch warmup."""
+from configs import resnet50_64k
+
+
+def get_config():
+    config = resnet50_64k.get_config()
+    config.global_batch_size = 8192
+    config.optimizer.warmup_epochs = 5.0
+    return config
+'''
+
+
+def test_a_users_config_elsewhere_starts_from_a_shipped_one(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "my_64k.py").write_text(USER_CONFIG)
+    config = load_elsewhere(tmp_path, "--config=mine/my_64k.py", "--workdir=run")
+    assert config["global_batch_size"] == 8192
+    assert config["optimizer"]["warmup_epochs"] == 5.0
+    # The rest is the shipped recipe, its learning rate scaled to the new batch.
+    shipped = resnet50_64k.get_config()
+    assert config["optimizer"]["name"] == "lars" == shipped.optimizer.name
+    assert config["optimizer"]["momentum"] == shipped.optimizer.momentum
+    expected_lr = shipped.optimizer.base_learning_rate * 8192 / 256
+    assert abs(config["optimizer"]["learning_rate"] - expected_lr) <= 1e-12 * expected_lr

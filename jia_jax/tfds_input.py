@@ -1,7 +1,8 @@
-"""Per-process host batches from a prepared tfds image-classification dataset.
+"""Per-process host batches from a prepared tfds image-classification dataset or image folder.
 
 Reads a dataset prepared with tfds in the ArrayRecord file format (`imagenet2012` or any dataset
-with an `image` and a `label` feature) through `grain`, which gives random access by index. That
+with an `image` and a `label` feature), or a folder of class sub-folders of images (name
+`image_folder`, jia_jax/image_folder.py), through `grain`, which gives random access by index. That
 makes the train stream a pure function of (seed, process, step): resuming at step k computes where
 step k starts instead of replaying k steps. JPEGs are decoded and resized with Pillow; TensorFlow
 is not needed at run time. Nothing here touches the network: an unprepared dataset raises
@@ -23,7 +24,7 @@ takes the per-pixel arithmetic off the host CPU; any float dtype normalises here
 import functools
 import io
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import grain
@@ -32,7 +33,7 @@ import numpy as np
 import PIL.Image
 import tensorflow_datasets as tfds
 
-from jia_jax import bad_records, console, normalize
+from jia_jax import bad_records, console, image_folder, normalize
 
 IMAGENET_MEAN, IMAGENET_STD = normalize.IMAGENET_MEAN, normalize.IMAGENET_STD
 EVAL_CROP_FRACTION = 0.875
@@ -49,6 +50,7 @@ class DatasetSizes(NamedTuple):
     num_classes: int
     num_train: int
     num_eval: int
+    class_names: tuple[str, ...]
 
 
 def _prepare_hint(name: str, data_dir: str) -> str:
@@ -113,25 +115,38 @@ def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
 def dataset_info(
     name: str, data_dir: str | None, train_split: str = "train", eval_split: str = "validation"
 ) -> DatasetSizes:
-    """Number of classes and split sizes of a prepared dataset.
+    """Classes and split sizes of a prepared dataset, or of an image folder.
 
     Args:
-      name: tfds name, e.g. "imagenet2012" (optionally "name/config:version").
-      data_dir: tfds data directory the dataset was prepared in (None: tfds's default).
-      train_split: train split, any tfds split string (e.g. "train[:99%]").
+      name: tfds name, e.g. "imagenet2012" (optionally "name/config:version"), or
+        "image_folder" (jia_jax/image_folder.py).
+      data_dir: tfds data directory the dataset was prepared in (None: tfds's default), or the
+        image folder.
+      train_split: train split, any tfds split string (e.g. "train[:99%]"), or a folder name.
       eval_split: eval split.
 
     Returns:
-      (num_classes, num_train, num_eval).
+      (num_classes, num_train, num_eval, class_names).
 
     Raises:
       DatasetNotPreparedError: the dataset is missing or not in ArrayRecord format.
+      FileNotFoundError: the image folder or one of its splits is missing.
     """
+    if name == image_folder.NAME:
+        folder = image_folder.open_folder(data_dir)
+        folder.check_splits(train_split=train_split, eval_split=eval_split)
+        return DatasetSizes(
+            num_classes=len(folder.class_names),
+            num_train=len(folder.records(train_split)),
+            num_eval=len(folder.records(eval_split)),
+            class_names=folder.class_names,
+        )
     info = _builder(name, data_dir).info
     return DatasetSizes(
         num_classes=info.features["label"].num_classes,
         num_train=info.splits[train_split].num_examples,
         num_eval=info.splits[eval_split].num_examples,
+        class_names=tuple(info.features["label"].names),
     )
 
 
@@ -139,11 +154,12 @@ class _ProcessPart(NamedTuple):
     """This process's part of a split: the records (images left encoded) and where they are."""
 
     source: Sequence[dict[str, Any]]
-    locate: bad_records.RecordLocator
+    locate: Callable[[int], tuple[str, int]]
 
 
 def _process_part(
-    builder: tfds.core.DatasetBuilder,
+    name: str,
+    data_dir: str | None,
     split: str,
     process_index: int,
     process_count: int,
@@ -153,6 +169,11 @@ def _process_part(
     """This process's contiguous, disjoint part of `split`, its shards checked whole."""
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index {process_index} not in [0, {process_count}).")
+    if name == image_folder.NAME:
+        records = image_folder.open_folder(data_dir).records(split)
+        part = records.part(process_index, process_count, drop_remainder=drop_remainder)
+        return _ProcessPart(part, part.locate)
+    builder = _builder(name, data_dir)
     sub_split = tfds.split_for_jax_process(
         split,
         process_index=process_index,
@@ -163,6 +184,18 @@ def _process_part(
     bad_records.check_shards(files)
     source = builder.as_data_source(split=sub_split, decoders={"image": tfds.decode.SkipDecoding()})
     return _ProcessPart(source, bad_records.RecordLocator(files))
+
+
+def _largest_part(name: str, data_dir: str | None, split: str, process_count: int) -> int:
+    """Records in the largest process part of `split` (eval parts keep the remainder)."""
+    if name == image_folder.NAME:
+        return math.ceil(len(image_folder.open_folder(data_dir).records(split)) / process_count)
+    splits = _builder(name, data_dir).info.splits
+    return max(
+        splits[tfds.split_for_jax_process(split, process_index=p, process_count=process_count)]
+        .num_examples
+        for p in range(process_count)
+    )
 
 
 def _read(source: Sequence[dict[str, Any]], index: int) -> tuple[PIL.Image.Image, np.int32]:
@@ -351,8 +384,9 @@ def train_batches(
       bad_records.CorruptDatasetError: a shard is damaged (at once), or more than
         `max_bad_records` records are (when the batch holding the next one is reached).
     """
-    builder = _builder(name, data_dir)
-    part = _process_part(builder, split, process_index, process_count, drop_remainder=True)
+    part = _process_part(
+        name, data_dir, split, process_index, process_count, drop_remainder=True
+    )
     if len(part.source) < local_batch:
         raise ValueError(
             f"Process {process_index} has {len(part.source)} examples of {split!r}, fewer than "
@@ -416,15 +450,10 @@ def eval_batches(
       bad_records.CorruptDatasetError: a shard is damaged (at once), or more than
         `max_bad_records` records are (when the batch holding the next one is reached).
     """
-    builder = _builder(name, data_dir)
-    part = _process_part(builder, split, process_index, process_count, drop_remainder=False)
-    largest_part = max(
-        builder.info.splits[
-            tfds.split_for_jax_process(split, process_index=p, process_count=process_count)
-        ].num_examples
-        for p in range(process_count)
+    part = _process_part(
+        name, data_dir, split, process_index, process_count, drop_remainder=False
     )
-    num_batches = math.ceil(largest_part / local_batch)
+    num_batches = math.ceil(_largest_part(name, data_dir, split, process_count) / local_batch)
     batches = (
         grain.MapDataset.range(num_batches * local_batch)
         .map(functools.partial(_eval_example, source=part.source, image_size=image_size))

@@ -304,7 +304,8 @@ def read_checkpoint(
         raise FileNotFoundError(
             f"--step={step}: {directory} holds no checkpoint of that step; it holds steps {steps}."
         )
-    manager = _manager(directory, read_only=True)
+    with console.without_logs_from(ocp):  # a read-only manager warns that it is read-only
+        manager = _manager(directory, read_only=True)
     try:
         restored, reason = _try_restore(manager, step, abstract_state)
         failed = any_process(reason is not None)

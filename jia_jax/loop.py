@@ -15,6 +15,7 @@ from absl import logging
 
 from jia_jax import checkpoint
 from jia_jax import input_pipeline
+from jia_jax import liveness
 from jia_jax import mesh as mesh_lib
 from jia_jax import metrics as metrics_lib
 from jia_jax import models
@@ -193,11 +194,11 @@ def _resume_or_start(
     return step, state
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-    """Trains `config` in `workdir`, resuming from its latest checkpoint if there is one.
+def connect(config: ml_collections.ConfigDict) -> tuple[liveness.PeerWatch, jax.sharding.Mesh]:
+    """Joins the other processes of the job (if any) and builds the mesh of `config`.
 
     Returns:
-      The last logged train metrics and the final evaluation (if the dataset has an eval split).
+      The watch over the other processes (`mesh.initialize_distributed`) and the mesh.
     """
     peers = mesh_lib.initialize_distributed(config.distributed)
     mesh = mesh_lib.create_mesh(config.mesh.node, config.mesh.gpu)
@@ -208,7 +209,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         jax.devices()[0].device_kind,
         jax.process_count(),
     )
+    return peers, mesh
 
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+    """Trains `config` in `workdir`, resuming from its latest checkpoint if there is one.
+
+    Returns:
+      The last logged train metrics and the final evaluation (if the dataset has an eval split).
+    """
+    peers, mesh = connect(config)
     check_schedule_fields(config)
     trainer = build_trainer(config, mesh)
     data, steps = trainer.data, trainer.steps
@@ -267,7 +277,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             values = {k: v for k, v in values.items() if k != train.STOP_KEY}
             overflow.update(step, values)
             if step == start_step + 1:
-                progress.restart(step)  # the first step compiled (after a restore, if resumed)
+                # The first step compiled (after the restore of a checkpoint, if resumed).
+                progress.restart(step)
             if step % config.log_every_steps and step != steps:
                 return
             throughput = progress.measure(step)

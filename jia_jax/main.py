@@ -1,5 +1,8 @@
 """Command line: `python -m jia_jax.main --config=configs/digits.py --workdir=/tmp/run`.
 
+Trains by default; `--mode=eval` evaluates a checkpoint of the workdir and `--mode=export`
+writes one to a single file (jia_jax/evaluate.py, jia_jax/export.py).
+
 Any config field can be overridden with `--config.a.b=value`. A mistake a user can fix (a bad
 flag or config value, a path, a dataset not prepared, a damaged checkpoint, a diverged run) ends
 the run with one line naming it and exit status 1; `--traceback` shows where it was raised.
@@ -17,6 +20,8 @@ from ml_collections import config_flags
 from jia_jax import bad_records
 from jia_jax import checkpoint
 from jia_jax import console
+from jia_jax import evaluate
+from jia_jax import export
 from jia_jax import loop
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -27,6 +32,22 @@ _WORKDIR = flags.DEFINE_string(
     None,
     "Directory for checkpoints and TensorBoard logs; a run given the "
     "same workdir resumes from its latest checkpoint.",
+)
+_MODE = flags.DEFINE_enum(
+    "mode",
+    "train",
+    ["train", "eval", "export"],
+    "train: train and evaluate, resuming from the workdir's newest checkpoint. eval: evaluate a "
+    "checkpoint of the workdir on the eval split. export: write a checkpoint's parameters to "
+    "one file (jia_jax/export.py).",
+)
+_STEP = flags.DEFINE_integer(
+    "step", None, "With --mode=eval or export: the checkpoint's step (default: the newest)."
+)
+_EXPORT_PATH = flags.DEFINE_string(
+    "export_path",
+    None,
+    "With --mode=export: the file to write (default: <workdir>/export/step_<step>.msgpack).",
 )
 _TRACEBACK = flags.DEFINE_bool(
     "traceback",
@@ -100,6 +121,18 @@ def parse_flags(argv: list[str]) -> list[str]:
     return args
 
 
+def check_mode_flags(mode: str, step: int | None, export_path: str | None) -> None:
+    """Raises `ValueError` for a flag that `mode` would ignore."""
+    given = {"--step": step is not None, "--export_path": export_path is not None}
+    allowed = {"train": (), "eval": ("--step",), "export": ("--step", "--export_path")}[mode]
+    ignored = [name for name, set_ in given.items() if set_ and name not in allowed]
+    if ignored:
+        raise ValueError(
+            f"{ignored[0]} does nothing with --mode={mode}; it is for "
+            f"{'--mode=eval or export' if ignored[0] == '--step' else '--mode=export'}."
+        )
+
+
 def check_workdir(workdir: str) -> None:
     """Raises `NotADirectoryError` if `workdir` exists and is not a directory."""
     if os.path.exists(workdir) and not os.path.isdir(workdir):
@@ -116,8 +149,14 @@ def main(argv: list[str]) -> None:
         )
     logging.get_absl_handler().addFilter(console.hide_library_info)
     try:
+        check_mode_flags(_MODE.value, _STEP.value, _EXPORT_PATH.value)
         check_workdir(_WORKDIR.value)
-        loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+        if _MODE.value == "train":
+            loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+        elif _MODE.value == "eval":
+            evaluate.evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _STEP.value)
+        else:
+            export.export_checkpoint(_CONFIG.value, _WORKDIR.value, _EXPORT_PATH.value, _STEP.value)
     except USER_ERRORS as error:
         if _TRACEBACK.value:
             raise

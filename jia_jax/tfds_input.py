@@ -248,6 +248,14 @@ def eval_crop_box(width: int, height: int) -> tuple[float, float, float, float]:
     return left, top, left + side, top + side
 
 
+def eval_pixels(image: PIL.Image.Image, image_size: int) -> np.ndarray:
+    """The uint8 RGB pixels [image_size, image_size, 3] that evaluation sees of `image`: its
+    centre crop (`eval_crop_box`), resized bilinearly."""
+    image = image if image.mode == "RGB" else image.convert("RGB")
+    box = eval_crop_box(*image.size)
+    return np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
+
+
 def _train_example(
     index: int, rng: np.random.Generator, *, source: Sequence[dict[str, Any]], image_size: int
 ) -> dict[str, np.ndarray]:
@@ -285,8 +293,7 @@ def _eval_example(
         image, label = _read(source, index)
     except Exception:  # noqa: BLE001  a damaged record is left out; the counter names it
         return {**padding, bad_records.SKIPPED: np.int32(1)}
-    box = eval_crop_box(*image.size)
-    pixels = np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
+    pixels = eval_pixels(image, image_size)
     return {**padding, "image": pixels, "label": label, "mask": np.float32(1)}
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from jia_jax import image_folder, tfds_input
+from jia_jax import export, image_folder, tfds_input
+from tests import test_export
 
 REPO = Path(__file__).resolve().parents[1]
 CLASSES = ("cat", "dog", "fish")  # written in another order than sorted, below
@@ -86,32 +87,77 @@ def test_a_missing_split_or_folder_names_the_field(folder, tmp_path):
         tfds_input.dataset_info(image_folder.NAME, str(tmp_path / "nowhere"))
 
 
-def test_the_trainer_trains_two_steps_and_evaluates_on_a_folder(folder, tmp_path):
+def test_the_trainer_trains_two_steps_evaluates_and_exports_a_photo_classifier(folder, tmp_path):
+    flags = [
+        "--config=configs/digits.py",
+        f"--workdir={tmp_path}",
+        "--config.data.name=image_folder",
+        f"--config.data.data_dir={folder}",
+        f"--config.data.image_size={SIZE}",
+        "--config.model.width=2",
+        "--config.global_batch_size=8",
+        "--config.eval_batch_size=8",
+        "--config.total_steps=2",
+        "--config.optimizer.warmup_epochs=0",
+    ]
+    trained = run_main(*flags)
+    assert re.search(
+        rf"final eval at step 2: top-1 [\d.]+, top-5 [\d.]+ over {3 * EVAL_PER_CLASS} examples",
+        trained,
+    ), trained[-3000:]
+    run_main(*flags, "--mode=export")
+    exported = tmp_path / "export" / "step_2.msgpack"  # the default --export_path
+
+    # The docs' snippet, on two of the folder's images.
+    photos = [folder / "validation" / name / "0.JPG" for name in ("dog", "fish")]
+    snippet = test_export.doc_snippet("tests/test_image_folder.py")
+    doc_path, doc_photos = "/tmp/jia_jax/photos/export/step_1000.msgpack", '["cat.jpg", "dog.jpg"]'
+    assert doc_path in snippet and doc_photos in snippet
+    snippet = snippet.replace(doc_path, str(exported)).replace(
+        doc_photos, repr([str(p) for p in photos])
+    )
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jia_jax.main",
-            "--config=configs/digits.py",
-            f"--workdir={tmp_path}",
-            "--config.data.name=image_folder",
-            f"--config.data.data_dir={folder}",
-            f"--config.data.image_size={SIZE}",
-            "--config.model.width=2",
-            "--config.global_batch_size=8",
-            "--config.eval_batch_size=8",
-            "--config.total_steps=2",
-            "--config.optimizer.warmup_epochs=0",
-        ],
+        [sys.executable, "-c", snippet],
         cwd=REPO,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),  # XLA_FLAGS from conftest: 8 devices
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2, result.stdout
+    for photo, line in zip(photos, lines, strict=True):
+        # 2 steps from random weights: any class, with a probability of at least 1/3.
+        match = re.fullmatch(rf"{photo}: ({'|'.join(CLASSES)}) \((0\.\d\d|1\.00)\)", line)
+        assert match and float(match.group(2)) >= 0.33, line
+
+    # `preprocess` gives the pixels evaluation reads of the same file.
+    classifier = export.load(str(exported))
+    [batch] = tfds_input.eval_batches(
+        image_folder.NAME,
+        data_dir=str(folder),
+        split="validation",
+        image_size=SIZE,
+        local_batch=3 * EVAL_PER_CLASS,
+        process_index=0,
+        process_count=1,
+        image_dtype="uint8",
+    )
+    first_dog = CLASSES.index("dog") * EVAL_PER_CLASS  # files sorted by class, then name
+    expected = batch["image"][first_dog]
+    np.testing.assert_array_equal(classifier.preprocess(PIL.Image.open(photos[0])), expected)
+
+
+def run_main(*flags: str) -> str:
+    """`python -m jia_jax.main FLAGS` on 8 CPU devices (conftest's XLA_FLAGS); its log."""
+    result = subprocess.run(
+        [sys.executable, "-m", "jia_jax.main", *flags],
+        cwd=REPO,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(
-        rf"final eval at step 2: top-1 [\d.]+, top-5 [\d.]+ over {3 * EVAL_PER_CLASS} examples",
-        result.stderr,
-    ), result.stderr[-3000:]
-    assert (tmp_path / "checkpoints" / "2").is_dir()
+    return result.stderr

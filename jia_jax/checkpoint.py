@@ -1,4 +1,4 @@
-"""Checkpoints of the training state and preemption handling.
+"""Checkpoints of the training state, and preemption handling.
 
 A checkpoint holds two items: ``state``, any pytree of (sharded or replicated) `jax.Array`s
 (params, optimizer state, batch stats, loss scale, RNG key data, step), and ``meta``, a JSON dict
@@ -20,6 +20,9 @@ Typical use in the training loop::
         ckpt.save(step, state, meta, force=True)
         break
   ckpt.close()  # waits for the last save
+
+`read_checkpoint` restores one checkpoint (the newest or a given step) and changes nothing in the
+directory: what evaluation and export read (jia_jax/evaluate.py, jia_jax/export.py).
 """
 
 from __future__ import annotations

@@ -36,16 +36,22 @@ DIGITS_RUN_FLAGS = (
 )
 
 
+def run_main(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m jia_jax.main ARGS` from the repository root, on the CPU devices set above."""
+    return subprocess.run(
+        [sys.executable, "-m", "jia_jax.main", *args],
+        cwd=pathlib.Path(__file__).resolve().parents[1],
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 @pytest.fixture(scope="session")
 def digits_run(tmp_path_factory) -> tuple[pathlib.Path, str]:
     """(workdir, log) of a finished `python -m jia_jax.main` digits run with DIGITS_RUN_FLAGS."""
     workdir = tmp_path_factory.mktemp("digits_run")
-    result = subprocess.run(
-        [sys.executable, "-m", "jia_jax.main", *DIGITS_RUN_FLAGS, f"--workdir={workdir}"],
-        cwd=pathlib.Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = run_main(*DIGITS_RUN_FLAGS, f"--workdir={workdir}")
     assert result.returncode == 0, result.stderr[-3000:]
     return workdir, result.stderr

@@ -5,25 +5,15 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import DIGITS_RUN_FLAGS
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import DIGITS_RUN_FLAGS, run_main
 
 
-def run_main(workdir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "jia_jax.main", *DIGITS_RUN_FLAGS, f"--workdir={workdir}", *args],
-        cwd=REPO,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),  # XLA_FLAGS from conftest: 8 devices
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def run_on(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    return run_main(*DIGITS_RUN_FLAGS, f"--workdir={workdir}", *args)
 
 
 def digests(directory: Path) -> dict[str, str]:
@@ -48,8 +38,8 @@ def eval_line(stderr: str, step: int) -> re.Match:
 def test_eval_prints_the_top1_the_run_printed_and_changes_nothing(digits_run):
     workdir, log = digits_run
     before = digests(workdir)
-    newest = run_main(workdir, "--mode=eval")
-    earlier = run_main(workdir, "--mode=eval", "--step=15")
+    newest = run_on(workdir, "--mode=eval")
+    earlier = run_on(workdir, "--mode=eval", "--step=15")
     assert newest.returncode == 0 and earlier.returncode == 0, newest.stderr + earlier.stderr
     # The run's own evaluations of the same states, printed to 4 decimals as the eval line is.
     final = re.search(r"final eval at step 30: top-1 ([\d.]+), top-5 ([\d.]+) over 360", log)
@@ -63,7 +53,7 @@ def test_eval_prints_the_top1_the_run_printed_and_changes_nothing(digits_run):
 
 def test_eval_of_a_missing_step_lists_the_steps_there(digits_run):
     workdir, _ = digits_run
-    result = run_main(workdir, "--mode=eval", "--step=7")
+    result = run_on(workdir, "--mode=eval", "--step=7")
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) <= 2, result.stderr[-3000:]
     assert lines[-1] == (
@@ -80,7 +70,7 @@ def test_eval_of_an_unreadable_checkpoint_is_one_line_and_moves_nothing(digits_r
         if path.is_file() and path.parent.name == "d":
             os.truncate(path, path.stat().st_size // 2)
     before = digests(workdir)
-    result = run_main(workdir, "--mode=eval")
+    result = run_on(workdir, "--mode=eval")
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) <= 2, result.stderr[-3000:]
     assert re.match(
@@ -92,7 +82,7 @@ def test_eval_of_an_unreadable_checkpoint_is_one_line_and_moves_nothing(digits_r
 
 
 def test_eval_and_export_flags_are_refused_where_they_do_nothing(tmp_path):
-    result = run_main(tmp_path, "--export_path=/tmp/model.msgpack", "--mode=eval")
+    result = run_on(tmp_path, "--export_path=/tmp/model.msgpack", "--mode=eval")
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and lines == [
         "ValueError: --export_path does nothing with --mode=eval; it is for --mode=export."

@@ -13,41 +13,41 @@ import orbax.checkpoint as ocp
 import pytest
 
 from jia_jax import export, input_pipeline
-from tests.conftest import DIGITS_RUN_FLAGS
+from tests.conftest import DIGITS_RUN_FLAGS, run_main
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "workflows.md"
 DOC_PATH = "/tmp/jia_jax/digits.msgpack"  # the file the doc's snippet loads
 
 
-def doc_snippet(marker: str) -> str:
-    """The ```python block of docs/workflows.md under the sketch comment naming `marker`."""
-    text = DOC.read_text()
+def run_doc_snippet(marker: str, replacements: dict[str, str]) -> subprocess.CompletedProcess:
+    """Runs the ```python block of docs/workflows.md under the sketch comment naming `marker`,
+    each key of `replacements` (the doc's paths) replaced by its value, in a fresh process with
+    one CPU device: nothing of a run but the files the snippet names."""
     pattern = rf"<!-- doc-test: sketch: [^>]*{marker}[^>]*-->\n```python\n(.*?)```"
-    match = re.search(pattern, text, re.DOTALL)
+    match = re.search(pattern, DOC.read_text(), re.DOTALL)
     assert match, f"no snippet marked for {marker} in {DOC}"
-    return match.group(1)
+    snippet = match.group(1)
+    for doc_text, real in replacements.items():
+        assert doc_text in snippet, doc_text
+        snippet = snippet.replace(doc_text, real)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return subprocess.run(
+        [sys.executable, "-c", snippet],
+        cwd=REPO,
+        env={**env, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
 def exported(digits_run, tmp_path_factory) -> Path:
     workdir, _ = digits_run
     path = tmp_path_factory.mktemp("export") / "digits.msgpack"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jia_jax.main",
-            *DIGITS_RUN_FLAGS,
-            f"--workdir={workdir}",
-            "--mode=export",
-            f"--export_path={path}",
-        ],
-        cwd=REPO,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = run_main(
+        *DIGITS_RUN_FLAGS, f"--workdir={workdir}", "--mode=export", f"--export_path={path}"
     )
     assert result.returncode == 0, result.stderr[-3000:]
     line = rf"exported the checkpoint of step 30 to {path} \([\d,]+ bytes\)$"
@@ -60,18 +60,7 @@ def test_the_docs_snippet_classifies_the_test_set_at_the_runs_accuracy_on_cpu(
 ):
     _, log = digits_run
     final = float(re.search(r"final eval at step 30: top-1 ([\d.]+)", log).group(1))
-    snippet = doc_snippet("tests/test_export.py")
-    assert DOC_PATH in snippet
-    # A fresh process with one CPU device: nothing of the run but the file.
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    result = subprocess.run(
-        [sys.executable, "-c", snippet.replace(DOC_PATH, str(exported))],
-        cwd=REPO,
-        env={**env, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = run_doc_snippet("tests/test_export.py", {DOC_PATH: str(exported)})
     assert result.returncode == 0, result.stderr[-3000:]
     top1 = float(re.fullmatch(r"top-1 ([\d.]+) over 360 test digits\n", result.stdout).group(1))
     # The run evaluated on 8 devices, the file on one: the same float32 maths in another order,

@@ -1,10 +1,7 @@
 """A folder of class sub-folders of JPEGs as a dataset: listed, split by process, read by the
 same pipeline as a tfds dataset, and trained on by the trainer."""
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +9,7 @@ import PIL.Image
 import pytest
 
 from jia_jax import export, image_folder, tfds_input
-from tests import test_export
-
-REPO = Path(__file__).resolve().parents[1]
+from tests import conftest, test_export
 CLASSES = ("cat", "dog", "fish")  # written in another order than sorted, below
 TRAIN_PER_CLASS, EVAL_PER_CLASS = 6, 3
 # Class c's images are filled with green level GREEN[c]: a decoded image names its label.
@@ -110,19 +105,10 @@ def test_the_trainer_trains_two_steps_evaluates_and_exports_a_photo_classifier(f
 
     # The docs' snippet, on two of the folder's images.
     photos = [folder / "validation" / name / "0.JPG" for name in ("dog", "fish")]
-    snippet = test_export.doc_snippet("tests/test_image_folder.py")
     doc_path, doc_photos = "/tmp/jia_jax/photos/export/step_1000.msgpack", '["cat.jpg", "dog.jpg"]'
-    assert doc_path in snippet and doc_photos in snippet
-    snippet = snippet.replace(doc_path, str(exported)).replace(
-        doc_photos, repr([str(p) for p in photos])
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", snippet],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = test_export.run_doc_snippet(
+        "tests/test_image_folder.py",
+        {doc_path: str(exported), doc_photos: repr([str(p) for p in photos])},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
@@ -151,13 +137,6 @@ def test_the_trainer_trains_two_steps_evaluates_and_exports_a_photo_classifier(f
 
 def run_main(*flags: str) -> str:
     """`python -m jia_jax.main FLAGS` on 8 CPU devices (conftest's XLA_FLAGS); its log."""
-    result = subprocess.run(
-        [sys.executable, "-m", "jia_jax.main", *flags],
-        cwd=REPO,
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = conftest.run_main(*flags)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stderr

@@ -14,20 +14,9 @@ import pytest
 
 from configs import digits, resnet50_64k
 from jia_jax import loop
+from tests.conftest import run_main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def run_main(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")  # XLA_FLAGS from conftest: 8 devices
-    return subprocess.run(
-        [sys.executable, "-m", "jia_jax.main", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_resnet50_64k_config_runs_on_cpu_with_small_overrides(tmp_path):

@@ -49,21 +49,24 @@ def check_schedule_fields(config: ml_collections.ConfigDict) -> None:
         raise ValueError(f"profile.steps={config.profile.steps} must be at least 1.")
 
 
-def make_checkpoint_dir(workdir: str) -> str:
-    """Creates ``<workdir>/checkpoints`` and returns its absolute path.
+def open_checkpointer(workdir: str, config: ml_collections.ConfigDict) -> checkpoint.Checkpointer:
+    """The run's `Checkpointer`, in ``<workdir>/checkpoints`` (created if missing).
 
     Raises:
-      OSError: naming --workdir and the system's reason, if it cannot be created.
+      OSError: naming --workdir and the system's reason, if the directory cannot be created.
     """
     directory = os.path.join(os.path.abspath(workdir), "checkpoints")
     try:
-        os.makedirs(directory, exist_ok=True)
+        return checkpoint.Checkpointer(
+            directory,
+            max_to_keep=config.checkpoint_keep,
+            save_every_steps=config.checkpoint_every_steps,
+        )
     except OSError as error:
         raise OSError(
             f"--workdir={workdir}: cannot create {directory} ({error.strerror or error}); give a "
             "directory you can write to (it is created if missing)."
         ) from error
-    return directory
 
 
 def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
@@ -230,11 +233,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     train_step = train.make_train_step(trainer.model, trainer.tx, trainer.schedule, config, mesh)
     eval_step = train.make_eval_step(trainer.model, config, mesh) if data.eval else None
 
-    ckpt = checkpoint.Checkpointer(
-        make_checkpoint_dir(workdir),
-        max_to_keep=config.checkpoint_keep,
-        save_every_steps=config.checkpoint_every_steps,
-    )
+    ckpt = open_checkpointer(workdir, config)
     writer = metrics_lib.MetricsWriter(workdir)
     preemption = checkpoint.PreemptionHandler()
     # If another process dies, `peers` ends this one with a line naming the newest checkpoint.

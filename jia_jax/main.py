@@ -122,14 +122,12 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def check_mode_flags(mode: str, step: int | None, export_path: str | None) -> None:
-    """Raises `ValueError` for a flag that `mode` would ignore."""
-    given = {"--step": step is not None, "--export_path": export_path is not None}
-    allowed = {"train": (), "eval": ("--step",), "export": ("--step", "--export_path")}[mode]
-    ignored = [name for name, set_ in given.items() if set_ and name not in allowed]
-    if ignored:
+    """Raises `ValueError` for --step or --export_path given where `mode` ignores it."""
+    if step is not None and mode == "train":
+        raise ValueError("--step does nothing with --mode=train; it is for --mode=eval or export.")
+    if export_path is not None and mode != "export":
         raise ValueError(
-            f"{ignored[0]} does nothing with --mode={mode}; it is for "
-            f"{'--mode=eval or export' if ignored[0] == '--step' else '--mode=export'}."
+            f"--export_path does nothing with --mode={mode}; it is for --mode=export."
         )
 
 

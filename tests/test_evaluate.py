@@ -81,9 +81,18 @@ def test_eval_of_an_unreadable_checkpoint_is_one_line_and_moves_nothing(digits_r
     assert digests(workdir) == before
 
 
-def test_eval_and_export_flags_are_refused_where_they_do_nothing(tmp_path):
-    result = run_on(tmp_path, "--export_path=/tmp/model.msgpack", "--mode=eval")
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ("--export_path=/tmp/model.msgpack", "--mode=eval"),
+            "--export_path does nothing with --mode=eval; it is for --mode=export.",
+        ),
+        (("--step=3",), "--step does nothing with --mode=train; it is for --mode=eval or export."),
+    ],
+)
+def test_eval_and_export_flags_are_refused_where_they_do_nothing(tmp_path, args, message):
+    result = run_on(tmp_path, *args)
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 1 and lines == [
-        "ValueError: --export_path does nothing with --mode=eval; it is for --mode=export."
-    ], result.stderr[-3000:]
+    assert result.returncode == 1 and lines == [f"ValueError: {message}"], result.stderr[-3000:]
+    assert not (tmp_path / "checkpoints").exists()

@@ -1,4 +1,4 @@
-"""Checkpoints of the training state and preemption handling.
+"""Checkpoints of the training state, and preemption handling.
 
 A checkpoint holds two items: ``state``, any pytree of (sharded or replicated) `jax.Array`s
 (params, optimizer state, batch stats, loss scale, RNG key data, step), and ``meta``, a JSON dict
@@ -20,6 +20,9 @@ Typical use in the training loop::
         ckpt.save(step, state, meta, force=True)
         break
   ckpt.close()  # waits for the last save
+
+`read_checkpoint` restores one checkpoint (the newest or a given step) and changes nothing in the
+directory: what evaluation and export read (jia_jax/evaluate.py, jia_jax/export.py).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from absl import logging
 from etils import epath
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jia_jax import console
+
 PyTree = Any
 
 _STATE = "state"
@@ -46,10 +51,15 @@ _META = "meta"
 # Sub-directory that receives checkpoints found unreadable, so they are kept for inspection but
 # no longer shadow the step numbers the resumed run will save again.
 _CORRUPT_DIR = "corrupt"
+# Written into a checkpoint moved to `_CORRUPT_DIR` by each process that failed to read it: the
+# whole error, which the console line leaves out (TensorStore's spans hundreds of characters).
+_WHY_FILE = "unreadable_process_{}.txt"
 # How many differences a mismatch error lists before summarising the rest.
 _MAX_LISTED_DIFFERENCES = 10
 # Tensorstore errors embed their whole spec; the start says what failed, the end the OS's reason.
 _MAX_ERROR_CHARS = 400
+# A read error in a one-line message about a checkpoint left where it is.
+_MAX_REASON_CHARS = 160
 
 
 class CheckpointMismatchError(ValueError):
@@ -57,7 +67,7 @@ class CheckpointMismatchError(ValueError):
 
 
 class NoReadableCheckpointError(RuntimeError):
-    """Every checkpoint in the directory failed to load."""
+    """Every checkpoint in the directory failed to load (or the one asked for did)."""
 
 
 class CheckpointWriteError(RuntimeError):
@@ -68,8 +78,31 @@ class _UnreadableCheckpointError(RuntimeError):
     """A checkpoint's metadata could not be read."""
 
 
+def _manager(
+    directory: epath.Path, *, max_to_keep: int = 1, save_every_steps: int = 1, read_only: bool
+) -> ocp.CheckpointManager:
+    """An orbax manager of the two items; a `read_only` one creates, cleans and deletes nothing."""
+    return ocp.CheckpointManager(
+        directory,
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            save_interval_steps=save_every_steps,
+            enable_async_checkpointing=not read_only,
+            # Left-over temporary directories are saves that never committed; a reader leaves
+            # them alone (they may be the save a running trainer is writing).
+            cleanup_tmp_directories=not read_only,
+            create=not read_only,
+            read_only=read_only,
+        ),
+        item_handlers={
+            _STATE: ocp.StandardCheckpointHandler(),
+            _META: ocp.JsonCheckpointHandler(),
+        },
+    )
+
+
 class Checkpointer:
-    """Saves and restores the training state with an orbax `CheckpointManager`.
+    """Saves the training state and resumes from it, with an orbax `CheckpointManager`.
 
     All methods must be called by every process (orbax synchronises them); the directory must
     be shared by all processes.
@@ -93,22 +126,13 @@ class Checkpointer:
                 raise ValueError(f"{field}={value} must be >= 1.")
         self._directory = epath.Path(directory).absolute()
         self._save_every_steps = save_every_steps
-        self._manager = ocp.CheckpointManager(
+        self._manager = _manager(
             self._directory,
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep,
-                save_interval_steps=save_every_steps,
-                enable_async_checkpointing=True,
-                # Left-over temporary directories are saves that never committed.
-                cleanup_tmp_directories=True,
-            ),
-            item_handlers={
-                _STATE: ocp.StandardCheckpointHandler(),
-                _META: ocp.JsonCheckpointHandler(),
-            },
+            max_to_keep=max_to_keep,
+            save_every_steps=save_every_steps,
+            read_only=False,
         )
-        # The step of the save still being written, named if writing it fails.
-        self._writing: int | None = None
+        self._writing = _SaveInFlight(self._manager)
 
     @property
     def directory(self) -> epath.Path:
@@ -157,17 +181,18 @@ class Checkpointer:
         args = ocp.args.Composite(
             **{_STATE: ocp.args.StandardSave(state), _META: ocp.args.JsonSave(dict(meta))}
         )
-        self._writing = step
-        with self._naming_write_errors():
+        self._writing.step = step
+        with self._writing.naming_errors():
             started = self._manager.save(step, args=args, force=force)
-        self._writing = step if started else None
+        self._writing.step = step if started else None
         return started
 
     def restore_latest(self, abstract_state: PyTree) -> tuple[int, PyTree, dict] | None:
         """Restores the newest readable checkpoint onto the shardings of `abstract_state`.
 
-        An unreadable checkpoint (truncated or missing files) is logged as a warning, moved to
-        ``<directory>/corrupt/`` (never deleted) and the previous one is tried.
+        An unreadable checkpoint (truncated or missing files) is moved to ``<directory>/corrupt/``
+        (never deleted; the error is written into it), one warning line says so, and the previous
+        one is tried.
 
         Args:
           abstract_state: Pytree of `jax.ShapeDtypeStruct` with shardings, e.g. from
@@ -181,28 +206,7 @@ class Checkpointer:
             structure, shape or dtype (another model or optimizer config).
           NoReadableCheckpointError: There were checkpoints, and none could be read.
         """
-        _check_has_shardings(abstract_state)
-        moved = []  # one "step N (why) -> where" per unreadable checkpoint, newest first
-        for step in sorted(self._manager.all_steps(), reverse=True):
-            restored, reason = _try_restore(self._manager, step, abstract_state)
-            # Every process must resume from the same step, even if only one failed to read.
-            if not any_process(reason is not None):
-                if moved:
-                    logging.warning(
-                        "Unreadable checkpoint %s; resuming from the checkpoint of step %d.",
-                        "; ".join(moved),
-                        step,
-                    )
-                return step, restored[_STATE], dict(restored[_META])
-            reason = reason or "it failed to load on another process"
-            moved.append(f"of step {step} ({reason}) moved to {_quarantine(self._manager, step)}")
-        if moved:
-            # Starting over silently would throw a run away, e.g. on a bug in our restore path.
-            raise NoReadableCheckpointError(
-                f"No checkpoint in {self._directory} could be read: {'; '.join(moved)}. Rerun "
-                "to start from step 0 in this workdir, or use a new --workdir."
-            )
-        return None
+        return _restore_newest(self._manager, abstract_state)
 
     def wait(self) -> None:
         """Blocks until the pending save is committed.
@@ -210,15 +214,15 @@ class Checkpointer:
         Raises:
           CheckpointWriteError: The pending save could not be written.
         """
-        with self._naming_write_errors():
+        with self._writing.naming_errors():
             self._manager.wait_until_finished()
-        self._writing = None
+        self._writing.step = None
 
     def close(self) -> None:
         """Waits for the pending save and releases orbax's resources."""
-        with self._naming_write_errors():
+        with self._writing.naming_errors():
             self._manager.close()
-        self._writing = None
+        self._writing.step = None
 
     def __enter__(self) -> Self:
         return self
@@ -235,44 +239,142 @@ class Checkpointer:
                 "While stopping on an error, closing the checkpointer failed: %s", error
             )
 
+
+
+class _SaveInFlight:
+    """The step of the save being written (`step`, None when none is), named in a
+    `CheckpointWriteError` if writing it fails: orbax reports a failed asynchronous save at the
+    next call that waits for it."""
+
+    def __init__(self, manager: ocp.CheckpointManager) -> None:
+        self._manager = manager
+        self.step: int | None = None
+
     @contextlib.contextmanager
-    def _naming_write_errors(self) -> Iterator[None]:
-        """Turns a failure to write the save of `self._writing` into a `CheckpointWriteError`."""
+    def naming_errors(self) -> Iterator[None]:
+        """Turns a failure inside into a `CheckpointWriteError` naming `step` (if one is set)."""
         try:
             yield
         except Exception as error:
-            step, self._writing = self._writing, None
+            step, self.step = self.step, None
             if step is None:
                 raise
             # Orbax commits by renaming a finished save, and deletes old ones only after that.
             # Its step list already counts the failed save in and the oldest out: read the disk.
             self._manager.reload()
-            kept = self.all_steps()
-            resume = f"step {kept[-1]}" if kept else "step 0 (no checkpoint was committed)"
-            raise CheckpointWriteError(
-                f"Could not write the checkpoint of step {step} to {self._directory}: "
-                f"{_error_summary(error)}\nThe committed checkpoints {kept} are intact. If the "
-                "disk is full or the directory not writable, free space (or fix the permissions) "
-                f"and rerun with the same --workdir to resume from {resume}."
-            ) from error
+            kept = sorted(self._manager.all_steps())
+            raise _write_error(epath.Path(self._manager.directory), step, error, kept) from error
 
 
-def _error_summary(error: BaseException) -> str:
-    # One line: TensorStore errors carry a multi-line spec of the array.
-    text = " ".join(str(error).split())
-    if len(text) > _MAX_ERROR_CHARS:
-        half = _MAX_ERROR_CHARS // 2
+def _write_error(
+    directory: epath.Path, step: int, error: BaseException, kept: Sequence[int]
+) -> CheckpointWriteError:
+    """What a failed save of `step` tells the user: why, what is intact, how to resume."""
+    resume = f"step {kept[-1]}" if kept else "step 0 (no checkpoint was committed)"
+    return CheckpointWriteError(
+        f"Could not write the checkpoint of step {step} to {directory}: "
+        f"{_summary(_error_text(error), _MAX_ERROR_CHARS)}\nThe committed checkpoints {list(kept)} "
+        "are intact. If the disk is full or the directory not writable, free space (or fix the "
+        f"permissions) and rerun with the same --workdir to resume from {resume}."
+    )
+
+
+def read_checkpoint(
+    directory: epath.PathLike, abstract_state: PyTree, step: int | None = None
+) -> tuple[int, PyTree, dict]:
+    """The checkpoint of `step` (None: the newest) restored onto `abstract_state`'s shardings.
+
+    Changes nothing in `directory`: an unreadable checkpoint stays where it is and a save in
+    progress is left alone, so a run may be evaluated while it trains. Every process must call
+    it.
+
+    Raises:
+      FileNotFoundError: `directory` holds no checkpoint, or none of `step`.
+      CheckpointMismatchError: The checkpoint holds another state (another model or optimizer).
+      NoReadableCheckpointError: The checkpoint cannot be read.
+    """
+    _check_has_shardings(abstract_state)
+    directory = epath.Path(directory).absolute()
+    steps = sorted(int(p.name) for p in directory.glob("*") if p.name.isdigit())
+    if not steps:
+        raise FileNotFoundError(
+            f"No checkpoint in {directory}: --workdir must be the workdir of a training run "
+            "that has saved one."
+        )
+    if step is None:
+        step = steps[-1]
+    elif step not in steps:
+        raise FileNotFoundError(
+            f"--step={step}: {directory} holds no checkpoint of that step; it holds steps {steps}."
+        )
+    with console.without_logs_from(ocp):  # a read-only manager warns that it is read-only
+        manager = _manager(directory, read_only=True)
+    try:
+        restored, reason = _try_restore(manager, step, abstract_state)
+        failed = any_process(reason is not None)
+    finally:
+        manager.close()
+    if failed:
+        why = _summary(reason or "it failed to load on another process", _MAX_REASON_CHARS)
+        others = [s for s in steps if s != step]
+        raise NoReadableCheckpointError(
+            f"The checkpoint of step {step} in {directory} cannot be read ({why}); "
+            + (f"--step= one of {others} reads another." if others else "it is the only one.")
+        )
+    return step, restored[_STATE], dict(restored[_META])
+
+
+def _error_text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _summary(text: str, limit: int) -> str:
+    """`text` on one line (TensorStore errors carry a multi-line spec of the array), its start
+    and end kept if it is longer than `limit`."""
+    text = " ".join(text.split())
+    if len(text) > limit:
+        half = limit // 2
         text = f"{text[:half]} ... {text[-half:]}"
-    return f"{type(error).__name__}: {text}"
+    return text
 
 
 # Restore with fallback: each step is read on its own; one that fails is set aside.
 
 
+def _restore_newest(
+    manager: ocp.CheckpointManager, abstract_state: PyTree
+) -> tuple[int, PyTree, dict] | None:
+    """`Checkpointer.restore_latest`: the newest readable checkpoint, unreadable ones set aside."""
+    _check_has_shardings(abstract_state)
+    moved = []  # (step, where it went) per unreadable checkpoint, newest first
+    for step in sorted(manager.all_steps(), reverse=True):
+        restored, reason = _try_restore(manager, step, abstract_state)
+        # Every process must resume from the same step, even if only one failed to read.
+        if not any_process(reason is not None):
+            if moved:
+                logging.warning(
+                    "%s; resuming from the checkpoint of step %d.", _moved_aside(moved), step
+                )
+            return step, restored[_STATE], dict(restored[_META])
+        moved.append((step, _quarantine(manager, step, reason)))
+    if moved:
+        # Starting over silently would throw a run away, e.g. on a bug in our restore path.
+        raise NoReadableCheckpointError(
+            f"No checkpoint in {manager.directory} could be read. {_moved_aside(moved)}. Rerun "
+            "to start from step 0 in this --workdir, or use a new --workdir."
+        )
+    return None
+
+
+def _moved_aside(moved: Sequence[tuple[int, epath.Path]]) -> str:
+    where = ", ".join(f"step {step} to {path}" for step, path in moved)
+    return f"Moved the unreadable checkpoint of {where} (why: {_WHY_FILE.format('*')} in it)"
+
+
 def _try_restore(
     manager: ocp.CheckpointManager, step: int, abstract_state: PyTree
 ) -> tuple[Mapping[str, Any] | None, str | None]:
-    """``(restored, None)``, or ``(None, why)`` if the checkpoint of `step` cannot be read.
+    """``(restored, None)``, or ``(None, the error)`` if the checkpoint of `step` cannot be read.
 
     Raises:
       CheckpointMismatchError: It is readable but holds another state (not a damaged file).
@@ -280,17 +382,23 @@ def _try_restore(
     # Before the read: a failed read's aftermath can reach the console before `except` runs.
     _drop_closed_loop_callbacks()
     try:
-        _check_layout(manager, step, abstract_state)
-        restored = manager.restore(
-            step,
-            args=ocp.args.Composite(
-                **{_STATE: ocp.args.StandardRestore(abstract_state), _META: ocp.args.JsonRestore()}
-            ),
-        )
+        # On a damaged checkpoint orbax logs its internals ("Metadata file does not exist",
+        # "provide a `CheckpointHandlerRegistry`"): the caller's one line says what happened.
+        with console.without_logs_from(ocp):
+            _check_layout(manager, step, abstract_state)
+            restored = manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    **{
+                        _STATE: ocp.args.StandardRestore(abstract_state),
+                        _META: ocp.args.JsonRestore(),
+                    }
+                ),
+            )
     except CheckpointMismatchError:
         raise
     except Exception as error:  # noqa: BLE001 (any read failure makes it "unreadable")
-        return None, _error_summary(error)
+        return None, _error_text(error)
     return restored, None
 
 
@@ -325,9 +433,10 @@ def _frames(tb: types.TracebackType | None) -> Iterator[types.FrameType]:
         tb = tb.tb_next
 
 
-def _quarantine(manager: ocp.CheckpointManager, step: int) -> epath.Path:
+def _quarantine(manager: ocp.CheckpointManager, step: int, reason: str | None) -> epath.Path:
     """Moves the checkpoint of `step` to ``corrupt/`` (kept for inspection, out of the way of the
-    resumed run's own save of that step) and returns where. A collective over processes."""
+    resumed run's own save of that step), writes `reason` into it (if this process has one) and
+    returns where. A collective over processes."""
     directory = epath.Path(manager.directory)
     corrupt_dir = directory / _CORRUPT_DIR
     destination = corrupt_dir / str(step)
@@ -335,10 +444,14 @@ def _quarantine(manager: ocp.CheckpointManager, step: int) -> epath.Path:
     while destination.exists():
         destination = corrupt_dir / f"{step}_{copy}"
         copy += 1
+    # Every process has chosen the same destination before it exists.
+    ocp.multihost.sync_global_processes(f"jia_jax_checkpoint_quarantine_chosen_{step}")
     if jax.process_index() == 0:
         corrupt_dir.mkdir(parents=True, exist_ok=True)
         (directory / str(step)).rename(destination)
     ocp.multihost.sync_global_processes(f"jia_jax_checkpoint_quarantine_{step}")
+    if reason is not None:
+        (destination / _WHY_FILE.format(jax.process_index())).write_text(reason + "\n")
     manager.reload()
     return destination
 

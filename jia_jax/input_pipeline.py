@@ -4,6 +4,8 @@ Datasets:
   * `synthetic`: ImageNet-shaped random data made on the devices (throughput runs, no input cost).
   * `digits`: scikit-learn's bundled 8x8 handwritten digits, a real dataset that needs no
     download, upsampled to `data.image_size`; fixed train/test split. The embedded default.
+  * `image_folder`: a folder of <split>/<class>/<image> files in `data.data_dir`
+    (`jia_jax.image_folder`), read like a tfds dataset.
   * anything else: a tfds image-classification dataset prepared in `data.data_dir`
     (`jia_jax.tfds_input`).
 
@@ -49,6 +51,7 @@ class DatasetInfo:
     num_train: int
     num_eval: int
     channels: int
+    class_names: tuple[str, ...]  # label i's name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +92,11 @@ def create_input(
 
     if data.name == "synthetic":
         info = DatasetInfo(
-            num_classes=data.num_classes, num_train=1_281_167, num_eval=0, channels=3
+            num_classes=data.num_classes,
+            num_train=1_281_167,
+            num_eval=0,
+            channels=3,
+            class_names=tuple(str(i) for i in range(data.num_classes)),
         )
         shape = (global_batch, data.image_size, data.image_size, 3)
 
@@ -101,10 +108,15 @@ def create_input(
         return Input(info, synthetic_train, None)
 
     if data.name == "digits":
-        images, labels = _load_digits(data.image_size)
-        train_x, train_y = images[DIGITS_TEST_SIZE:], labels[DIGITS_TEST_SIZE:]
-        test_x, test_y = images[:DIGITS_TEST_SIZE], labels[:DIGITS_TEST_SIZE]
-        info = DatasetInfo(num_classes=10, num_train=len(train_y), num_eval=len(test_y), channels=1)
+        train_x, train_y = digits_split("train", data.image_size)
+        test_x, test_y = digits_split("test", data.image_size)
+        info = DatasetInfo(
+            num_classes=10,
+            num_train=len(train_y),
+            num_eval=len(test_y),
+            channels=1,
+            class_names=tuple(str(i) for i in range(10)),
+        )
         if global_batch > info.num_train:
             raise ValueError(
                 f"global_batch_size={global_batch} exceeds the digits train set "
@@ -163,10 +175,14 @@ def _tfds_input(
     """The streams of a prepared tfds dataset, decoded where `data.decode` says."""
     from jia_jax import tfds_input  # imported lazily: pulls in grain and tfds
 
-    num_classes, num_train, num_eval = tfds_input.dataset_info(
-        data.name, data.data_dir, data.train_split, data.eval_split
+    sizes = tfds_input.dataset_info(data.name, data.data_dir, data.train_split, data.eval_split)
+    info = DatasetInfo(
+        num_classes=sizes.num_classes,
+        num_train=sizes.num_train,
+        num_eval=sizes.num_eval,
+        channels=3,
+        class_names=sizes.class_names,
     )
-    info = DatasetInfo(num_classes=num_classes, num_train=num_train, num_eval=num_eval, channels=3)
     if resolve_decode(data.decode) == "gpu":
         from jia_jax import gpu_input  # imported lazily: it builds decoders on the devices
 
@@ -247,6 +263,16 @@ def _synthetic_batch(
         }
 
     return make(jax.random.key(seed))
+
+
+def digits_split(split: str, image_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The digits `split` ("train" or "test") as the trainer sees it: images [N, S, S, 1]
+    float32, normalised, and int32 labels."""
+    if split not in ("train", "test"):
+        raise ValueError(f"digits has the splits 'train' and 'test', not {split!r}.")
+    images, labels = _load_digits(image_size)
+    rows = slice(DIGITS_TEST_SIZE, None) if split == "train" else slice(DIGITS_TEST_SIZE)
+    return images[rows], labels[rows]
 
 
 def _load_digits(image_size: int) -> tuple[np.ndarray, np.ndarray]:

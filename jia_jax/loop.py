@@ -50,6 +50,26 @@ def check_schedule_fields(config: ml_collections.ConfigDict) -> None:
         raise ValueError(f"profile.steps={config.profile.steps} must be at least 1.")
 
 
+def open_checkpointer(workdir: str, config: ml_collections.ConfigDict) -> checkpoint.Checkpointer:
+    """The run's `Checkpointer`, in ``<workdir>/checkpoints`` (created if missing).
+
+    Raises:
+      OSError: naming --workdir and the system's reason, if the directory cannot be created.
+    """
+    directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    try:
+        return checkpoint.Checkpointer(
+            directory,
+            max_to_keep=config.checkpoint_keep,
+            save_every_steps=config.checkpoint_every_steps,
+        )
+    except OSError as error:
+        raise OSError(
+            f"--workdir={workdir}: cannot create {directory} ({error.strerror or error}); give a "
+            "directory you can write to (it is created if missing)."
+        ) from error
+
+
 def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
     """`total_steps`, or `num_epochs` worth of steps when it is -1."""
     if config.total_steps > 0:
@@ -178,11 +198,11 @@ def _resume_or_start(
     return step, state
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-    """Trains `config` in `workdir`, resuming from its latest checkpoint if there is one.
+def connect(config: ml_collections.ConfigDict) -> tuple[liveness.PeerWatch, jax.sharding.Mesh]:
+    """Joins the other processes of the job (if any) and builds the mesh of `config`.
 
     Returns:
-      The last logged train metrics and the final evaluation (if the dataset has an eval split).
+      The watch over the other processes (`mesh.initialize_distributed`) and the mesh.
     """
     peers = mesh_lib.initialize_distributed(config.distributed)
     mesh = mesh_lib.create_mesh(config.mesh.node, config.mesh.gpu)
@@ -193,7 +213,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         jax.devices()[0].device_kind,
         jax.process_count(),
     )
+    return peers, mesh
 
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+    """Trains `config` in `workdir`, resuming from its latest checkpoint if there is one.
+
+    Returns:
+      The last logged train metrics and the final evaluation (if the dataset has an eval split).
+    """
+    peers, mesh = connect(config)
     check_schedule_fields(config)
     trainer = build_trainer(config, mesh)
     data, steps = trainer.data, trainer.steps
@@ -205,11 +234,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     train_step = train.make_train_step(trainer.model, trainer.tx, trainer.schedule, config, mesh)
     eval_step = train.make_eval_step(trainer.model, config, mesh) if data.eval else None
 
-    ckpt = checkpoint.Checkpointer(
-        os.path.join(os.path.abspath(workdir), "checkpoints"),
-        max_to_keep=config.checkpoint_keep,
-        save_every_steps=config.checkpoint_every_steps,
-    )
+    ckpt = open_checkpointer(workdir, config)
     writer = metrics_lib.MetricsWriter(workdir)
     preemption = checkpoint.PreemptionHandler()
     # If another process dies, `peers` ends this one with a line naming the newest checkpoint.
@@ -232,6 +257,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 "num_devices": mesh.devices.size,
             }
             ckpt.save(step, state, meta, force=force)
+            progress.restart(step)  # a save (and its wait for the previous one) is not training
 
         progress = metrics_lib.ProgressMeter(
             total_steps=steps, start_step=start_step, global_batch_size=config.global_batch_size
@@ -251,11 +277,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             step, values = fetched
             values = {k: v for k, v in values.items() if k != train.STOP_KEY}
             overflow.update(step, values)
+            if step == start_step + 1:
+                # The first step compiled (after the restore of a checkpoint, if resumed).
+                progress.restart(step)
             if step % config.log_every_steps and step != steps:
                 return
             throughput = progress.measure(step)
             results.update({f"train/{k}": v for k, v in values.items()})
-            results["train/images_per_sec"] = throughput.images_per_sec
+            if throughput is not None:
+                results["train/images_per_sec"] = throughput.images_per_sec
             writer.write_scalars(step, results)
             logging.info(metrics_lib.format_progress(step, steps, values, throughput))
 
@@ -287,6 +317,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 results.update(evaluate(eval_step, state, data))
                 writer.write_scalars(done, results)
                 logging.info("step %d: eval top-1 %.4f", done, results["eval/top1"])
+                progress.restart(done)
         tracing.stop(state)
         log(pending.flush())
         if eval_step is not None:

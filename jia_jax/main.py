@@ -1,11 +1,13 @@
 """Command line: `python -m jia_jax.main --config=configs/digits.py --workdir=/tmp/run`.
 
+Trains by default; `--mode=eval` evaluates a checkpoint of the workdir and `--mode=export`
+writes one to a single file (jia_jax/evaluate.py, jia_jax/export.py).
+
 Any config field can be overridden with `--config.a.b=value`. A mistake a user can fix (a bad
 flag or config value, a path, a dataset not prepared, a damaged checkpoint, a diverged run) ends
 the run with one line naming it and exit status 1; `--traceback` shows where it was raised.
 """
 
-import logging as std_logging
 import os
 import re
 import sys
@@ -17,6 +19,9 @@ from ml_collections import config_flags
 
 from jia_jax import bad_records
 from jia_jax import checkpoint
+from jia_jax import console
+from jia_jax import evaluate
+from jia_jax import export
 from jia_jax import loop
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -27,6 +32,22 @@ _WORKDIR = flags.DEFINE_string(
     None,
     "Directory for checkpoints and TensorBoard logs; a run given the "
     "same workdir resumes from its latest checkpoint.",
+)
+_MODE = flags.DEFINE_enum(
+    "mode",
+    "train",
+    ["train", "eval", "export"],
+    "train: train and evaluate, resuming from the workdir's newest checkpoint. eval: evaluate a "
+    "checkpoint of the workdir on the eval split. export: write a checkpoint's parameters to "
+    "one file (jia_jax/export.py).",
+)
+_STEP = flags.DEFINE_integer(
+    "step", None, "With --mode=eval or export: the checkpoint's step (default: the newest)."
+)
+_EXPORT_PATH = flags.DEFINE_string(
+    "export_path",
+    None,
+    "With --mode=export: the file to write (default: <workdir>/export/step_<step>.msgpack).",
 )
 _TRACEBACK = flags.DEFINE_bool(
     "traceback",
@@ -45,13 +66,8 @@ USER_ERRORS = (
     checkpoint.NoReadableCheckpointError,
     checkpoint.CheckpointWriteError,
 )
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def _hide_library_info(record: std_logging.LogRecord) -> bool:
-    # Libraries log at INFO what a user need not read (orbax every save step by step, JAX the
-    # TPU backend it did not find): keep the console to our progress and everyone's warnings.
-    return record.levelno >= std_logging.WARNING or record.pathname.startswith(_PACKAGE_DIR)
+# The checkout's root: it holds the shipped `configs` package beside `jia_jax`.
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _flag_error(error: BaseException, argv: list[str]) -> str:
@@ -70,8 +86,31 @@ def _flag_error(error: BaseException, argv: list[str]) -> str:
     return f"{named}: the config has no field {key!r}. {hint}"
 
 
+def make_configs_importable(argv: list[str]) -> None:
+    """Lets the `--config` file import the shipped configs and its own neighbours, from any
+    working directory.
+
+    A config file is loaded by path, so Python finds neither `configs` (the shipped ones, which
+    import each other as `from configs import default`, and which a user's config may start
+    from) nor the modules beside it. Appended to `sys.path`: the checkout root that holds
+    `configs/`, and the config file's folder (its parent if the folder is a package, so that
+    its modules are imported as the package's).
+    """
+    paths = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+    paths += [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"]
+    folders = [_REPO_ROOT] if os.path.isdir(os.path.join(_REPO_ROOT, "configs")) else []
+    for path in paths[-1:]:
+        folder = os.path.dirname(os.path.abspath(path.split(":", 1)[0]))
+        is_package = os.path.isfile(os.path.join(folder, "__init__.py"))
+        folders.append(os.path.dirname(folder) if is_package else folder)
+    for folder in folders:
+        if folder not in sys.path:
+            sys.path.append(folder)
+
+
 def parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing; a config override or file that cannot apply is one line too."""
+    make_configs_importable(argv)
     try:
         args = app.parse_flags_with_usage(argv)
         _CONFIG.value.get("seed")  # ml_collections defers a config file's load error to first use
@@ -80,6 +119,16 @@ def parse_flags(argv: list[str]) -> list[str]:
             raise
         sys.exit(f"FATAL Flags parsing error: {_flag_error(error, argv)}")
     return args
+
+
+def check_mode_flags(mode: str, step: int | None, export_path: str | None) -> None:
+    """Raises `ValueError` for --step or --export_path given where `mode` ignores it."""
+    if step is not None and mode == "train":
+        raise ValueError("--step does nothing with --mode=train; it is for --mode=eval or export.")
+    if export_path is not None and mode != "export":
+        raise ValueError(
+            f"--export_path does nothing with --mode={mode}; it is for --mode=export."
+        )
 
 
 def check_workdir(workdir: str) -> None:
@@ -96,10 +145,16 @@ def main(argv: list[str]) -> None:
             f"FATAL Flags parsing error: unexpected arguments {argv[1:]}; flags are written "
             "--name=value (no spaces around '=')."
         )
-    logging.get_absl_handler().addFilter(_hide_library_info)
+    logging.get_absl_handler().addFilter(console.hide_library_info)
     try:
+        check_mode_flags(_MODE.value, _STEP.value, _EXPORT_PATH.value)
         check_workdir(_WORKDIR.value)
-        loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+        if _MODE.value == "train":
+            loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+        elif _MODE.value == "eval":
+            evaluate.evaluate_checkpoint(_CONFIG.value, _WORKDIR.value, _STEP.value)
+        else:
+            export.export_checkpoint(_CONFIG.value, _WORKDIR.value, _EXPORT_PATH.value, _STEP.value)
     except USER_ERRORS as error:
         if _TRACEBACK.value:
             raise

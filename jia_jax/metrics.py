@@ -212,7 +212,11 @@ def format_duration(seconds: float) -> str:
 
 
 class ProgressMeter:
-    """Measures throughput and ETA between successive log steps.
+    """Measures training throughput and ETA between successive log steps.
+
+    Only training time counts: `restart` begins a new interval after what is not training (a
+    run's first step, which compiles and follows the restore of a checkpoint; an evaluation; a
+    checkpoint save), so that it neither lowers the rate nor lengthens the ETA.
 
     Args:
       total_steps: The step training ends at.
@@ -232,11 +236,17 @@ class ProgressMeter:
         self._total_steps = total_steps
         self._global_batch_size = global_batch_size
         self._clock = clock
-        self._last_step = start_step
-        self._last_time = clock()
+        self.restart(start_step)
 
-    def measure(self, step: int) -> Throughput:
-        """Throughput from the previous call (or the start) to `step`, and the ETA."""
+    def restart(self, step: int) -> None:
+        """Starts the next interval at `step` (just completed), now."""
+        self._last_step, self._last_time = step, self._clock()
+
+    def measure(self, step: int) -> Throughput | None:
+        """Throughput from the previous call (or restart) to `step`, and the ETA; None if no
+        step was completed since."""
+        if step <= self._last_step:
+            return None
         now = self._clock()
         elapsed = now - self._last_time
         steps_per_sec = (step - self._last_step) / elapsed if elapsed > 0 else 0.0
@@ -249,16 +259,17 @@ class ProgressMeter:
 
 
 def format_progress(
-    step: int, total_steps: int, metrics: Mapping[str, float], throughput: Throughput
+    step: int, total_steps: int, metrics: Mapping[str, float], throughput: Throughput | None
 ) -> str:
-    """One console line: step/total, each metric, images/s and ETA."""
+    """One console line: step/total, each metric, images/s and ETA (when measured)."""
     width = len(str(total_steps))
     fields = [f"step {step:>{width}d}/{total_steps}"]
     fields += [f"{name} {value:.4g}" for name, value in metrics.items()]
-    fields += [
-        f"{throughput.images_per_sec:.1f} img/s",
-        f"ETA {format_duration(throughput.eta_seconds)}",
-    ]
+    if throughput is not None:
+        fields += [
+            f"{throughput.images_per_sec:.1f} img/s",
+            f"ETA {format_duration(throughput.eta_seconds)}",
+        ]
     return " | ".join(fields)
 
 

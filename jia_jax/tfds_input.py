@@ -1,7 +1,8 @@
-"""Per-process host batches from a prepared tfds image-classification dataset.
+"""Per-process host batches from a prepared tfds image-classification dataset or image folder.
 
 Reads a dataset prepared with tfds in the ArrayRecord file format (`imagenet2012` or any dataset
-with an `image` and a `label` feature) through `grain`, which gives random access by index. That
+with an `image` and a `label` feature), or a folder of class sub-folders of images (name
+`image_folder`, jia_jax/image_folder.py), through `grain`, which gives random access by index. That
 makes the train stream a pure function of (seed, process, step): resuming at step k computes where
 step k starts instead of replaying k steps. JPEGs are decoded and resized with Pillow; TensorFlow
 is not needed at run time. Nothing here touches the network: an unprepared dataset raises
@@ -32,7 +33,7 @@ import numpy as np
 import PIL.Image
 import tensorflow_datasets as tfds
 
-from jia_jax import bad_records, crop_windows, normalize
+from jia_jax import bad_records, console, crop_windows, image_folder, normalize
 
 IMAGENET_MEAN, IMAGENET_STD = normalize.IMAGENET_MEAN, normalize.IMAGENET_STD
 T = TypeVar("T")
@@ -46,21 +47,23 @@ class DatasetSizes(NamedTuple):
     num_classes: int
     num_train: int
     num_eval: int
+    class_names: tuple[str, ...]
 
 
 def _prepare_hint(name: str, data_dir: str) -> str:
+    """One line: the commands that prepare `name` in `data_dir`, or convert a TFRecord copy."""
     manual = (
         " --manual_dir=DIR_WITH_ILSVRC2012_img_train.tar_AND_ILSVRC2012_img_val.tar"
         if name.startswith("imagenet2012")
         else ""
     )
+    base = name.split("/")[0].split(":")[0]
     return (
-        f"Prepare it once (this needs `pip install tensorflow-cpu`, training does not):\n"
-        f"  tfds build {name} --data_dir={data_dir}{manual} --file_format=array_record\n"
-        f"A copy already prepared as TFRecord converts in place with:\n"
-        f"  tfds convert_format --dataset_dir={data_dir}/{name.split('/')[0].split(':')[0]} "
-        f"--out_file_format=array_record\n"
-        f"See docs/input_pipeline.md."
+        f"Prepare it once with `tfds build {name} --data_dir={data_dir}{manual} "
+        "--file_format=array_record` (needs `pip install tensorflow-cpu`; training does not), "
+        f"convert a TFRecord copy with `tfds convert_format --dataset_dir={data_dir}/{base} "
+        "--out_file_format=array_record`, or point --config.data.data_dir at the prepared copy "
+        "(docs/input_pipeline.md)."
     )
 
 
@@ -70,23 +73,30 @@ def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
     Without `data_dir` it is tfds's default ($TFDS_DATA_DIR or ~/tensorflow_datasets), named so
     that the error and the commands it suggests name the directory looked in.
     """
-    data_dir = data_dir or tfds.core.constants.DATA_DIR
+    where = f"{data_dir!r} (--config.data.data_dir)"
+    if data_dir is None:
+        data_dir = tfds.core.constants.DATA_DIR
+        where = f"{data_dir!r} (tfds's default; set --config.data.data_dir to where it is)"
     try:
-        builder = tfds.builder(name, data_dir=data_dir, try_gcs=False)
+        # Of a dataset not prepared tfds first warns about the folder it did not find ("Variant
+        # folder ... has no dataset_info.json"); the error below says so and what to do.
+        with console.without_logs_from(tfds):
+            builder = tfds.builder(name, data_dir=data_dir, try_gcs=False)
+            prepared = builder.is_prepared()
     except tfds.core.DatasetNotFoundError as e:
         raise DatasetNotPreparedError(
-            f"Dataset {name!r} is neither a tfds dataset nor prepared in {data_dir!r}.\n"
-            + _prepare_hint(name, data_dir)
+            f"Dataset {name!r} (--config.data.name) is neither a tfds dataset nor prepared in "
+            f"{where}.\n{_prepare_hint(name, data_dir)}"
         ) from e
-    if not builder.is_prepared():
+    if not prepared:
         raise DatasetNotPreparedError(
-            f"Dataset {name!r} is not prepared in {data_dir!r} (no {builder.data_path}).\n"
+            f"Dataset {name!r} is not prepared in {where}: no {builder.data_path}.\n"
             + _prepare_hint(name, data_dir)
         )
     file_format = builder.info.file_format
     if file_format != tfds.core.FileFormat.ARRAY_RECORD:
         raise DatasetNotPreparedError(
-            f"Dataset {name!r} in {data_dir!r} is stored as {file_format.value}; this input "
+            f"Dataset {name!r} in {where} is stored as {file_format.value}; this input "
             "pipeline reads by index and needs ArrayRecord.\n" + _prepare_hint(name, data_dir)
         )
     features = dict(builder.info.features.items())
@@ -102,25 +112,38 @@ def _builder(name: str, data_dir: str | None) -> tfds.core.DatasetBuilder:
 def dataset_info(
     name: str, data_dir: str | None, train_split: str = "train", eval_split: str = "validation"
 ) -> DatasetSizes:
-    """Number of classes and split sizes of a prepared dataset.
+    """Classes and split sizes of a prepared dataset, or of an image folder.
 
     Args:
-      name: tfds name, e.g. "imagenet2012" (optionally "name/config:version").
-      data_dir: tfds data directory the dataset was prepared in (None: tfds's default).
-      train_split: train split, any tfds split string (e.g. "train[:99%]").
+      name: tfds name, e.g. "imagenet2012" (optionally "name/config:version"), or
+        "image_folder" (jia_jax/image_folder.py).
+      data_dir: tfds data directory the dataset was prepared in (None: tfds's default), or the
+        image folder.
+      train_split: train split, any tfds split string (e.g. "train[:99%]"), or a folder name.
       eval_split: eval split.
 
     Returns:
-      (num_classes, num_train, num_eval).
+      (num_classes, num_train, num_eval, class_names).
 
     Raises:
       DatasetNotPreparedError: the dataset is missing or not in ArrayRecord format.
+      FileNotFoundError: the image folder or one of its splits is missing.
     """
+    if name == image_folder.NAME:
+        folder = image_folder.open_folder(data_dir)
+        folder.check_splits(train_split=train_split, eval_split=eval_split)
+        return DatasetSizes(
+            num_classes=len(folder.class_names),
+            num_train=len(folder.records(train_split)),
+            num_eval=len(folder.records(eval_split)),
+            class_names=folder.class_names,
+        )
     info = _builder(name, data_dir).info
     return DatasetSizes(
         num_classes=info.features["label"].num_classes,
         num_train=info.splits[train_split].num_examples,
         num_eval=info.splits[eval_split].num_examples,
+        class_names=tuple(info.features["label"].names),
     )
 
 
@@ -128,7 +151,7 @@ class ProcessPart(NamedTuple):
     """This process's part of a split: the records (images left encoded) and where they are."""
 
     source: Sequence[dict[str, Any]]
-    locate: bad_records.RecordLocator
+    locate: Callable[[int], tuple[str, int]]
 
 
 def process_part(
@@ -148,6 +171,10 @@ def process_part(
     """
     if not 0 <= process_index < process_count:
         raise ValueError(f"process_index {process_index} not in [0, {process_count}).")
+    if name == image_folder.NAME:
+        records = image_folder.open_folder(data_dir).records(split)
+        part = records.part(process_index, process_count, drop_remainder=drop_remainder)
+        return ProcessPart(part, part.locate)
     builder = _builder(name, data_dir)
     sub_split = tfds.split_for_jax_process(
         split,
@@ -181,6 +208,14 @@ def _decode_rgb(encoded: bytes) -> PIL.Image.Image:
     image.load()  # decode now, so that bad bytes fail here and not inside the crop
     # Grey-scale and CMYK JPEGs exist in ImageNet; the model wants three channels.
     return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def eval_pixels(image: PIL.Image.Image, image_size: int) -> np.ndarray:
+    """The uint8 RGB pixels [image_size, image_size, 3] that evaluation sees of `image`: its
+    centre crop (`crop_windows.eval_crop_box`), resized bilinearly."""
+    image = image if image.mode == "RGB" else image.convert("RGB")
+    box = crop_windows.eval_crop_box(*image.size)
+    return np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
 
 
 def train_example(
@@ -236,9 +271,7 @@ def eval_example(
 
     def crop(record: tuple[PIL.Image.Image, np.int32]) -> dict[str, np.ndarray]:
         image, label = record
-        box = crop_windows.eval_crop_box(*image.size)
-        pixels = np.asarray(image.resize((image_size, image_size), PIL.Image.BILINEAR, box=box))
-        return {"image": pixels, "label": label}
+        return {"image": eval_pixels(image, image_size), "label": label}
 
     blank = {"image": np.zeros((image_size, image_size, 3), np.uint8)}
     return eval_entry(index, source, blank, _read, crop)
@@ -278,13 +311,15 @@ def eval_batch_count(
     name: str, data_dir: str | None, split: str, process_count: int, local_batch: int
 ) -> int:
     """Eval batches per process: enough for the largest process's part, the same on all."""
-    builder = _builder(name, data_dir)
-    largest_part = max(
-        builder.info.splits[
-            tfds.split_for_jax_process(split, process_index=p, process_count=process_count)
-        ].num_examples
-        for p in range(process_count)
-    )
+    if name == image_folder.NAME:
+        largest_part = math.ceil(len(image_folder.open_folder(data_dir).records(split)) / process_count)
+    else:
+        splits = _builder(name, data_dir).info.splits
+        largest_part = max(
+            splits[tfds.split_for_jax_process(split, process_index=p, process_count=process_count)]
+            .num_examples
+            for p in range(process_count)
+        )
     return math.ceil(largest_part / local_batch)
 
 

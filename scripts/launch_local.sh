@@ -16,7 +16,13 @@
 # or shared memory between them, only its network transport: here TCP sockets on loopback, a
 # 19-57 Gbit/s network between NVLink islands (docs/benchmarks.md, "Across hosts", measures it).
 # The socket settings are the fastest measured there; any NCCL_* variable already set wins.
+#
+# SIGTERM or SIGINT (Ctrl-C) to the launcher reaches every trainer once: each saves a checkpoint
+# and exits 0, and the launcher exits when all have. The trainers run in process groups of their
+# own (set -m), so a signal to the launcher's group (Ctrl-C in a terminal) is not delivered to
+# them a second time, which would stop them at once without saving.
 set -euo pipefail
+set -m
 hosts=0
 if [ "${1:-}" = --hosts ]; then hosts=1; shift; fi
 if [ $# -lt 4 ]; then
@@ -38,6 +44,9 @@ if [ "$hosts" = 1 ]; then
     NCCL_NSOCKS_PERTHREAD="${NCCL_NSOCKS_PERTHREAD:-4}")
 fi
 pids=()
+forward() { kill -s "$1" "${pids[@]}" 2>/dev/null || true; }
+trap 'forward TERM' TERM
+trap 'forward INT' INT
 for ((i = 0; i < procs; i++)); do
   if [ "$platform" = gpu ]; then
     visible=$(seq -s, $((i * devices)) $((i * devices + devices - 1)))
@@ -55,5 +64,11 @@ for ((i = 0; i < procs; i++)); do
   pids+=($!)
 done
 status=0
-for pid in "${pids[@]}"; do wait "$pid" || { s=$?; [ "$status" -ne 0 ] || status=$s; }; done
+for pid in "${pids[@]}"; do
+  # A trapped signal ends `wait` early: wait again while the trainer runs. Bash's own report of
+  # a trainer killed by a signal ("line N: PID Killed env ...") goes to /dev/null: the trainers
+  # say themselves why they stopped.
+  while s=0 && { wait "$pid" 2>/dev/null || s=$?; } && kill -0 "$pid" 2>/dev/null; do :; done
+  [ "$status" -ne 0 ] || status=$s
+done
 exit $status

@@ -128,15 +128,20 @@ def test_corrupt_latest_falls_back_to_previous(mesh, tmp_path, caplog, damaged):
         assert (step, meta) == (1, {"step": 1})
         assert_bitwise_equal(state, host_state(seed=1))
         warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-        [warning] = warnings  # one line: the step moved, why, where, and the step resumed from
-        assert "\n" not in warning, warning
+        # One short line: the step moved, where, where the error is, and the step resumed from;
+        # orbax's own lines about the damage are not shown.
+        [warning] = warnings
+        assert "\n" not in warning and len(warning) < 200 + len(str(tmp_path)), warning
         assert re.match(
-            r"Unreadable checkpoint of step 2 \(.+\) moved to \S+/corrupt/2; resuming from the "
-            r"checkpoint of step 1\.$",
+            rf"Moved the unreadable checkpoint of step 2 to {tmp_path}/corrupt/2 \(why: "
+            r"unreadable_process_\*\.txt in it\); resuming from the checkpoint of step 1\.$",
             warning,
         ), warning
-        # Kept for inspection, out of the way of the resumed run's save at step 2.
+        # Kept for inspection, out of the way of the resumed run's save at step 2, with the
+        # whole error beside it.
         assert (tmp_path / "corrupt" / "2" / "state").is_dir()
+        why = (tmp_path / "corrupt" / "2" / "unreadable_process_0.txt").read_text()
+        assert re.match(r"^\w+(Error|Exception): \S", why), why
         assert ckpt.all_steps() == [1]
         assert ckpt.save(2, state, {"step": 2})
 
@@ -167,7 +172,7 @@ def test_real_optimizer_state_with_an_empty_entry_round_trips(mesh, tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_no_readable_checkpoint_fails_loudly_instead_of_starting_over(mesh, tmp_path):
+def test_no_readable_checkpoint_fails_loudly_instead_of_starting_over(mesh, tmp_path, caplog):
     shards = shardings(mesh, P())
     with checkpoint.Checkpointer(tmp_path, max_to_keep=2, save_every_steps=1) as ckpt:
         ckpt.save(1, device_state(host_state(seed=1), shards), {"step": 1})
@@ -176,9 +181,18 @@ def test_no_readable_checkpoint_fails_loudly_instead_of_starting_over(mesh, tmp_
         if path.is_file():
             os.truncate(path, path.stat().st_size // 2)
     with checkpoint.Checkpointer(tmp_path, max_to_keep=2, save_every_steps=1) as ckpt:
-        with pytest.raises(checkpoint.NoReadableCheckpointError, match="--workdir"):
+        with (
+            caplog.at_level("WARNING"),
+            pytest.raises(checkpoint.NoReadableCheckpointError, match="--workdir") as info,
+        ):
             ckpt.restore_latest(abstract_state(host_state(seed=1), shards))
+    # The error is the one line: orbax's own warnings about the damaged metadata are not shown.
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 300 + len(str(tmp_path)), message
+    assert f"Moved the unreadable checkpoint of step 1 to {tmp_path}/corrupt/1 " in message
     assert (tmp_path / "corrupt" / "1" / "state").is_dir()
+    assert (tmp_path / "corrupt" / "1" / "unreadable_process_0.txt").is_file()
 
 
 def test_mismatched_state_raises_and_keeps_checkpoint(mesh, tmp_path):

@@ -32,6 +32,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -256,6 +257,16 @@ def _has(config, field: str) -> bool:
 
 
 _RUN_ONCE: set[tuple[str, ...]] = set()
+# The trainer's flags of --mode=eval and export.
+_NOT_TRAINING_FLAGS = ("--mode=", "--step=", "--export_path=")
+
+
+def _in_tmp(arg: str, tmp_path) -> str:
+    """`arg` with a path it names for output moved into `tmp_path`."""
+    for flag, name in (("--workdir=", ""), ("--export_path=", "exported.msgpack")):
+        if arg.startswith(flag):
+            return f"{flag}{tmp_path / name}"
+    return arg
 
 
 def _check_trainer(command: Command, env: dict[str, str], args: list[str], tmp_path) -> None:
@@ -267,15 +278,18 @@ def _check_trainer(command: Command, env: dict[str, str], args: list[str], tmp_p
         _RUN_ONCE.add(key)
         tiny = [f"--config.{k}={v}" for k, v in TINY.items() if _has(config, k)]
         # In a fresh directory (one named in a doc may hold an earlier run's checkpoints).
-        argv = [f"--workdir={tmp_path}" if a.startswith("--workdir=") else a for a in args]
+        argv = [_in_tmp(a, tmp_path) for a in args]
         # Cheaper XLA compiles (as tests/test_resume.py): the same program, built faster.
-        fast = env.get("XLA_FLAGS", "") + " " + CHEAP_COMPILE
-        result = _run(
-            [sys.executable, "-m", "jia_jax.main", *argv, *tiny], {**env, "XLA_FLAGS": fast}
-        )
-        assert result.returncode == 0, (
-            f"{command}\nfailed when run (with {tiny}):\n{result.stderr[-3000:]}"
-        )
+        fast = {**env, "XLA_FLAGS": env.get("XLA_FLAGS", "") + " " + CHEAP_COMPILE}
+        runs = [argv]
+        if any(a.startswith("--mode=") and a != "--mode=train" for a in argv):
+            # It evaluates or exports a run: the same command trains one there first.
+            runs.insert(0, [a for a in argv if not a.startswith(_NOT_TRAINING_FLAGS)])
+        for run in runs:
+            result = _run([sys.executable, "-m", "jia_jax.main", *run, *tiny], fast)
+            assert result.returncode == 0, (
+                f"{command}\nfailed when run (with {tiny}):\n{result.stderr[-3000:]}"
+            )
         return
     result = _run([sys.executable, "-m", "jia_jax.main", *args, "--only_check_args"], env)
     assert result.returncode == 0, (
@@ -322,6 +336,23 @@ def _check_script(command: Command, env: dict[str, str], words: list[str]) -> No
         ]
         result = _run([sys.executable, "-m", "jia_jax.main", *args, "--only_check_args"], env)
         assert result.returncode == 0, f"{command}\nthe trainer refuses:\n{result.stderr[-3000:]}"
+
+
+def test_pip_extras_named_in_the_docs_exist():
+    """`pip install -e ".[x]"` installs extra x only if pyproject.toml defines it (pip merely
+    warns about an unknown one)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    defined = project["optional-dependencies"]
+    named = {
+        (command.source, extra)
+        for command in collected()[1]
+        if _program(_words(command.text)) in ("pip", "pip3")
+        for group in re.findall(r"\.\[([\w,-]+)\]", command.text)
+        for extra in group.split(",")
+    }
+    assert any(extra == "tensorboard" for _, extra in named), named
+    missing = [f"{source}: .[{extra}]" for source, extra in sorted(named) if extra not in defined]
+    assert not missing, missing
 
 
 def test_docs_hold_commands_and_snippets():

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _STAND_IN = """#!/usr/bin/env bash
@@ -28,21 +32,26 @@ NCCL_NETWORK = {
 }
 
 
-def launch(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> list[dict]:
-    """Runs the launcher with `args`; returns each process's record, in process order."""
+def stand_in_env(tmp_path: Path, stand_in: str, env: dict[str, str] | None = None) -> dict:
+    """The environment that puts `stand_in` first on PATH as `python3`, recording into
+    ``tmp_path/records``."""
     bin_dir, records = tmp_path / "bin", tmp_path / "records"
     bin_dir.mkdir()
     records.mkdir()
-    stand_in = bin_dir / "python3"
-    stand_in.write_text(_STAND_IN.format(python=sys.executable))
-    stand_in.chmod(0o755)
+    program = bin_dir / "python3"
+    program.write_text(stand_in.format(python=sys.executable))
+    program.chmod(0o755)
     base = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
-    full_env = {**base, "PATH": f"{bin_dir}:{base['PATH']}", "RECORD_DIR": str(records)}
-    full_env.update(env or {})
+    return {**base, "PATH": f"{bin_dir}:{base['PATH']}", "RECORD_DIR": str(records), **(env or {})}
+
+
+def launch(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> list[dict]:
+    """Runs the launcher with `args`; returns each process's record, in process order."""
+    full_env = stand_in_env(tmp_path, _STAND_IN, env)
     subprocess.run(
         ["bash", "scripts/launch_local.sh", *args], cwd=REPO_ROOT, env=full_env, check=True
     )
-    started = [json.loads(p.read_text()) for p in records.iterdir()]
+    started = [json.loads(p.read_text()) for p in (tmp_path / "records").iterdir()]
 
     def process_id(record):
         flag = next(a for a in record["argv"] if a.startswith("--config.distributed.process_id="))
@@ -114,3 +123,89 @@ def test_cpu_processes_simulate_their_devices_over_gloo(tmp_path):
         assert record["env"]["JAX_PLATFORMS"] == "cpu"
         assert record["env"]["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] == "gloo"
         assert record["env"]["XLA_FLAGS"].split()[-1] == "--xla_force_host_platform_device_count=4"
+
+
+# A trainer that, like jia_jax.main, stops on SIGTERM or SIGINT and exits 0; it records each
+# signal it receives (a second one would stop the real trainer before it saves).
+_STOPPABLE = """#!/usr/bin/env bash
+if [ "$1" = -m ]; then
+  exec "{python}" -c '
+import os, signal, sys, time
+record = os.path.join(os.environ["RECORD_DIR"], str(os.getpid()))
+received = []
+def note(signum, frame):
+    received.append(signal.Signals(signum).name)
+    open(record, "a").write(received[-1] + "\\n")
+signal.signal(signal.SIGTERM, note)
+signal.signal(signal.SIGINT, note)
+open(record, "w").close()
+deadline = time.monotonic() + 60
+while not received and time.monotonic() < deadline:
+    time.sleep(0.02)
+time.sleep(0.5)  # time for a duplicate to arrive
+sys.exit(0 if received else 3)
+' "$@"
+fi
+exec "{python}" "$@"
+"""
+
+
+def start_stoppable(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
+    """`launch_local.sh 2 1` of stoppable stand-ins, in a session of its own (its process group
+    is the launcher's, as in a terminal); returns it and the trainers' pids once both run."""
+    env = stand_in_env(tmp_path, _STOPPABLE, {"JIA_JAX_PLATFORM": "cpu"})
+    launcher = subprocess.Popen(
+        ["bash", "scripts/launch_local.sh", "2", "1", "configs/digits.py", "/tmp/w"],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    records = tmp_path / "records"
+    deadline = time.monotonic() + 60
+    while len(list(records.iterdir())) < 2 and launcher.poll() is None:
+        assert time.monotonic() < deadline, "the trainers did not start"
+        time.sleep(0.05)
+    return launcher, sorted(int(p.name) for p in records.iterdir())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "send",
+    [
+        pytest.param(lambda launcher: launcher.send_signal(signal.SIGTERM), id="sigterm"),
+        # Ctrl-C in a terminal: SIGINT to the launcher's whole process group.
+        pytest.param(lambda launcher: os.killpg(launcher.pid, signal.SIGINT), id="ctrl_c"),
+    ],
+)
+def test_a_signal_to_the_launcher_reaches_each_trainer_once(tmp_path, send):
+    launcher, trainers = start_stoppable(tmp_path)
+    send(launcher)
+    out, err = launcher.communicate(timeout=60)
+    assert launcher.returncode == 0, err
+    for pid in trainers:
+        assert not alive(pid)
+        received = (tmp_path / "records" / str(pid)).read_text().split()
+        assert len(received) == 1, received
+    assert out == err == ""
+
+
+def test_a_killed_trainer_adds_no_shell_report(tmp_path):
+    launcher, (victim, survivor) = start_stoppable(tmp_path)
+    os.kill(victim, signal.SIGKILL)
+    time.sleep(0.5)
+    launcher.send_signal(signal.SIGTERM)  # the real survivor stops by itself (peer watch)
+    out, err = launcher.communicate(timeout=60)
+    # The first failing status, and not a word of bash's ("line 58: ... Killed env ...").
+    assert launcher.returncode == 128 + signal.SIGKILL
+    assert out == err == "", err
+    assert not alive(survivor)

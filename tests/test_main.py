@@ -1,5 +1,6 @@
 """The command line as users run it: configs, overrides, clear errors for bad input."""
 
+import json
 import os
 import pathlib
 import re
@@ -11,22 +12,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from configs import digits
+from configs import digits, resnet50_64k
 from jia_jax import loop
+from tests.conftest import run_main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def run_main(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")  # XLA_FLAGS from conftest: 8 devices
-    return subprocess.run(
-        [sys.executable, "-m", "jia_jax.main", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_resnet50_64k_config_runs_on_cpu_with_small_overrides(tmp_path):
@@ -198,13 +188,50 @@ def test_missing_dataset_names_the_directory_tfds_looked_in(tmp_path):
         timeout=120,
     )
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    # The mesh line, the error, and its hint: two commands and where to read more.
-    assert len(result.stderr.strip().splitlines()) <= 8, result.stderr
-    assert f"is not prepared in '{default}'" in result.stderr
-    assert f"tfds build imagenet2012 --data_dir={default} " in result.stderr
-    assert f"tfds convert_format --dataset_dir={default}/imagenet2012 " in result.stderr
+    # The mesh line, the error naming the flag, and one line of hint: the commands that prepare
+    # it; no warning of tfds's about the folder it did not find before them.
+    mesh, error, hint = result.stderr.strip().splitlines()
+    assert "mesh" in mesh, result.stderr
+    assert error.startswith(f"DatasetNotPreparedError: Dataset 'imagenet2012' is not prepared in "
+                            f"'{default}' (tfds's default; set --config.data.data_dir to where")
+    assert f"tfds build imagenet2012 --data_dir={default} " in hint
+    assert f"tfds convert_format --dataset_dir={default}/imagenet2012 " in hint
     assert "None" not in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_dataset_missing_from_the_given_data_dir_names_the_flag(tmp_path):
+    result = run_main(
+        "--config=configs/resnet50_64k.py",
+        f"--workdir={tmp_path / 'run'}",
+        f"--config.data.data_dir={tmp_path}",
+        timeout=120,
+    )
+    assert_one_clear_line(
+        result,
+        rf"^DatasetNotPreparedError: Dataset 'imagenet2012' is not prepared in '{tmp_path}' "
+        r"\(--config\.data\.data_dir\): no ",
+    )
+    assert not any(line.startswith("W") for line in result.stderr.splitlines()), result.stderr
+
+
+@pytest.mark.parametrize("where", ["/proc/jia_jax_run", "under_a_file"])
+def test_workdir_that_cannot_be_created_is_one_line_naming_the_flag(tmp_path, where):
+    if where == "under_a_file":
+        (tmp_path / "notes.txt").write_text("mine")
+        where = str(tmp_path / "notes.txt" / "run")
+    elif not os.path.isdir("/proc"):
+        pytest.skip("no /proc here")
+    result = run_main(
+        *DIGITS,
+        f"--workdir={where}",
+        "--config.total_steps=2",
+        "--config.optimizer.warmup_epochs=0",
+        timeout=120,
+    )
+    assert_one_clear_line(
+        result, rf"^OSError: --workdir={re.escape(where)}: cannot create .*; give a directory"
+    )
 
 
 def test_a_normal_run_prints_no_library_info_lines(tmp_path):
@@ -220,3 +247,70 @@ def test_a_normal_run_prints_no_library_info_lines(tmp_path):
     lines = result.stderr.strip().splitlines()
     ours = r"I\d{4} [\d:.]+ +\d+ (loop|main)\.py:\d+\] "
     assert lines and all(re.match(ours, line) for line in lines), lines
+
+
+# `python -m jia_jax.main ARGS` as a `pip install -e .` runs it: `jia_jax` importable, but not
+# the checkout's root (an editable install's finder maps the package alone), so `configs` is
+# not importable unless the trainer makes it so. Prints the loaded config.
+EDITABLE_INSTALL = """
+import importlib.util, os, sys
+repo = sys.argv[1]
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != repo]
+spec = importlib.util.spec_from_file_location(
+    "jia_jax", os.path.join(repo, "jia_jax", "__init__.py"),
+    submodule_search_locations=[os.path.join(repo, "jia_jax")],
+)
+sys.modules["jia_jax"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sys.modules["jia_jax"])
+from absl import flags
+from jia_jax import main
+main.parse_flags(["main", *sys.argv[2:]])
+print(flags.FLAGS.config.to_json())
+"""
+
+
+def load_elsewhere(cwd: pathlib.Path, *args: str) -> dict:
+    """The config `python -m jia_jax.main ARGS` loads when run in `cwd` from an editable install."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-c", EDITABLE_INSTALL, str(REPO), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout)
+
+
+def test_a_shipped_config_loads_from_another_working_directory(tmp_path):
+    config = load_elsewhere(tmp_path, f"--config={REPO}/configs/digits.py", "--workdir=run")
+    assert config["data"]["name"] == "digits"
+    assert config["optimizer"]["warmup_epochs"] == digits.get_config().optimizer.warmup_epochs
+
+
+USER_CONFIG = '''"""My run: the shipped 64K recipe at batch 8,192 with a 5-epoch warmup."""
+from configs import resnet50_64k
+
+
+def get_config():
+    config = resnet50_64k.get_config()
+    config.global_batch_size = 8192
+    config.optimizer.warmup_epochs = 5.0
+    return config
+'''
+
+
+def test_a_users_config_elsewhere_starts_from_a_shipped_one(tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "my_64k.py").write_text(USER_CONFIG)
+    config = load_elsewhere(tmp_path, "--config=mine/my_64k.py", "--workdir=run")
+    assert config["global_batch_size"] == 8192
+    assert config["optimizer"]["warmup_epochs"] == 5.0
+    # The rest is the shipped recipe, its learning rate scaled to the new batch.
+    shipped = resnet50_64k.get_config()
+    assert config["optimizer"]["name"] == "lars" == shipped.optimizer.name
+    assert config["optimizer"]["momentum"] == shipped.optimizer.momentum
+    expected_lr = shipped.optimizer.base_learning_rate * 8192 / 256
+    assert abs(config["optimizer"]["learning_rate"] - expected_lr) <= 1e-12 * expected_lr

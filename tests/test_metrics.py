@@ -109,6 +109,22 @@ def test_progress_meter_and_line_use_interval_rates():
     assert line == "step   50/1000 | loss 2.346 | lr 0.1 | 1280.0 img/s | ETA 0:03:10"
 
 
+def test_progress_counts_only_training_time_after_a_restart():
+    """A resumed run's first step compiles (and followed the restore): 60 s that are not
+    training. Restarted after it, the next interval is 20 steps in 2 s, not in 62 s."""
+    times = iter([0.0, 60.0, 62.0, 80.0, 81.0])
+    meter = metrics.ProgressMeter(
+        total_steps=1000, global_batch_size=10, start_step=500, clock=lambda: next(times)
+    )
+    meter.restart(501)  # at 60 s: step 501 done, compiled
+    assert meter.measure(501) is None  # nothing trained since the restart: no rate to show
+    assert meter.measure(521) == metrics.Throughput(10.0, 100.0, (1000 - 521) / 10.0)
+    meter.restart(521)  # at 80 s: after an evaluation of 18 s
+    assert meter.measure(531).steps_per_sec == 10.0  # 10 steps in 1 s
+    line = metrics.format_progress(501, 1000, {"loss": 2.0}, None)
+    assert line == "step  501/1000 | loss 2"
+
+
 def test_non_finite_leaves_names_float_leaves_with_inf_or_nan():
     tree = {
         "params": {"w": jnp.ones((3, 4)), "b": jnp.array([0.0, jnp.nan])},

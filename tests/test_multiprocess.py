@@ -7,6 +7,7 @@ through a helper that starts `jax.distributed` itself. A tiny ResNet-18 (width 4
 compile the same programs (and share a persistent compilation cache: only the first compiles).
 """
 
+import contextlib
 import os
 import re
 import signal
@@ -352,3 +353,41 @@ def test_heartbeat_timeout_is_validated_and_jax_waits_longer_than_the_watch():
     with pytest.raises(ValueError, match="heartbeat_timeout_s=0 must be at least 1"):
         liveness.initialize_kwargs(0)
     assert digits.get_config().distributed.heartbeat_timeout_s <= 30
+
+
+def test_sigterm_to_the_launcher_saves_on_every_trainer_and_leaves_none(env, tmp_path):
+    workdir, log_file = tmp_path / "run", tmp_path / "log.txt"
+    command = ["scripts/launch_local.sh", str(PROCESSES), str(DEVICES), "configs/digits.py"]
+    # Long enough that the signal lands mid-run.
+    command += [str(workdir), *FLAGS, "--config.total_steps=100000"]
+    trainers = []
+    # A file, not a pipe: trainers a launcher left behind would hold a pipe open.
+    with log_file.open("w") as out:
+        launcher = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    try:
+        # A second step done: both trainers are past compiling and train together.
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not re.search(r"step\s+2/100000 \|", log_file.read_text()):
+            assert launcher.poll() is None and time.monotonic() < deadline, log_file.read_text()
+            time.sleep(0.1)
+        children = Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children")
+        trainers = [int(pid) for pid in children.read_text().split()]
+        assert len(trainers) == PROCESSES, log_file.read_text()
+        launcher.send_signal(signal.SIGTERM)
+        status = launcher.wait(timeout=RUN_TIMEOUT_S)
+        time.sleep(1)  # a trainer the launcher did not wait for would still run now
+        left = [pid for pid in trainers if Path(f"/proc/{pid}").exists()]
+    finally:
+        launcher.kill()
+        for pid in trainers:  # what a failing launcher left behind, so that it ends
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    log = log_file.read_text()
+    # The launcher's status is the first failing trainer's: both exited 0.
+    assert status == 0, log
+    saved = re.findall(r"Preemption signal: saved the checkpoint of step (\d+); exiting\.", log)
+    assert len(saved) == PROCESSES and len(set(saved)) == 1, log
+    assert checkpoint_steps(workdir)[-1] == int(saved[0])
+    assert not left, f"trainers {left} were left behind"

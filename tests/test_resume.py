@@ -226,25 +226,52 @@ def test_truncated_latest_checkpoint_falls_back_to_previous(env, reference, tmp_
 
     log = run_to_end(env, workdir)
     previous = TOTAL_STEPS - CHECKPOINT_EVERY
-    # One warning line names the moved step, why, where it went and the step resumed from; no
-    # TensorStore specs, tracebacks or asyncio reports around it.
+    # One short warning line names the moved step, where it went and the step resumed from; no
+    # TensorStore specs (the error is in a file beside the moved checkpoint), tracebacks or
+    # asyncio reports around it.
     warnings = [line for line in log.splitlines() if not line.startswith("I")]
     assert len(warnings) == 1, log
     [warning] = warnings
+    moved_to = workdir / "checkpoints" / "corrupt" / str(TOTAL_STEPS)
     assert re.search(
-        rf"Unreadable checkpoint of step {TOTAL_STEPS} \(.+\) moved to \S+/corrupt/{TOTAL_STEPS}; "
-        rf"resuming from the checkpoint of step {previous}\.$",
+        rf"\] Moved the unreadable checkpoint of step {TOTAL_STEPS} to {moved_to} \(why: "
+        rf"unreadable_process_\*\.txt in it\); resuming from the checkpoint of step {previous}\.$",
         warning,
     ), log
+    assert len(warning.partition("] ")[2]) < 200 + len(str(workdir)), warning
+    assert "Error" in (moved_to / "unreadable_process_0.txt").read_text()
     # Beside the progress lines: the mesh, the warning, "resumed from", the final evaluation.
     others = [line for line in log.splitlines() if not re.search(progress_line(r"\d+"), line)]
     assert len(others) <= 4, log
     assert resumed_step(log) == previous
-    first_logged = re.search(r"step\s+(\d+)/\d+ \|", log)
-    assert int(first_logged.group(1)) == previous + 1
+    progress = re.findall(r"step\s+\d+/\d+ \|.*", log)
+    assert len(progress) == TOTAL_STEPS - previous, log
+    assert int(re.search(r"step\s+(\d+)/", progress[0]).group(1)) == previous + 1
+    # Its step compiled, after the restore: not training, so no rate; the next ones have one.
+    assert "img/s" not in progress[0] and "ETA" not in progress[0], log
+    assert all(re.search(r" [\d.]+ img/s \| ETA ", line) for line in progress[1:]), log
     # Kept for inspection, out of the way of the resumed run's own save of that step.
     assert (workdir / "checkpoints" / "corrupt" / str(TOTAL_STEPS) / "state").is_dir()
     assert_bitwise_equal(read_state(workdir, TOTAL_STEPS), read_state(reference, TOTAL_STEPS))
+
+
+def test_no_readable_checkpoint_is_one_line(env, reference, tmp_path):
+    """Every checkpoint's array metadata gone: orbax's own lines about each ("provide a
+    CheckpointHandlerRegistry", "Metadata file does not exist") stay off the console."""
+    workdir = tmp_path / "run"
+    shutil.copytree(reference, workdir)
+    for metadata in (workdir / "checkpoints").glob("*/state/_METADATA"):
+        metadata.unlink()
+    process = start(env, workdir)
+    log, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+    lines = log.strip().splitlines()
+    assert process.returncode == 1 and len(lines) == 2, log  # the mesh line, then the error
+    assert re.match(
+        rf"NoReadableCheckpointError: No checkpoint in {workdir}/checkpoints could be read\. "
+        rf"Moved the unreadable checkpoint of step {TOTAL_STEPS} to .* Rerun to start from step "
+        r"0 in this --workdir, or use a new --workdir\.$",
+        lines[1],
+    ), log
 
 
 def test_checkpoint_of_another_model_fails_clearly_and_is_untouched(reference, tmp_path):

@@ -52,12 +52,14 @@ def _assert_close(pixels, expected):
 
 
 def test_dataset_info(data_dir):
-    assert tfds_input.dataset_info(_NAME, data_dir) == (
-        _NUM_TRAIN + _NUM_EVAL,
-        _NUM_TRAIN,
-        _NUM_EVAL,
+    classes = _NUM_TRAIN + _NUM_EVAL
+    names = tuple(str(i) for i in range(classes))  # a ClassLabel's default names
+    assert tfds_input.dataset_info(_NAME, data_dir) == (classes, _NUM_TRAIN, _NUM_EVAL, names)
+    assert tfds_input.dataset_info(_NAME, data_dir, "train[:50%]", "validation[:2]")[:3] == (
+        19,
+        6,
+        2,
     )
-    assert tfds_input.dataset_info(_NAME, data_dir, "train[:50%]", "validation[:2]") == (19, 6, 2)
 
 
 def test_train_batches_shapes_normalization_and_flips(data_dir):

@@ -404,15 +404,13 @@ def overlap_table(doc: dict[str, Any]) -> str:
     # Computed here, not read: a run cut short by its time limit wrote its rows but not these.
     one = {r["per_device_batch"]: r for r in rows if r["layout"] == "1x1"}
     for r in rows:
-        gpus = r["hosts"] * r["gpus_per_host"] * one[r["per_device_batch"]]["images_per_s"]
-        synced = gpus / one[r["per_device_batch"]]["images_per_s"] * one[
-            r["per_device_batch"]
-        ]["synced_images_per_s"]
+        base, gpus = one[r["per_device_batch"]], r["hosts"] * r["gpus_per_host"]
+        efficiency = r["images_per_s"] / (gpus * base["images_per_s"])
+        synced = r["synced_images_per_s"] / (gpus * base["synced_images_per_s"])
         lines.append(
             f"| {r['layout']} | {r['variant'] if r['layout'] != '1x1' else '-'} | "
-            f"{r['per_device_batch']} | {r['images_per_s']:.0f} | "
-            f"{r['images_per_s'] / gpus:.3f} | {r['synced_images_per_s']:.0f} | "
-            f"{r['synced_images_per_s'] / synced:.3f} | "
+            f"{r['per_device_batch']} | {r['images_per_s']:.0f} | {efficiency:.3f} | "
+            f"{r['synced_images_per_s']:.0f} | {synced:.3f} | "
             f"{r['exposed_comm_ms']:.1f} | {r['idle_ms']:.1f} |"
         )
     return "\n".join(lines)

@@ -12,9 +12,11 @@ step for a timeline of its kernels. Layouts, `PROCESSESxGPUS`, each process on i
   * `1x2`: one process driving two GPUs (NVLink).
 
 Variants (`VARIANTS`): the default config (`overlap`: each bucket's all-reduce awaited only after
-backward, `allreduce.hold_until_all_reduced`), the same without overlap, other bucket sizes, and `peer`: the trainer's forward/backward and update with a
-plain reduction after backward (`peer_steps`' `peer_wire_buckets`: leaves concatenated into buckets
-of the config's size in its wire dtype, one psum each).
+backward, `allreduce.hold_until_all_reduced`), the same without overlap, other bucket sizes, the
+overlap compiled with XLA's latency-hiding scheduler and/or combining capped at the bucket size,
+and `peer`: the trainer's forward/backward and update with a plain reduction after backward
+(`peer_steps`' `peer_wire_buckets`: leaves concatenated into buckets of the config's size in its
+wire dtype, one psum each).
 
   efficiency = images/s on the layout / (its GPUs x images/s of 1x1 at the same batch)
 
@@ -43,13 +45,23 @@ from typing import Any
 from scripts.bench import emulated_hosts, harness
 
 MIB = 1 << 20
-# name -> config overrides (the peer's reduction is chosen by name).
+_LHS = {"xla_gpu_enable_latency_hiding_scheduler": True}
+_CAP = {  # XLA combines collectives no further than the config's 16 MiB buckets
+    f"xla_gpu_{kind}_combine_threshold_bytes": 16 * MIB
+    for kind in ("all_reduce", "reduce_scatter", "all_gather")
+}
+# name -> config overrides, and XLA options for the step's compilation under "xla" (the peer's
+# reduction is chosen by name).
 VARIANTS: dict[str, dict[str, Any]] = {
     "overlap": {},
     "no_overlap": {"comm.overlap": False},
     "overlap_4mib": {"comm.bucket_bytes": 4 * MIB},
     "overlap_8mib": {"comm.bucket_bytes": 8 * MIB},
     "overlap_32mib": {"comm.bucket_bytes": 32 * MIB},
+    # XLA's latency-hiding scheduler (off by default) and the combining cap, with the overlap.
+    "overlap_lhs": {"xla": _LHS},
+    "overlap_cap": {"xla": _CAP},
+    "overlap_lhs_cap": {"xla": {**_LHS, **_CAP}},
     "peer": {"comm.overlap": False},
 }
 _ROW = "OVERLAP_ROW "
@@ -131,8 +143,9 @@ def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, g
         **(dict(image_size=32, model_width=8, small_inputs=True) if args.tiny else {}),
     )
     for key, value in VARIANTS[variant].items():
-        section, field = key.split(".")
-        config[section][field] = value
+        if key != "xla":
+            section, field = key.split(".")
+            config[section][field] = value
     setup = trainer_step.build_setup(config, jax.devices())
     args_ = (setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"])
     if variant == "peer":
@@ -153,7 +166,7 @@ def _measure(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
     step, setup = _build(args, variant, batch, processes, gpus)
     state = setup["init"]()
     start = time.perf_counter()
-    compiled = step.lower(state, setup["batch"]).compile()
+    compiled = step.lower(state, setup["batch"]).compile(VARIANTS[variant].get("xla"))
     row: dict[str, Any] = {"compile_s": time.perf_counter() - start, "strategy": "flat"}
     if jax.process_index() == 0 and jax.default_backend() == "gpu":
         row["schedule"] = schedule(compiled.as_text())

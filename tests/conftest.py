@@ -3,8 +3,6 @@ finished digits run that the evaluation and export tests read."""
 
 import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
@@ -22,30 +20,7 @@ os.environ["XLA_FLAGS"] = " ".join(
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
-# A finished digits run (a tiny ResNet-18 on 8x8 digits, 2x4 mesh): what --mode=eval and
-# --mode=export read. Checkpoints and evaluations at steps 15 and 30.
-DIGITS_RUN_FLAGS = (
-    "--config=configs/digits.py",
-    "--config.model.width=4",
-    "--config.data.image_size=8",
-    "--config.total_steps=30",
-    "--config.optimizer.warmup_epochs=0.2",
-    "--config.eval_every_steps=15",
-    "--config.checkpoint_every_steps=15",
-    "--config.log_every_steps=15",
-)
-
-
-def run_main(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`python -m jia_jax.main ARGS` from the repository root, on the CPU devices set above."""
-    return subprocess.run(
-        [sys.executable, "-m", "jia_jax.main", *args],
-        cwd=pathlib.Path(__file__).resolve().parents[1],
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+from tests.main_util import DIGITS_RUN_FLAGS, run_main  # noqa: E402  after the flags
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DIGITS_RUN_FLAGS, run_main
+from tests.main_util import DIGITS_RUN_FLAGS, run_main
 
 
 def run_on(workdir: Path, *args: str) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from jia_jax import export, input_pipeline
-from tests.conftest import DIGITS_RUN_FLAGS, run_main
+from tests.main_util import DIGITS_RUN_FLAGS, run_main
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "workflows.md"

@@ -9,7 +9,7 @@ import PIL.Image
 import pytest
 
 from jia_jax import export, image_folder, tfds_input
-from tests import conftest, test_export
+from tests import main_util, test_export
 CLASSES = ("cat", "dog", "fish")  # written in another order than sorted, below
 TRAIN_PER_CLASS, EVAL_PER_CLASS = 6, 3
 # Class c's images are filled with green level GREEN[c]: a decoded image names its label.
@@ -137,6 +137,6 @@ def test_the_trainer_trains_two_steps_evaluates_and_exports_a_photo_classifier(f
 
 def run_main(*flags: str) -> str:
     """`python -m jia_jax.main FLAGS` on 8 CPU devices (conftest's XLA_FLAGS); its log."""
-    result = conftest.run_main(*flags)
+    result = main_util.run_main(*flags)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stderr

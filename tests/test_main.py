@@ -14,7 +14,7 @@ import pytest
 
 from configs import digits, resnet50_64k
 from jia_jax import loop
-from tests.conftest import run_main
+from tests.main_util import run_main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

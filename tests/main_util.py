@@ -1,0 +1,36 @@
+"""Running the trainer from tests: `python -m jia_jax.main` in a subprocess, and the flags of the
+finished digits run the evaluation and export tests share.
+
+Kept apart from conftest.py, which sets the test process's XLA flags when imported: a test's
+child process that imports a test module (tests/test_train.py's snippets) must keep its own.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+# A finished digits run (a tiny ResNet-18 on 8x8 digits, 2x4 mesh): what --mode=eval and
+# --mode=export read. Checkpoints and evaluations at steps 15 and 30.
+DIGITS_RUN_FLAGS = (
+    "--config=configs/digits.py",
+    "--config.model.width=4",
+    "--config.data.image_size=8",
+    "--config.total_steps=30",
+    "--config.optimizer.warmup_epochs=0.2",
+    "--config.eval_every_steps=15",
+    "--config.checkpoint_every_steps=15",
+    "--config.log_every_steps=15",
+)
+
+
+def run_main(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python -m jia_jax.main ARGS` from the repository root, on the CPU devices set above."""
+    return subprocess.run(
+        [sys.executable, "-m", "jia_jax.main", *args],
+        cwd=pathlib.Path(__file__).resolve().parents[1],
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -5,7 +5,6 @@ one barrier over every reduced bucket (what lets XLA start it early and wait for
 import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 

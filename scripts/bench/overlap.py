@@ -147,11 +147,11 @@ def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, g
             section, field = key.split(".")
             config[section][field] = value
     setup = trainer_step.build_setup(config, jax.devices())
-    args_ = (setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"])
+    parts = (setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"])
     if variant == "peer":
-        step = peer_steps.make_peer_step("peer_wire_buckets", *args_)
+        step = peer_steps.make_peer_step("peer_wire_buckets", *parts)
     else:
-        step = train.make_train_step(*args_)
+        step = train.make_train_step(*parts)
     return step, setup
 
 
@@ -233,7 +233,10 @@ def _layout_rows(args: argparse.Namespace, layout: str) -> list[dict[str, Any]]:
         codes, logs = emulated_hosts.run(module_args, processes, gpus, args.nccl, args.timeout_s)
     finally:
         for k, v in old.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     per_process = [
         [json.loads(line[len(_ROW):]) for line in log.splitlines() if line.startswith(_ROW)]
         for log in logs

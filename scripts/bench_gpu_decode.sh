@@ -7,9 +7,10 @@
 # data.decode=gpu against synthetic data at 256 images per GPU on 1 GPU (16 cores, the synthetic
 # run at the same time on the other GPU and the other 16 cores) and on 2 GPUs (32 cores), and at
 # 64 per GPU on 1 GPU; the decode stage alone per GPU; and the smoke check (GPU path against CPU
-# path on the same images and parameters). Writes $OUT/bench_gpu_decode.json (the record
-# docs/input_pipeline.md renders), $OUT/gpu_decode_smoke.json and the logs' tails in
-# $OUT/bench_gpu_decode.log, and prints a summary last.
+# path on the same images and parameters), first: if it fails, nothing else runs. Writes
+# $OUT/bench_gpu_decode.json (the record docs/input_pipeline.md renders),
+# $OUT/gpu_decode_smoke.json and the logs' tails in $OUT/bench_gpu_decode.log, and prints a
+# summary last.
 set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 export PYTHONUNBUFFERED=1
@@ -25,7 +26,8 @@ first="0-$((half - 1))" second="$half-$((2 * half - 1))" both="0-$((2 * half - 1
 # First the smoke check (it writes the dataset; a broken GPU path shows here in a minute), then
 # the decode stage alone.
 CUDA_VISIBLE_DEVICES=0 python3 -m scripts.bench.gpu_decode smoke --data_dir="$data" \
-  --out="$OUT/gpu_decode_smoke.json" >"$runs/smoke.log" 2>&1 || echo "smoke failed"
+  --out="$OUT/gpu_decode_smoke.json" >"$runs/smoke.log" 2>&1 ||
+  { echo "smoke failed: the GPU path is broken, nothing else is worth timing"; tail -n 30 "$runs/smoke.log"; exit 1; }
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 \
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
 

@@ -509,3 +509,19 @@ def test_overlap_schedule_reads_each_collective_of_the_entry_computation():
     assert not first["sync"] and second["sync"]
     assert second["convolutions_before_start"] == 2 and second["convolutions_between"] == 0
     assert first["convolutions"] == 3 and first["shape"].startswith("((bf16[8]")
+
+
+def test_emulated_hosts_timeout_counts_from_the_start_for_every_process():
+    """A run's limit is one deadline: the second process is not given a fresh timeout after the
+    first is killed (two 2 s waits made a layout overrun its benchmark's budget)."""
+    import time
+
+    from scripts.bench import emulated_hosts
+
+    sleeper = ["timeit", "-n", "1", "-r", "1", "import time; time.sleep(60)"]
+    start = time.monotonic()
+    codes, logs = emulated_hosts.run(lambda i, port: sleeper, 2, 0, {}, timeout=2.0)
+    elapsed = time.monotonic() - start
+    assert all(log.endswith("[killed: timeout]") for log in logs)
+    assert all(code is not None and code < 0 for code in codes)  # killed, not exited
+    assert elapsed < 3.5, elapsed  # one 2 s deadline, not 2 x 2 s

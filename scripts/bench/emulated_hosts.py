@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 from scripts.bench import harness
@@ -34,7 +35,7 @@ def run(
     `LOOPBACK_NETWORK` and `nccl`, except NVLink multicast's, which stays as the machine set it.
 
     Returns:
-      Each process's exit status (None if killed at `timeout`) and output.
+      Each process's exit status (None if killed `timeout` seconds after the start) and output.
     """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -62,9 +63,10 @@ def run(
             )
         )
     logs = []
+    deadline = time.monotonic() + timeout  # one for all: a killed process gives the next none
     for p in procs:
         try:
-            logs.append(p.communicate(timeout=timeout)[0])
+            logs.append(p.communicate(timeout=max(0.0, deadline - time.monotonic()))[0])
         except subprocess.TimeoutExpired:
             p.kill()
             logs.append(p.communicate()[0] + "\n[killed: timeout]")

@@ -13,8 +13,8 @@ step for a timeline of its kernels. Layouts, `PROCESSESxGPUS`, each process on i
 
 Variants (`VARIANTS`): the default config (`overlap`: each bucket's all-reduce awaited only after
 backward, `allreduce.hold_until_all_reduced`), the same without overlap, other bucket sizes, the
-overlap compiled with XLA's latency-hiding scheduler and/or combining capped at the bucket size,
-and `peer`: the trainer's forward/backward and update with a plain reduction after backward
+other strategies (`hierarchical`, `hybrid`, `xla`, `auto`), the overlap compiled with XLA's
+latency-hiding scheduler and/or combining capped at the bucket size, and `peer`: the trainer's forward/backward and update with a plain reduction after backward
 (`peer_steps`' `peer_wire_buckets`: leaves concatenated into buckets of the config's size in its
 wire dtype, one psum each).
 
@@ -24,6 +24,11 @@ Process 0 also records each collective's place in XLA's schedule (`schedule`): h
 convolutions run between its start and its done, and whether XLA made it synchronous.
 
   python -m scripts.bench.overlap --layouts=1x1,2x1 --batches=256,64 --out=/tmp/overlap.json
+
+Four GPUs as two hosts of two, every strategy, stopped after 9 minutes with the rows it has:
+
+  python -m scripts.bench.overlap --layouts=1x1,2x2 --batches=256,64 --budget_s=540 \
+      --variants=overlap,hierarchical,hybrid,xla,auto,overlap_4mib,overlap_64mib,peer
 
 On CPU (tiny model, gloo; no GPU figures):
 
@@ -35,10 +40,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import statistics
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,6 +69,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "overlap_lhs": {"xla": _LHS},
     "overlap_cap": {"xla": _CAP},
     "overlap_lhs_cap": {"xla": {**_LHS, **_CAP}},
+    "overlap_64mib": {"comm.bucket_bytes": 64 * MIB},
+    # The other strategies (jia_jax/allreduce.py), overlapped as the default is.
+    "hierarchical": {"comm.strategy": "hierarchical"},
+    "hybrid": {"comm.strategy": "hybrid"},
+    "xla": {"comm.strategy": "xla"},
+    "auto": {"comm.strategy": "auto", "comm.bucket_bytes": -1, "comm.hybrid_crossover_bytes": -1},
     "peer": {"comm.overlap": False},
 }
 _ROW = "OVERLAP_ROW "
@@ -128,6 +141,12 @@ def timeline(kernels: Sequence[Any]) -> dict[str, Any]:
     }
 
 
+def step_config(variant: str) -> dict[str, Any]:
+    """The variant's communication settings: the 64K config's (the `flat` strategy, 16 MiB
+    buckets) with its overrides."""
+    return {"comm.strategy": "flat", "comm.bucket_bytes": 16 * MIB, **VARIANTS[variant]}
+
+
 def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, gpus: int):
     import jax
 
@@ -157,8 +176,6 @@ def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, g
 
 def _measure(args, variant: str, batch: int, processes: int, gpus: int) -> dict[str, Any]:
     """One row, measured by every process of the layout (the caller keeps process 0's rates)."""
-    import time
-
     import jax
 
     from scripts.bench import profile_trace
@@ -167,7 +184,12 @@ def _measure(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
     state = setup["init"]()
     start = time.perf_counter()
     compiled = step.lower(state, setup["batch"]).compile(VARIANTS[variant].get("xla"))
-    row: dict[str, Any] = {"compile_s": time.perf_counter() - start, "strategy": "flat"}
+    config = step_config(variant)
+    row: dict[str, Any] = {
+        "compile_s": time.perf_counter() - start,
+        "strategy": "peer" if variant == "peer" else config["comm.strategy"],
+        "bucket_bytes": config["comm.bucket_bytes"],
+    }
     if jax.process_index() == 0 and jax.default_backend() == "gpu":
         row["schedule"] = schedule(compiled.as_text())
     state, synced, queued = harness.time_train_step(
@@ -209,7 +231,9 @@ def worker(args: argparse.Namespace) -> None:
             print(_ROW + json.dumps(row), flush=True)
 
 
-def _layout_rows(args: argparse.Namespace, layout: str) -> list[dict[str, Any]]:
+def _layout_rows(
+    args: argparse.Namespace, layout: str, deadline: float
+) -> list[dict[str, Any]]:
     """Runs one layout's processes and merges their rows (rates of process 0, trace figures
     averaged over the processes)."""
     processes, gpus = (int(x) for x in layout.split("x"))
@@ -230,7 +254,8 @@ def _layout_rows(args: argparse.Namespace, layout: str) -> list[dict[str, Any]]:
     old = {k: os.environ.get(k) for k in env_cpu}
     os.environ.update(env_cpu)
     try:
-        codes, logs = emulated_hosts.run(module_args, processes, gpus, args.nccl, args.timeout_s)
+        timeout = min(args.timeout_s, deadline - time.monotonic())
+        codes, logs = emulated_hosts.run(module_args, processes, gpus, args.nccl, timeout)
     finally:
         for k, v in old.items():
             if v is None:
@@ -267,7 +292,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup_steps", type=int, default=3)
-    parser.add_argument("--timeout_s", type=float, default=540)
+    parser.add_argument("--timeout_s", type=float, default=540, help="a layout's limit")
+    parser.add_argument(
+        "--budget_s", type=float, default=math.inf,
+        help="the run's limit: a layout still running then is stopped and keeps the rows it printed",
+    )
     parser.add_argument("--nccl", type=json.loads, default={"NCCL_SOCKET_NTHREADS": "4",
                                                             "NCCL_NSOCKS_PERTHREAD": "4"})
     parser.add_argument("--tiny", action="store_true", help="a tiny ResNet on 32 px images (CPU)")
@@ -283,9 +312,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.worker:
         worker(args)
         return {}
+    deadline = time.monotonic() + args.budget_s
     doc: dict[str, Any] = {"args": vars(args), "results": []}
     for layout in args.layouts:
-        doc["results"] += _layout_rows(args, layout)
+        doc["results"] += _layout_rows(args, layout, deadline)
         harness.write_json(args.out, doc)
     base = {r["per_device_batch"]: r for r in doc["results"]
             if r.get("layout") == "1x1" and "images_per_s" in r}

@@ -360,10 +360,27 @@ def test_options_compute_the_plain_net_float64(x64, name, width, image):
     assert jax.tree.structure(got) == jax.tree.structure(want)
 
 
-def test_bad_option_combinations_are_rejected():
-    options = {"num_classes": 2, "dtype": "float32"}
-    with pytest.raises(ValueError, match="small_inputs"):
-        create_model("resnet18", small_inputs=True, space_to_depth_stem=True, **options)
+def test_default_options_step_aside_where_they_do_not_apply():
+    """On by default, so they must not break a model they cannot rewrite: with `small_inputs`
+    (stride-1 stem) `space_to_depth_stem` leaves the net as it is; with cross-device statistics
+    (`bn_axis_name`) the model's BatchNorms are the plain ones."""
+    options = {"num_classes": 2, "dtype": "float32", "width": 4, "small_inputs": True}
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 8, 8, 3)), jnp.float32)
+    plain = create_model("resnet18", **options)
+    stem = create_model("resnet18", space_to_depth_stem=True, **options)
+    variables = plain.init(jax.random.key(0), x, train=False)
+    assert jax.tree.structure(stem.init(jax.random.key(0), x, train=False)) == jax.tree.structure(
+        variables
+    )
+    np.testing.assert_array_equal(
+        stem.apply(variables, x, train=False), plain.apply(variables, x, train=False)
+    )
     model = create_model("resnet18", fused_bn=True, bn_axis_name="batch", **options)
+    assert layers.batch_norm(model, train=True).keywords["fused"] is False
+    assert layers.batch_norm(model.clone(bn_axis_name=None), train=True).keywords["fused"] is True
+
+
+def test_fused_batch_norm_refuses_cross_device_statistics():
+    layer = layers.BatchNormAct(use_running_average=False, fused=True, axis_name="batch")
     with pytest.raises(ValueError, match=r"model\.fused_bn"):
-        jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)), train=True))
+        jax.eval_shape(lambda: layer.init(jax.random.key(0), jnp.zeros((2, 3))))

@@ -86,10 +86,10 @@ class AlexNetBN(nn.Module):
         224x224 with the standard stem), so fc6 keeps its 9216*width/96-wide input.
       fused_bn: Every BatchNorm, with the ReLU that follows it, as one op with a hand-written
         backward (`fused_bn.py`) written for fewer memory passes: the same function and
-        parameters; per-device statistics only (``bn_axis_name`` None).
+        parameters; used only with per-device statistics (``bn_axis_name`` None).
       space_to_depth_stem: conv1 (11x11, stride 4) computed as a 3x3 stride-1 conv on the 4x4
         space-to-depth input of 48 channels (`space_to_depth.py`): the same function and the
-        same 11x11x3 kernel parameter. Not with ``small_inputs`` (its conv1 has stride 1).
+        same 11x11x3 kernel parameter. No effect with ``small_inputs`` (its conv1 has stride 1).
       sliced_max_pool: The three 3x3/2 max-pools with the elementwise backward of
         `max_pool.py` (the same function and gradient), as ResNet's option of that name.
     """
@@ -106,10 +106,6 @@ class AlexNetBN(nn.Module):
     fused_bn: bool = False
     space_to_depth_stem: bool = False
     sliced_max_pool: bool = False
-
-    def __post_init__(self) -> None:
-        layers.check_stem_options(self)
-        super().__post_init__()
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:

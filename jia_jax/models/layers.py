@@ -79,7 +79,8 @@ class BatchNormAct(nn.BatchNorm):
 
 
 def batch_norm(model: nn.Module, train: bool) -> Callable[..., BatchNormAct]:
-    """`BatchNormAct` configured from `model`'s `bn_*`, `fused_bn`, `dtype` and `param_dtype` fields.
+    """`BatchNormAct` configured from `model`'s `bn_*`, `fused_bn`, `dtype` and `param_dtype` fields
+    (`fused_bn` only where the statistics are per device).
 
     flax BatchNorm (force_float32_reductions=True) computes mean/var, the running averages and the
     normalisation itself in fp32; `dtype` only sets the dtype of its output. The fused one too.
@@ -92,7 +93,8 @@ def batch_norm(model: nn.Module, train: bool) -> Callable[..., BatchNormAct]:
         dtype=model.dtype,
         param_dtype=model.param_dtype,
         axis_name=model.bn_axis_name,
-        fused=model.fused_bn,
+        # The fused op computes per-device statistics: with an axis name, the plain layers.
+        fused=model.fused_bn and model.bn_axis_name is None,
     )
 
 
@@ -116,12 +118,3 @@ def max_pool(model: nn.Module) -> Callable[..., jax.Array]:
     """`nn.max_pool`, or with `model.sliced_max_pool` the same function with the elementwise
     backward of `max_pool.py`. Called as ``(x, window_shape, strides, padding)``."""
     return sliced.max_pool if model.sliced_max_pool else nn.max_pool
-
-
-def check_stem_options(model: nn.Module) -> None:
-    """Raises for `space_to_depth_stem` with `small_inputs`, whose stem conv has stride 1."""
-    if model.space_to_depth_stem and model.small_inputs:
-        raise ValueError(
-            "model.space_to_depth_stem rewrites the strided stem conv; with model.small_inputs "
-            "the stem has stride 1: set one of them to False."
-        )

@@ -113,11 +113,10 @@ class ResNet(nn.Module):
         of the 7x7 stride-2 conv and 3x3 stride-2 max-pool sized for 224x224.
       fused_bn: Every BatchNorm, with the ReLU and the residual add that follow it, as one op
         with a hand-written backward (`fused_bn.py`) written for fewer memory passes: the same
-        function and parameters; per-device statistics only (``bn_axis_name`` None). Off by
-        default until measured on GPU; so is ``space_to_depth_stem``.
+        function and parameters; used only with per-device statistics (``bn_axis_name`` None).
       space_to_depth_stem: The 7x7/2 stem conv computed as a 4x4 stride-1 conv on the 2x2
         space-to-depth input of 12 channels (`space_to_depth.py`): the same function and the
-        same 7x7x3 kernel parameter. Not with ``small_inputs`` (its stem has stride 1).
+        same 7x7x3 kernel parameter. No effect with ``small_inputs`` (its stem has stride 1).
       sliced_max_pool: The stem's 3x3/2 max-pool as a maximum over strided slices that keeps
         the winning tap (`max_pool.py`): the same function and gradient (ties to the first
         maximum in window order, as flax's), with an elementwise backward instead of XLA's
@@ -142,7 +141,6 @@ class ResNet(nn.Module):
             raise ValueError(
                 f"ResNet depth {self.depth} is not supported; use one of {sorted(_ARCHITECTURES)}."
             )
-        layers.check_stem_options(self)
         super().__post_init__()
 
     @nn.compact

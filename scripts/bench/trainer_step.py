@@ -60,10 +60,11 @@ def make_config(
         config.model.width = model_width
     if small_inputs:
         config.model.small_inputs = True
-    for option in model_options:  # e.g. fused_bn, space_to_depth_stem (configs/default.py)
-        if option not in config.model:
-            raise ValueError(f"--model_options: the config has no model.{option}")
-        config.model[option] = True
+    for option in model_options:  # e.g. fused_bn, or no_fused_bn to turn it off
+        name = option.removeprefix("no_")
+        if name not in config.model:
+            raise ValueError(f"--model_options: the config has no model.{name}")
+        config.model[name] = name == option
     config.data.name = "synthetic"
     config.data.image_size = image_size
     config.global_batch_size = per_device_batch(model, per_device_batch_override) * node * gpu

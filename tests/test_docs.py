@@ -272,16 +272,30 @@ def test_input_answers_agree_with_the_json():
 
 def test_one_gpu_step_answers_agree_with_the_json():
     text = _section("## One GPU")
-    today, variant = load("bench_peers_1xH100_trainer.json"), load("bench_peers_1xH100.json")
-    # The trainer is compared with the peers of the other file: one call on one machine.
-    pairs = ((today, "bench_peers_1xH100.json"), (variant, "bench_peers_1xH100_trainer.json"))
-    for doc, other in pairs:
-        assert f"the same call and machine as {other}" in doc["provenance"]["device"]
-    main = {r["per_device_batch"]: r for r in today["results"]}
-    rows = variant["results"]
-    in_file = [r["ratio_vs_faster_peer"] for r in rows if r.get("ratio_vs_faster_peer")]
-    peer = {(r["kind"], r["per_device_batch"]): r["images_per_s"] for r in rows}
-    fast = {b: max(peer[("flax", b)], peer[("torch", b)]) for b in (256, 64)}
+    alone, default = load("bench_peers_options_1xH100.json"), load("bench_peers_default_1xH100.json")
+    cmdbuf = load("bench_peers_cmdbuf_1xH100.json")
+
+    def rate(doc, kind, batch, options=()):
+        [row] = [
+            r
+            for r in doc["results"]
+            if r["kind"] == kind
+            and r["per_device_batch"] == batch
+            and tuple(r.get("model_options", ())) == tuple(options)
+            and not r.get("xla_flags")
+            and r["model"] == "resnet50"
+        ]
+        return row["images_per_s"]
+
+    gain = {
+        (o, b): 100 * (rate(alone, "trainer", b, [o]) / rate(alone, "trainer", b) - 1)
+        for o in ("fused_bn", "space_to_depth_stem", "sliced_max_pool")
+        for b in (256, 64)
+    }
+    three = ["space_to_depth_stem", "fused_bn", "sliced_max_pool"]
+    ours = {b: rate(default, "trainer", b, three) for b in (256, 64)}
+    peer = {(k, b): rate(default, k, b) for k in ("flax", "torch") for b in (256, 64)}
+    [flagged] = [r for r in cmdbuf["results"] if r.get("xla_flags")]
     cases = json.loads(gzip.decompress((RAW / "profile_1xH100.json.kernels.json.gz").read_bytes()))
     [kernels] = cases["resnet50:1x1:xla:256"].values()
     split = profile_trace.fusion_breakdown([profile_trace.Kernel(*k) for k in kernels], 4)
@@ -290,26 +304,32 @@ def test_one_gpu_step_answers_agree_with_the_json():
         text,
         [
             (
-                f"({main[256]['images_per_s']:,.0f} images/s queued at 256 per GPU) runs at "
-                f"{main[256]['images_per_s'] / fast[256]:.3f}× the faster peer (plain flax, "
-                f"{peer[('flax', 256)]:,.0f}; torch.compile {peer[('torch', 256)]:,.0f})"
+                f"the fused BatchNorm by {gain['fused_bn', 256]:.1f}% and "
+                f"{gain['fused_bn', 64]:.1f}%, the space-to-depth stem by "
+                f"{gain['space_to_depth_stem', 256]:.1f}% and {gain['space_to_depth_stem', 64]:.1f}%, "
+                f"the sliced max-pool by {gain['sliced_max_pool', 256]:.1f}% and "
+                f"{gain['sliced_max_pool', 64]:.1f}%"
             ),
             (
-                f"at 64 per GPU at {main[64]['images_per_s'] / fast[64]:.3f}× "
-                f"({main[64]['images_per_s']:,.0f} against flax's {peer[('flax', 64)]:,.0f})"
+                f"the step runs {ours[256]:,.0f} images/s queued at 256 per GPU, "
+                f"{ours[256] / rate(default, 'trainer', 256):.3f}× the plain layers and "
+                f"{ours[256] / max(peer['flax', 256], peer['torch', 256]):.3f}× the faster peer "
+                f"(torch.compile, {peer['torch', 256]:,.0f})"
             ),
-            f"keeps {main[64]['images_per_s'] / main[256]['images_per_s']:.3f} of the 256-image",
             (
-                f"One-pass LARS norms: {peer[('trainer', 256)]:,.0f} and {peer[('trainer', 64)]:,.0f} "
-                f"(+{100 * (peer[('trainer', 256)] / main[256]['images_per_s'] - 1):.1f}% and "
-                f"+{100 * (peer[('trainer', 64)] / main[64]['images_per_s'] - 1):.1f}%), at "
-                f"{min(in_file):.3f}× the faster peer in their own file"
+                f"at 64 per GPU {ours[64]:,.0f}, "
+                f"{ours[64] / max(peer['flax', 64], peer['torch', 64]):.3f}× the faster peer "
+                f"(plain flax, {peer['flax', 64]:,.0f}; torch.compile {peer['torch', 64]:,.0f})"
             ),
+            f"keeps {ours[64] / ours[256]:.3f} of the 256-image",
+            f"gave {flagged['speedup_vs_trainer']:.3f}× the step without them",
             f"take {ms['conv/gemm']:.2f} of {sum(ms.values()):.2f} ms",
             f"reductions {ms['bn/reduction']:.2f} ms in {split['bn/reduction']['count_per_step']:.0f} kernels",
             f"optimizer) {ms['elementwise']:.2f} ms, max-pooling {ms['pooling']:.2f} ms",
         ],
     )
+    # The faster peer named in the prose is the faster one in the file.
+    assert peer["torch", 256] > peer["flax", 256] and peer["flax", 64] > peer["torch", 64]
 
 
 def test_input_pipeline_doc_quotes_the_json():
@@ -553,6 +573,23 @@ def test_overlap_answers_agree_with_the_json():
             f"{capped['1x2', 'no_overlap', 256]['eff']:.3f} at 256, "
             f"{capped['1x2', 'overlap', 64]['eff']:.3f} against "
             f"{capped['1x2', 'no_overlap', 64]['eff']:.3f} at 64)",
+        ],
+    )
+    lhs = rows("bench_overlap_lhs_2xH200.json")
+    repro = load("repro_peer_watch_2xH200.json")["results"]
+    assert all(r["returncodes"] == [0, 0] and not r["crashed"] for r in repro)
+    assert {r["recoverable"] for r in repro} == {False, True}
+    assert all(r["poll_get_live_nodes"] and r["steps"] == [4000, 4000] for r in repro)
+    assert_quoted(
+        _section("## Across hosts"),
+        [
+            f"it kept {lhs['2x1', 'overlap_lhs', 256]['eff']:.3f} at 256 images per GPU against "
+            f"the default's {lhs['2x1', 'overlap', 256]['eff']:.3f}, and less at 64 "
+            f"({lhs['2x1', 'overlap_lhs', 64]['eff']:.3f}, and "
+            f"{lhs['2x1', 'overlap_lhs_cap', 64]['eff']:.3f} with the cap, against "
+            f"{lhs['2x1', 'overlap', 64]['eff']:.3f}); the plain peer kept "
+            f"{lhs['2x1', 'peer', 256]['eff']:.3f} and {lhs['2x1', 'peer', 64]['eff']:.3f}",
+            "corrupted the heap in 4,000 steps",
         ],
     )
     assert_quoted(

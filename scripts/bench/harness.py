@@ -52,7 +52,7 @@ def time_steps(step, state, batch, steps: int, queued: bool) -> tuple[Any, list[
     step t's metrics are waited for; a sample is the time between two such completions, so the
     queue never drains and the device time between steps is what training sees. It runs
     `steps + 2` steps (before the second was added, queued timing gave `steps - 1` samples:
-    `bench_peers_1xH100*.json` hold 19 for `--steps=20`).
+    `bench_peers_*_1xH100.json` hold 19 for `--steps=20`).
     """
     samples, prev, last = [], None, None
     # Queued: the first completion starts the clock, so `steps` samples take `steps + 2` steps.

@@ -17,7 +17,7 @@ Why not JAX's recoverable mode (`jax_enable_recoverability`, a thread asking the
 service's `get_live_nodes` every second), which this module used before: GPU runs across
 emulated hosts (NCCL over sockets between processes) crashed with heap corruption
 (`free(): unaligned chunk detected in tcache 2`, segmentation faults) in every run with it on
-and in none with it off; `scripts/bench/repro_peer_watch.py` tests the two parts apart on GPUs
+and in none with it off; neither part alone reproduced it in a collective loop
 (docs/benchmarks.md, "Across hosts"). The watch calls no JAX function from its thread, and JAX
 stays in its default mode.
 

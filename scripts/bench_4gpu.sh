@@ -13,7 +13,6 @@ case "$1" in
   link)
     # Four sizes: scripts/calibrate_comm.py fits each level's latency and bandwidth from them.
     python3 -m scripts.bench.link --size_mib=0.25,4,32,97.5 --out="$OUT/bench_link_4gpu.json"
-    python3 -m scripts.bench.repro_peer_watch --out="$OUT/repro_peer_watch_4gpu.json"
     ;;
   sigkill)
     # The default config on 2 emulated hosts; process 1 is killed once step 60 is logged.

@@ -21,7 +21,6 @@ from scripts.bench import input_stage_costs as bench_input_stage_costs
 from scripts.bench import link as bench_link
 from scripts.bench import peers as bench_peers
 from scripts.bench import plot_profile as bench_plot_profile
-from scripts.bench import repro_peer_watch as bench_repro
 from scripts.bench import step as bench_step
 from scripts.bench import train_input as bench_train_input
 from scripts.bench import trainer_step
@@ -439,17 +438,6 @@ def test_bench_link_reports_each_axis_and_size_over_processes(tmp_path, monkeypa
     assert "| hosts_sockets_4x4 | 0.02 | 2 |" in render(str(out))
 
 
-def test_repro_peer_watch_records_each_combination(tmp_path, monkeypatch):
-    _cpu_processes(monkeypatch, 2)
-    doc = bench_repro.main(
-        ["--combos=00", "--steps=5", "--mib=0.01", "--width=8", f"--out={tmp_path / 'r.json'}"]
-    )
-    [row] = doc["results"]
-    assert (row["recoverable"], row["poll_get_live_nodes"]) == (False, False)
-    assert row["returncodes"] == [0, 0] and not row["crashed"], row["log_tails"]
-    assert row["steps"] == [5, 5]
-
-
 def test_plot_profile_draws_a_recorded_profile(tmp_path):
     out = tmp_path / "timeline.png"
     bench_plot_profile.main(
@@ -473,9 +461,13 @@ def test_input_stage_costs_times_every_stage(capsys):
     assert all(ms > 0 for ms in times.values()), times
 
 
-def test_model_options_turn_on_model_fields_and_name_a_missing_one():
-    config = trainer_step.make_config("resnet50", "flat", 1, 1, model_options=["fused_bn"])
+def test_model_options_turn_model_fields_on_and_off_and_name_a_missing_one():
+    config = trainer_step.make_config(
+        "alexnet_bn", "flat", 1, 1, model_options=["fused_bn", "no_sliced_max_pool"]
+    )
     assert config.model.fused_bn and not config.model.space_to_depth_stem
+    config = trainer_step.make_config("resnet50", "flat", 1, 1, model_options=["no_fused_bn"])
+    assert not config.model.fused_bn and config.model.space_to_depth_stem
     with pytest.raises(ValueError, match="no model.fused_relu"):
         trainer_step.make_config("resnet50", "flat", 1, 1, model_options=["fused_relu"])
 

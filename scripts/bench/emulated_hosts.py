@@ -1,7 +1,7 @@
 """Processes as emulated hosts: one machine's GPUs split into hosts that NCCL joins by sockets.
 
 What `scripts/launch_local.sh --hosts` does for the trainer, for benchmarks that start their own
-processes (`link`, `repro_peer_watch`).
+processes (`link`, `overlap`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The tables of the JSON that the benchmarks of `scripts/bench/` write: step, allreduce, input,
 train_input, gpu_decode (its report), peers, profile_step (and its `.kernels.json.gz`: the step's
-device time by what the kernels do), multiprocess, hosts, link and repro_peer_watch (and a killed
-run's log)."""
+device time by what the kernels do), multiprocess, hosts, link and the recoverable-mode loop (and a
+killed run's log)."""
 
 from __future__ import annotations
 
@@ -442,7 +442,8 @@ def overlap_schedule_table(doc: dict[str, Any]) -> str:
 
 
 def repro_table(doc: dict[str, Any]) -> str:
-    """Each combination of recoverable mode and polling thread (scripts/bench/repro_peer_watch.py)."""
+    """Each combination of JAX's recoverable mode and a `get_live_nodes` polling thread under a
+    data-parallel loop across emulated hosts."""
     args = doc["args"]
     length = (
         f"{args['steps']} steps"

@@ -47,8 +47,8 @@ def get_config() -> ml_collections.ConfigDict:
     # "auto": the GPU where JAX runs on GPUs and nvImageCodec is installed, else the CPU. Both
     # give the same examples and crop windows (docs/input_pipeline.md).
     config.data.decode = "auto"
-    # GPU decoding: side of the square tiles each JPEG is decoded into. 512 holds the crop of an
-    # ImageNet-sized image (500 x 375) in one tile; a larger crop takes several.
+    # GPU decoding: side of the square tiles each JPEG is decoded into. 512 holds an ImageNet-sized
+    # image (500 x 375) whole in one tile; a larger image takes several around its crop.
     config.data.gpu_canvas = 512
 
     config.global_batch_size = 256

@@ -1,12 +1,15 @@
 """Crop and resize on the device, from decoded tiles: Pillow's bilinear resize, in JAX.
 
-The GPU input path (jia_jax/gpu_input.py) has the JPEG decoder write each image as square tiles
-of `canvas` pixels: the region of the image at a tile's origin, zeros past the image's edge. A
-crop whose window (plus the filter's reach around it) fits in one canvas, which a 512 canvas
-gives every ImageNet-sized (500 x 375) image, takes one tile; a larger one takes a grid of
-tiles. Every tile has the same shape, so one program of fixed shape resizes a whole batch, for
-any mix of image and crop sizes: the plan (`plan_tiles`, on the host) says where each tile sits,
-and the resize's scale and translation are traced values, not shapes.
+The GPU input path (jia_jax/gpu_input.py) has the JPEG decoder write each image into square
+tiles of `canvas` pixels, slots of one uint8 [T, canvas, canvas, 3] array. An image that fits in
+one canvas (a 512 canvas holds every ImageNet-sized, 500 x 375, image) is decoded whole into one
+tile, at its top-left corner. A larger one takes a grid of tiles over its crop's window (plus the
+filter's reach around it): each holds the image's pixels from the tile's origin to the image's
+edge or the tile's, a region of interest inside the image. What a tile holds past the image's
+edge is never read (its weights are 0, `valid` below). Every tile has the same shape, so one
+program of fixed shape resizes a whole batch, for any mix of image and crop sizes: the plan
+(`plan_tiles`, on the host) says where each tile sits, and the resize's scale and translation are
+traced values, not shapes.
 
 The resize is the one Pillow's `Image.resize(size, BILINEAR, box=box)` computes (the CPU path):
 a triangle filter whose support widens with the downscale factor (antialiasing), over the
@@ -49,14 +52,16 @@ class TilePlan(NamedTuple):
 
     example: int32 [T], the example each tile belongs to (the batch size for padding tiles,
       whose contribution is dropped).
-    origin: int64 [T, 2], (y, x) of the tile's top-left pixel in its image.
+    region: int64 [T, 4], (top, left, bottom, right): the pixels of its image the tile holds at
+      its top-left corner, from the tile's origin (top, left) to the image's edge or the
+      tile's; (0, 0, 0, 0) for padding tiles.
     params: float32 [T, NUM_PARAMS], per axis the crop's start relative to the tile's origin,
       the crop's length and the image's extent from the tile's origin (pixels past it are
-      padding); then 1 where the example is flipped horizontally.
+      not read); then 1 where the example is flipped horizontally.
     """
 
     example: np.ndarray
-    origin: np.ndarray
+    region: np.ndarray
     params: np.ndarray
 
 
@@ -83,7 +88,8 @@ def plan_tiles(
     image_size: int,
     canvas: int,
 ) -> TilePlan:
-    """The tiles that cover each example's crop.
+    """The tiles that cover each example's crop: the whole image in one tile at (0, 0) where it
+    fits in a canvas, else a grid of tiles over the crop's window and the filter's reach.
 
     Args:
       boxes: float [B, 4], (left, top, right, bottom) of each crop in source pixels.
@@ -101,6 +107,10 @@ def plan_tiles(
     width, height = np.asarray(sizes, np.int64).T
     y_low, y_high = _span(boxes[:, 1], boxes[:, 3], height, image_size)
     x_low, x_high = _span(boxes[:, 0], boxes[:, 2], width, image_size)
+    # An image within one canvas is decoded whole (the hardware JPEG decoder takes no region of
+    # interest): its one tile starts at its top-left corner.
+    fits = (height <= canvas) & (width <= canvas)
+    y_low, x_low = np.where(fits, 0, y_low), np.where(fits, 0, x_low)
     rows = -(-(y_high - y_low) // canvas)
     cols = -(-(x_high - x_low) // canvas)
     counts = np.where(has_image, rows * cols, 0)
@@ -108,6 +118,15 @@ def plan_tiles(
     within = np.arange(len(example)) - np.repeat(np.cumsum(counts) - counts, counts)
     origin_y = y_low[example] + within // cols[example] * canvas
     origin_x = x_low[example] + within % cols[example] * canvas
+    region = np.stack(
+        [
+            origin_y,
+            origin_x,
+            np.minimum(origin_y + canvas, height[example]),
+            np.minimum(origin_x + canvas, width[example]),
+        ],
+        axis=1,
+    )
     box = boxes[example]
     params = np.stack(
         [
@@ -121,7 +140,7 @@ def plan_tiles(
         ],
         axis=1,
     ).astype(np.float32)
-    return TilePlan(example, np.stack([origin_y, origin_x], axis=1), params)
+    return TilePlan(example, region, params)
 
 
 def padded_count(num_tiles: int, batch: int) -> int:
@@ -135,7 +154,7 @@ def pad_plan(plan: TilePlan, count: int, batch: int) -> TilePlan:
     extra = count - len(plan.example)
     return TilePlan(
         np.concatenate([plan.example, np.full(extra, batch, np.int32)]),
-        np.concatenate([plan.origin, np.zeros((extra, 2), np.int64)]),
+        np.concatenate([plan.region, np.zeros((extra, 4), np.int64)]),
         np.concatenate([plan.params, np.zeros((extra, NUM_PARAMS), np.float32)]),
     )
 
@@ -199,9 +218,9 @@ def resize_tiles(
 
 @functools.partial(jax.jit, static_argnames=("batch", "image_size"))
 def crop_resize(
-    tiles: list[jax.Array], example: jax.Array, params: jax.Array, *, batch: int, image_size: int
+    tiles: jax.Array, example: jax.Array, params: jax.Array, *, batch: int, image_size: int
 ) -> jax.Array:
-    """uint8 [batch, image_size, image_size, 3]: the decoded tiles (a list, all on the device
-    that runs this) cropped, resized and flipped per `TilePlan`, rounded to pixels."""
-    resized = resize_tiles(jnp.stack(tiles), example, params, batch=batch, image_size=image_size)
+    """uint8 [batch, image_size, image_size, 3]: the decoded tiles, uint8 [T, canvas, canvas, 3],
+    cropped, resized and flipped per `TilePlan`, rounded to pixels."""
+    resized = resize_tiles(tiles, example, params, batch=batch, image_size=image_size)
     return jnp.clip(jnp.round(resized), 0, 255).astype(jnp.uint8)

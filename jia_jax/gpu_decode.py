@@ -1,20 +1,39 @@
-"""JPEG decoding on the GPU with nvImageCodec: tiles of an image straight into device memory.
+"""JPEG decoding on the GPU with nvImageCodec: a batch's tiles written into one device array.
 
-A `TileDecoder` takes encoded images and the (y, x) origin of each tile wanted, and returns each
-tile as a uint8 [canvas, canvas, 3] RGB `jax.Array` on its device, zeros past the image's edge,
-or None where it cannot decode it (a CMYK JPEG, a PNG stored as JPEG, damaged bytes): the caller
-decodes those with Pillow on the CPU instead (jia_jax/gpu_input.py).
+A `TileDecoder` takes a batch's encoded images and, per tile, the region of its image the tile
+holds (jia_jax/crop_resize.py plans them; a region is always inside its image), and returns
+uint8 [count, canvas, canvas, 3] on its device: slot t holds region t of image t at its top-left
+corner, zeros elsewhere; and per tile whether it decoded. Where it did not (a CMYK JPEG, a PNG
+stored as JPEG, damaged bytes) the caller takes the CPU path's example instead
+(jia_jax/gpu_input.py), whatever the slot holds.
 
-`NvImageCodecDecoder` asks nvImageCodec for each tile as a region of interest with
-out-of-bounds fill, so the library decodes only that window (on H100s, with the hardware JPEG
-engines) into a buffer of the tile's fixed shape, which DLPack hands to JAX without a copy.
-EXIF orientation is ignored, as Pillow (the CPU path) ignores it.
+`NvImageCodecDecoder` decodes a tile that holds a whole image (every image that fits in a canvas)
+with the GPU's hardware JPEG engines where it has them (H100s do), which take whole images only;
+a tile of a larger image, as a region of interest, and a whole image the engines refuse (a
+progressive JPEG), with nvImageCodec's default backends. Both write straight into the tile's
+slot: the slot's first rows and columns are handed to nvImageCodec as an image of the region's
+shape with the slot's row pitch (`nvimgcodec.as_image` of a `__cuda_array_interface__`). At
+start-up each decoder decodes a probe JPEG exactly so (a whole image; for the default backends a
+region too) and is checked against Pillow. EXIF orientation is ignored, as Pillow (the CPU path)
+ignores it.
+
+The array is written in place, behind XLA's back. That is safe here because
+  * it is a fresh array (`jnp.zeros`) that only `NvImageCodecDecoder.__call__` holds until it
+    returns it, and nothing donates it: no XLA program reads, writes or reuses its memory
+    meanwhile;
+  * the zeros are written before the decoder writes: XLA writes them on its own stream, which
+    nvImageCodec's stream is not ordered after, so the host waits for them (`block_until_ready`;
+    that also waits for the XLA work queued before them, train steps included);
+  * the decoder's writes are finished before the array is returned: every decode is enqueued on
+    this decoder's own CUDA stream (jia_jax/cuda_stream.py), which the host synchronises before
+    returning, also when a decode raises, so no write lands after XLA has read the array or
+    freed its memory.
 
 Install with `pip install -e ".[gpu]"`; nvImageCodec is imported only when a decoder is built.
 
-GPU memory: the decoder allocates its buffers with CUDA, outside the pool XLA reserves at
-start-up: the tiles of the batch being decoded (256 x 512 x 512 x 3 bytes = 0.2 GB per GPU at 256
-ImageNet crops per GPU) and nvJPEG's own, about 1 GB in all. JAX reserves
+GPU memory: the tiles are XLA's (256 x 512 x 512 x 3 bytes = 0.2 GB per GPU at 256 ImageNet crops
+per GPU); nvImageCodec allocates its own buffers with CUDA, outside the pool XLA reserves at
+start-up (nvJPEG's state and its copies of the encoded bytes). JAX reserves
 XLA_PYTHON_CLIENT_MEM_FRACTION of each GPU's memory (0.75 unless set), which leaves 20 GB of an
 80 GB card; the trainer keeps that, and `check_memory_fraction` refuses a fraction that would
 leave the decoder less than `MIN_HEADROOM`.
@@ -22,11 +41,12 @@ leave the decoder less than `MIN_HEADROOM`.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import io
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -34,11 +54,21 @@ import numpy as np
 import PIL.Image
 from absl import logging
 
+from jia_jax import cuda_stream
+
 # Share of GPU memory to leave outside XLA's pool for the decoder: 5% of an 80 GB GPU is 4 GB,
 # four times what it needs.
 MIN_HEADROOM = 0.05
 _JAX_DEFAULT_FRACTION = 0.75
 _PROBE_CANVAS = 256
+# The start-up check's bound on the mean |difference| from Pillow over a probe region, in levels
+# of 255. Two JPEG decoders differ by their IDCT's rounding and their chroma upsampling, a level
+# or two on the smooth probe image; a region written at a wrong pitch, offset or channel order is
+# tens of levels off.
+_PROBE_LEVELS = 8.0
+# JPEG components nvImageCodec decodes here: grey and colour. CMYK/YCCK JPEGs (4) go to Pillow,
+# whose conversion to RGB is the CPU path's.
+_CHANNELS = (1, 3)
 
 
 class DecoderUnavailableError(RuntimeError):
@@ -46,13 +76,15 @@ class DecoderUnavailableError(RuntimeError):
 
 
 class TileDecoder(Protocol):
-    """Decodes tiles of encoded images onto one device."""
+    """Decodes the tiles of a batch onto one device."""
 
     def __call__(
-        self, encoded: Sequence[np.ndarray], origins: np.ndarray, canvas: int
-    ) -> list[jax.Array | None]:
-        """Tile i: the [canvas, canvas, 3] uint8 region at `origins[i]` = (y, x) of
-        `encoded[i]` (zeros past its edge), on this decoder's device; None where undecodable."""
+        self, encoded: Sequence[np.ndarray], regions: np.ndarray, count: int, canvas: int
+    ) -> tuple[jax.Array, np.ndarray]:
+        """uint8 [count, canvas, canvas, 3] on this decoder's device, slot t < len(encoded)
+        holding the pixels `regions[t]` = (top, left, bottom, right) of `encoded[t]` at its
+        top-left corner, zeros elsewhere; and bool [len(encoded)], whether slot t decoded (if
+        not, it may hold anything)."""
 
 
 def library_installed() -> bool:
@@ -83,86 +115,215 @@ def check_memory_fraction(environ: Mapping[str, str]) -> None:
 
 
 def new_decoder(device: jax.Device) -> TileDecoder:
-    """The decoder the GPU path uses on `device` (tests replace this factory)."""
-    return NvImageCodecDecoder(device)
+    """The decoder the GPU path uses on `device` (tests replace this factory).
+
+    Raises:
+      DecoderUnavailableError: no CUDA stream or no working nvImageCodec decoder on `device`.
+    """
+    from nvidia import nvimgcodec  # pylint: disable=import-outside-toplevel
+
+    try:
+        stream = cuda_stream.CudaStream(_ordinal(device))
+    except (OSError, RuntimeError) as e:
+        raise DecoderUnavailableError(
+            f"No CUDA stream for nvImageCodec on {device} ({e}); use --config.data.decode=cpu."
+        ) from e
+    return NvImageCodecDecoder(device, nvimgcodec, stream)
+
+
+def _ordinal(device: jax.Device) -> int:
+    """`device`'s CUDA ordinal among the process's visible GPUs."""
+    ordinal = getattr(device, "local_hardware_id", None)
+    return device.id if ordinal is None else ordinal
+
+
+class _Stream(Protocol):
+    handle: int
+
+    def synchronize(self) -> None: ...
+
+
+class _Backend(NamedTuple):
+    """An nvImageCodec decoder and whether it is given regions of interest."""
+
+    decoder: Any
+    takes_regions: bool
+
+
+class _DeviceView:
+    """Rows [0, height) and columns [0, width) of a slot, with the slot's row pitch, as a
+    `__cuda_array_interface__` for `nvimgcodec.as_image`."""
+
+    def __init__(self, pointer: int, height: int, width: int, canvas: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (height, width, 3),
+            "typestr": "|u1",
+            "data": (pointer, False),
+            "strides": (canvas * 3, 3, 1),
+            "version": 3,
+        }
 
 
 class NvImageCodecDecoder:
-    """Tiles decoded by nvImageCodec on `device`: its hardware JPEG engines where it has them,
-    else whichever backends the library picks."""
+    """A `TileDecoder` on `device` with the `nvimgcodec` module: the hardware JPEG engines for
+    whole images where they pass the start-up check, the default backends for the rest.
 
-    def __init__(self, device: jax.Device) -> None:
-        from nvidia import nvimgcodec  # pylint: disable=import-outside-toplevel
+    Raises:
+      DecoderUnavailableError: the default backends fail the start-up check.
+    """
 
-        self._nvimgcodec = nvimgcodec
+    def __init__(self, device: jax.Device, nvimgcodec: Any, stream: _Stream) -> None:
+        self._nv = nvimgcodec
         self._device = device
+        self._stream = stream
         self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False)
-        # One decode at a time per decoder: the train and eval streams share it.
+        # One batch at a time per decoder: the train and eval streams share it.
         self._lock = threading.Lock()
-        self._decoder = self._create()
-
-    def _create(self) -> Any:
-        """A decoder on the hardware JPEG engines if one decodes a probe tile, else one with
-        nvImageCodec's default backends."""
-        nv = self._nvimgcodec
-        ordinal = getattr(self._device, "local_hardware_id", None)
-        ordinal = self._device.id if ordinal is None else ordinal
-        hardware = [nv.Backend(nv.BackendKind.HW_GPU_ONLY)]
-        probe, origin = _probe_jpeg(), np.array([[8, 8]])
-        for backends in (hardware, None):
-            try:
-                decoder = nv.Decoder(device_id=ordinal, backends=backends)
-                if self._decode(decoder, [probe], origin, _PROBE_CANVAS)[0] is not None:
-                    logging.info(
-                        "nvImageCodec decodes on GPU %d with %s backends.",
-                        ordinal,
-                        "the hardware JPEG" if backends else "its default",
-                    )
-                    return decoder
-            except RuntimeError as e:
-                logging.info("nvImageCodec backends %s unavailable: %s", backends, e)
-        raise DecoderUnavailableError(
-            f"nvImageCodec cannot decode a JPEG tile on {self._device} (its log says why); "
-            "use --config.data.decode=cpu."
-        )
+        hardware = self._checked([nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
+        default = self._checked(None)
+        if default is None:
+            raise DecoderUnavailableError(
+                f"nvImageCodec cannot decode a JPEG into a tile on {device} (the log says why); "
+                "use --config.data.decode=cpu."
+            )
+        self._backends = [b for b in (hardware, default) if b is not None]
 
     def __call__(
-        self, encoded: Sequence[np.ndarray], origins: np.ndarray, canvas: int
-    ) -> list[jax.Array | None]:
+        self, encoded: Sequence[np.ndarray], regions: np.ndarray, count: int, canvas: int
+    ) -> tuple[jax.Array, np.ndarray]:
         with self._lock:
-            return self._decode(self._decoder, encoded, origins, canvas)
+            return self._decode(self._backends, encoded, regions, count, canvas)
 
     def _decode(
-        self, decoder: Any, encoded: Sequence[np.ndarray], origins: np.ndarray, canvas: int
-    ) -> list[jax.Array | None]:
-        nv = self._nvimgcodec
-        streams, wanted = [], []
-        for data, (y, x) in zip(encoded, origins.tolist(), strict=True):
-            try:
-                region = nv.Region(y, x, y + canvas, x + canvas)
-                streams.append(nv.CodeStream(data).get_sub_code_stream(region=region))
-                wanted.append(len(streams) - 1)
-            except RuntimeError:  # a header the library cannot parse
-                wanted.append(None)
-        images = decoder.decode(streams, params=self._params) if streams else []
-        return [None if k is None else self._to_jax(images[k], canvas) for k in wanted]
+        self,
+        backends: Sequence[_Backend],
+        encoded: Sequence[np.ndarray],
+        regions: np.ndarray,
+        count: int,
+        canvas: int,
+    ) -> tuple[jax.Array, np.ndarray]:
+        """Each tile by the first of `backends` that takes and decodes it (see `__call__`)."""
+        regions = np.asarray(regions, np.int64).reshape(-1, 4)
+        extents = regions[:, 2:] - regions[:, :2]
+        if len(regions) > count or np.any(extents > canvas):
+            # nvImageCodec would write past a slot, or past the array, into memory XLA owns.
+            raise ValueError(
+                f"{len(regions)} regions, up to {extents.max(0)} pixels, do not fit {count} "
+                f"slots of {canvas} x {canvas}."
+            )
+        tiles = jnp.zeros((count, canvas, canvas, 3), jnp.uint8, device=self._device)
+        tiles.block_until_ready()  # the zeros are in place before nvImageCodec writes
+        pointer, slot_bytes = tiles.unsafe_buffer_pointer(), canvas * canvas * 3
+        regions = regions.tolist()
+        streams = [self._code_stream(e, r) for e, r in zip(encoded, regions, strict=True)]
+        decoded = np.zeros(len(streams), bool)
+        try:
+            for backend in backends:
+                wanted = [
+                    t
+                    for t, s in enumerate(streams)
+                    if s is not None and not decoded[t] and (backend.takes_regions or s[1])
+                ]
+                views = [
+                    _DeviceView(pointer + t * slot_bytes, *_extent(regions[t]), canvas)
+                    for t in wanted
+                ]
+                chosen = [streams[t][0] for t in wanted]
+                decoded[wanted] = self._into(backend.decoder, chosen, views)
+        finally:
+            self._stream.synchronize()  # every write done before XLA may read or free `tiles`
+        return tiles, decoded
 
-    def _to_jax(self, image: Any, canvas: int) -> jax.Array | None:
-        if image is None:
+    def _code_stream(self, data: np.ndarray, region: list[int]) -> tuple[Any, bool] | None:
+        """The code stream of `region` of `data` and whether it is the whole image; None for
+        what this decoder leaves to Pillow: bytes nvImageCodec cannot parse, anything but a grey
+        or colour JPEG (a PNG, a CMYK JPEG), a region not inside the image (a header that does
+        not say what the host read)."""
+        nv = self._nv
+        top, left, bottom, right = region
+        try:
+            stream = nv.CodeStream(data)
+            if stream.codec_name != "jpeg" or stream.num_channels not in _CHANNELS:
+                return None
+            height, width = stream.height, stream.width
+            if not (0 <= top < bottom <= height and 0 <= left < right <= width):
+                return None
+            if (top, left, bottom, right) == (0, 0, height, width):
+                return stream, True
+            return stream.get_sub_code_stream(region=nv.Region(top, left, bottom, right)), False
+        except RuntimeError:  # a header the library cannot parse
             return None
-        if image.buffer_kind == self._nvimgcodec.ImageBufferKind.STRIDED_HOST:
-            array = jax.device_put(np.asarray(image.cpu()), self._device)
-        else:
-            array = jax.dlpack.from_dlpack(image)
-        if array.shape != (canvas, canvas, 3) or array.dtype != jnp.uint8:
+
+    def _into(self, decoder: Any, streams: list[Any], views: list[_DeviceView]) -> list[bool]:
+        """Decodes `streams` into `views` on this decoder's stream: whether each decoded."""
+        if not streams:
+            return []
+        nv, handle = self._nv, self._stream.handle
+        images = [nv.as_image(v, cuda_stream=handle) for v in views]
+        try:
+            out = decoder.decode(streams, images=images, params=self._params, cuda_stream=handle)
+        except (RuntimeError, ValueError) as e:  # the whole call failed: the tiles go on
+            logging.warning("nvImageCodec failed to decode %d tiles: %s", len(streams), e)
+            return [False] * len(streams)
+        return [image is not None for image in out]
+
+    def _checked(self, backends: list[Any] | None) -> _Backend | None:
+        """A decoder with `backends` (None: the default ones) if it passes the start-up check:
+        the probe JPEG decoded whole, and for the default backends a region of it, into tiles,
+        within `_PROBE_LEVELS` of Pillow, nothing written outside the regions."""
+        nv, ordinal = self._nv, _ordinal(self._device)
+        name = "hardware JPEG" if backends else "default"
+        try:
+            backend = _Backend(nv.Decoder(device_id=ordinal, backends=backends), backends is None)
+            failure = self._probe(backend)
+        except (RuntimeError, ValueError) as e:  # the library's errors (a bad buffer, no engine)
+            failure = str(e)
+        if failure:  # a warning: without the hardware decoder the input may be too slow
+            logging.warning("nvImageCodec's %s backends on GPU %d: %s", name, ordinal, failure)
             return None
-        return array
+        logging.info("nvImageCodec decodes on GPU %d with its %s backends.", ordinal, name)
+        return backend
+
+    def _probe(self, backend: _Backend) -> str | None:
+        """Why `backend` fails the start-up check (see `_checked`), or None."""
+        encoded, pixels = _probe_image()
+        height, width, _ = pixels.shape
+        regions = [(0, 0, height, width)]
+        if backend.takes_regions:  # inside the image, touching its right edge
+            regions.append((8, 24, height - 6, width))
+        # One slot more than the regions: nothing may be written there.
+        count = len(regions) + 1
+        tiles, decoded = self._decode(
+            [backend], [encoded] * len(regions), np.array(regions), count, _PROBE_CANVAS
+        )
+        if not decoded.all():
+            return f"it did not decode a {width} x {height} JPEG into a tile."
+        slots = np.asarray(tiles, np.int32)
+        for slot, (top, left, bottom, right) in zip(slots, regions):
+            got = slot[: bottom - top, : right - left]
+            error = np.abs(got - pixels[top:bottom, left:right]).mean()
+            if error > _PROBE_LEVELS:
+                return f"region {(top, left, bottom, right)} is {error:.1f} levels from Pillow's."
+            if slot[bottom - top :].any() or slot[:, right - left :].any():
+                return f"it wrote past region {(top, left, bottom, right)} in its slot."
+        if slots[len(regions) :].any():
+            return "it wrote into a slot it was not given."
+        return None
 
 
-def _probe_jpeg() -> np.ndarray:
-    """A baseline 4:2:0 JPEG like ImageNet's, smaller than a probe tile at its origin, to check
-    at start-up that a decoder decodes a tile and fills past the image's edge."""
+def _extent(region: list[int]) -> tuple[int, int]:
+    """(height, width) of a (top, left, bottom, right) region."""
+    top, left, bottom, right = region
+    return bottom - top, right - left
+
+
+@functools.cache
+def _probe_image() -> tuple[np.ndarray, np.ndarray]:
+    """A baseline 4:2:0 JPEG like ImageNet's (smooth colours, quality 90), smaller than a probe
+    tile, and Pillow's decoding of it."""
+    rng = np.random.default_rng(0)
+    coarse = PIL.Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8))
     encoded = io.BytesIO()
-    pixels = np.arange(200 * 150 * 3, dtype=np.uint8).reshape(150, 200, 3)
-    PIL.Image.fromarray(pixels).save(encoded, format="JPEG", quality=90)
-    return np.frombuffer(encoded.getvalue(), np.uint8)
+    coarse.resize((200, 150), PIL.Image.BICUBIC).save(encoded, format="JPEG", quality=90)
+    pixels = np.asarray(PIL.Image.open(io.BytesIO(encoded.getvalue())).convert("RGB"))
+    return np.frombuffer(encoded.getvalue(), np.uint8), pixels

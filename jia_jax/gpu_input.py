@@ -2,10 +2,10 @@
 
 Per batch, the host reads the CPU path's records and crop windows (jia_jax/record_batches.py, in
 grain's worker processes when `data.num_workers` > 0). Then each local device takes its rows of
-the batch, the rows the batch sharding gives it: the decoder writes their tiles into the device's
-memory (jia_jax/gpu_decode.py), and one jitted program crops, resizes and flips them into uint8
-[rows, S, S, 3] there (jia_jax/crop_resize.py); the train and eval steps normalise them, as they
-do the CPU path's. The per-device images become the global batch with
+the batch, the rows the batch sharding gives it: the decoder writes their tiles into one array
+in the device's memory (jia_jax/gpu_decode.py), and one jitted program crops, resizes and flips
+them into uint8 [rows, S, S, 3] there (jia_jax/crop_resize.py); the train and eval steps
+normalise them, as they do the CPU path's. The per-device images become the global batch with
 `jax.make_array_from_single_device_arrays`: no pixel crosses the host. A thread runs this two
 batches ahead of the trainer, with one thread per device for the decoding.
 
@@ -47,7 +47,6 @@ class DeviceDecoder:
 
     device: jax.Device
     decode: gpu_decode.TileDecoder
-    zeros: jax.Array  # a blank tile on the device: padding, and where a tile did not decode
 
 
 def device_rows(
@@ -70,12 +69,9 @@ def device_rows(
     return [(device, slice(start - offset, end - offset)) for (start, end), _, device in spans]
 
 
-def device_decoders(devices: Sequence[jax.Device], canvas: int) -> dict[jax.Device, DeviceDecoder]:
-    """A decoder per device (`gpu_decode.new_decoder`), with its blank tile."""
-    blank = np.zeros((canvas, canvas, 3), np.uint8)
-    return {
-        d: DeviceDecoder(d, gpu_decode.new_decoder(d), jax.device_put(blank, d)) for d in devices
-    }
+def device_decoders(devices: Sequence[jax.Device]) -> dict[jax.Device, DeviceDecoder]:
+    """A decoder per device (`gpu_decode.new_decoder`)."""
+    return {d: DeviceDecoder(d, gpu_decode.new_decoder(d)) for d in devices}
 
 
 def decode_rows(
@@ -99,12 +95,11 @@ def decode_rows(
     )
     encoded = batch[record_batches.ENCODED]
     wanted = [encoded[offsets[first + e] : offsets[first + e + 1]] for e in plan.example.tolist()]
-    tiles = decoder.decode(wanted, plan.origin, canvas) if wanted else []
-    failed = sorted({e for e, tile in zip(plan.example.tolist(), tiles) if tile is None})
-    count = crop_resize.padded_count(len(tiles), stop - first)
+    count = crop_resize.padded_count(len(wanted), stop - first)
+    tiles, decoded = decoder.decode(wanted, plan.region, count, canvas)
+    failed = sorted(set(plan.example[~decoded].tolist()))
+    # A tile that did not decode is read like any other; its example's row is replaced after.
     plan = crop_resize.pad_plan(plan, count, stop - first)
-    tiles = [decoder.zeros if t is None else t for t in tiles]
-    tiles += [decoder.zeros] * (count - len(tiles))
     images = crop_resize.crop_resize(
         tiles,
         jax.device_put(plan.example, decoder.device),
@@ -244,7 +239,7 @@ class GpuStreams:
         if data.gpu_canvas < 16:
             raise ValueError(f"data.gpu_canvas={data.gpu_canvas} must be at least 16.")
         devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
-        decoders = device_decoders(devices, data.gpu_canvas)
+        decoders = device_decoders(devices)
         return cls(data, sharding, global_batch, eval_batch, seed, decoders)
 
     def train(self, start_step: int) -> Iterator[Batch]:

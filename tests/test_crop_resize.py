@@ -49,14 +49,15 @@ def reference(image: np.ndarray, box, flip: bool) -> np.ndarray:
     return out[:, ::-1] if flip else out
 
 
-def tiles_of(images: list[np.ndarray], plan: crop_resize.TilePlan) -> np.ndarray:
-    """What a decoder returns for `plan`: each tile's region, zeros past the image's edge."""
-    tiles = np.zeros((len(plan.example), _CANVAS, _CANVAS, 3), np.uint8)
-    for t, (example, (y, x)) in enumerate(zip(plan.example, plan.origin, strict=True)):
-        if example == len(images):
-            continue  # a padding tile
-        region = images[example][y : y + _CANVAS, x : x + _CANVAS]
-        tiles[t, : region.shape[0], : region.shape[1]] = region
+def tiles_of(images: list[np.ndarray], plan: crop_resize.TilePlan, fill: int = 0) -> np.ndarray:
+    """What a decoder writes for `plan`: each tile's region at its top-left corner, `fill`
+    elsewhere (the resize must not read it)."""
+    tiles = np.full((len(plan.example), _CANVAS, _CANVAS, 3), fill, np.uint8)
+    for t, (example, (top, left, bottom, right)) in enumerate(
+        zip(plan.example, plan.region, strict=True)
+    ):
+        if example < len(images):  # not a padding tile
+            tiles[t, : bottom - top, : right - left] = images[example][top:bottom, left:right]
     return tiles
 
 
@@ -75,13 +76,13 @@ def cases(seed: int = 0):
     return images, np.array(boxes), np.array(flips)
 
 
-def resized(images, boxes, flips, dtype, has_image=None):
+def resized(images, boxes, flips, dtype, has_image=None, fill=0):
     sizes = np.array([(im.shape[1], im.shape[0]) for im in images])
     has_image = np.ones(len(images), bool) if has_image is None else has_image
     plan = crop_resize.plan_tiles(boxes, sizes, flips, has_image, _OUT, _CANVAS)
     count = crop_resize.padded_count(len(plan.example), len(images))
     plan = crop_resize.pad_plan(plan, count, len(images))
-    tiles = tiles_of(images, plan)
+    tiles = tiles_of(images, plan, fill)
     out = crop_resize.resize_tiles(
         jnp.asarray(tiles),
         jnp.asarray(plan.example),
@@ -93,19 +94,43 @@ def resized(images, boxes, flips, dtype, has_image=None):
     return np.asarray(out, np.float64), plan
 
 
-def test_plan_covers_each_crop_with_a_grid_of_tiles():
+def test_an_image_within_a_canvas_is_one_whole_tile_a_larger_one_a_grid_of_regions():
     images, boxes, flips = cases()
     _, plan = resized(images, boxes, flips, jnp.float32)
     counts = np.bincount(plan.example, minlength=len(images) + 1)
-    # A 140-wide image's full-width crop reaches over 4 canvases of 32; a 7-wide one fits one.
-    assert counts[: len(images)].max() >= 4 and counts[: len(images)].min() == 1
     # Padding: a multiple of a quarter of the batch (24 examples: 6).
     assert len(plan.example) % 6 == 0 and counts[len(images)] == len(plan.example) - counts[:-1].sum()
-    for example in range(len(images)):
-        origins = plan.origin[plan.example == example]
-        ys, xs = np.unique(origins[:, 0]), np.unique(origins[:, 1])
-        assert len(origins) == len(ys) * len(xs)  # a full grid
+    assert np.all(plan.region[plan.example == len(images)] == 0)
+    # A 140-wide image's full-width crop reaches over 4 canvases of 32.
+    assert counts[: len(images)].max() >= 4
+    for example, image in enumerate(images):
+        height, width, _ = image.shape
+        regions = plan.region[plan.example == example]
+        if height <= _CANVAS and width <= _CANVAS:
+            np.testing.assert_array_equal(regions, [[0, 0, height, width]])
+            continue
+        top, left, bottom, right = regions.T
+        ys, xs = np.unique(top), np.unique(left)
+        assert len(regions) == len(ys) * len(xs)  # a full grid
         assert np.all(np.diff(ys) == _CANVAS) and np.all(np.diff(xs) == _CANVAS)
+        # Each region is the tile's canvas from its origin, clipped to the image: never past it.
+        np.testing.assert_array_equal(bottom, np.minimum(top + _CANVAS, height))
+        np.testing.assert_array_equal(right, np.minimum(left + _CANVAS, width))
+        assert np.all((top < bottom) & (left < right))
+        # The grid covers what the resize reads: the crop's window and the filter's reach.
+        box = boxes[example]
+        spans = [(box[1], box[3], top, bottom, height), (box[0], box[2], left, right, width)]
+        for start, stop, low, high, extent in spans:
+            reach = max((stop - start) / _OUT, 1.0)
+            assert low.min() <= max(np.floor(start - reach), 0)
+            assert high.max() >= min(np.ceil(stop + reach), extent)
+
+
+def test_what_a_tile_holds_past_its_region_is_never_read():
+    images, boxes, flips = cases()
+    zeros, _ = resized(images, boxes, flips, jnp.float32)
+    filled, _ = resized(images, boxes, flips, jnp.float32, fill=255)
+    np.testing.assert_array_equal(filled, zeros)
 
 
 def test_padded_count_is_a_quarter_batch_multiple_of_at_least_one_tile():
@@ -143,7 +168,7 @@ def test_uint8_output_is_within_3_levels_of_pillow():
     images, boxes, flips = cases(seed=1)
     sizes = np.array([(im.shape[1], im.shape[0]) for im in images])
     plan = crop_resize.plan_tiles(boxes, sizes, flips, np.ones(len(images), bool), _OUT, _CANVAS)
-    tiles = [jnp.asarray(t) for t in tiles_of(images, plan)]
+    tiles = jnp.asarray(tiles_of(images, plan))
     out = crop_resize.crop_resize(
         tiles, plan.example, plan.params, batch=len(images), image_size=_OUT
     )

@@ -1,6 +1,6 @@
 """Tests for the GPU input path (jia_jax/gpu_input.py, record_batches.py, gpu_decode.py) on CPU:
-the whole path with a Pillow decoder in nvImageCodec's place (tests/gpu_fakes.py), on the 2x4
-mesh of 8 simulated devices, against the CPU path on the same tiny tfds datasets."""
+the whole path with a Pillow stand-in for nvImageCodec under the real decoder (tests/gpu_fakes.py),
+on the 2x4 mesh of 8 simulated devices, against the CPU path on the same tiny tfds datasets."""
 
 import itertools
 import logging
@@ -142,11 +142,12 @@ def test_resumed_stream_and_worker_processes_change_nothing(data_dir, mesh, fake
 def test_refused_images_are_the_cpu_paths_examples(
     odd_dir, mesh, caplog, fake_gpu  # noqa: F811
 ):
-    """CMYK, PNG and progressive records (refused by the decoder) are the CPU path's examples,
-    bit for bit; a grey-scale JPEG decodes on the device."""
-    data = _data(odd_dir, name=_ODD)
+    """CMYK and PNG records (refused by the decoder) are the CPU path's examples, bit for bit; a
+    grey-scale JPEG decodes on the device, and a progressive one too, by the default backends
+    after the hardware decoder refused it. Every image fits in a 64 canvas: decoded whole."""
+    data = _data(odd_dir, name=_ODD, gpu_canvas=64)
     gpu, cpu = _input(data, mesh, "gpu"), _input(data, mesh, "cpu")
-    refused = {3, 5, 9, 13}
+    refused = {3, 5, 13}
     seen = set()
     with caplog.at_level(logging.WARNING):
         batches = list(itertools.islice(zip(gpu.train(0), cpu.train(0)), 3))
@@ -158,8 +159,13 @@ def test_refused_images_are_the_cpu_paths_examples(
         np.testing.assert_array_equal(got["image"][fell_back], expected["image"][fell_back])
         _assert_close_images(got["image"], expected["image"])
         seen |= set(got["label"][fell_back].tolist())
-    assert seen == refused and 7 in np.concatenate([b[0]["label"] for b in batches])
+    labels = np.concatenate([b[0]["label"] for b in batches])
+    assert seen == refused and 7 in labels and 9 in labels
     assert any("decoded with Pillow on the CPU" in r.getMessage() for r in caplog.records)
+    # The default backends decoded no whole image but the progressive one (27 x 42), beside
+    # the start-up checks' probe (150 x 200).
+    whole = {region for backend, region in fake_gpu.decoded if backend == "default"}
+    assert whole - {(0, 0, 150, 200), (8, 24, 144, 200)} == {(0, 0, 27, 42)}
 
 
 @pytest.mark.parametrize("damage", [tfds_data.truncate_jpeg, tfds_data.break_jpeg])

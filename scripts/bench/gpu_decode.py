@@ -97,7 +97,8 @@ def _eval_pass(args: argparse.Namespace, decode: str, mesh) -> dict[str, np.ndar
 
 
 def _odd_images(decoder, canvas: int) -> list[dict[str, Any]]:
-    """Each kind of odd record, decoded by `decoder` at two origins, against Pillow."""
+    """Each kind of odd record, decoded by `decoder` whole and as a region of interest (the two
+    ways the GPU path decodes), against Pillow."""
     import PIL.Image  # pylint: disable=import-outside-toplevel
 
     rng = np.random.default_rng(0)
@@ -118,12 +119,15 @@ def _odd_images(decoder, canvas: int) -> list[dict[str, Any]]:
         "progressive": encode(image, quality=90, progressive=True),
         "truncated": baseline[: len(baseline) * 2 // 3],
     }
+    # Whole where the image fits in a canvas, and a region at an inner origin, each clipped to
+    # the image and to the canvas as `crop_resize.plan_tiles` clips them.
     origins = np.array([[0, 0], [100, 200]])
+    regions = np.concatenate([origins, np.minimum(origins + canvas, [375, 500])], axis=1)
     rows = []
     for kind, encoded in kinds.items():
         data = np.frombuffer(encoded, np.uint8)
-        tiles = decoder([data, data], origins, canvas)
-        row: dict[str, Any] = {"kind": kind, "decoded_on_gpu": [t is not None for t in tiles]}
+        tiles, decoded = decoder([data, data], regions, len(regions), canvas)
+        row: dict[str, Any] = {"kind": kind, "decoded_on_gpu": decoded.tolist()}
         try:
             pixels = np.asarray(PIL.Image.open(io.BytesIO(encoded)).convert("RGB"))
         except OSError as e:
@@ -131,13 +135,10 @@ def _odd_images(decoder, canvas: int) -> list[dict[str, Any]]:
             rows.append(row)
             continue
         diffs = []
-        for tile, (y, x) in zip(tiles, origins.tolist()):
-            if tile is None:
-                continue
-            expected = np.zeros((canvas, canvas, 3), np.int32)
-            region = pixels[y : y + canvas, x : x + canvas]
-            expected[: region.shape[0], : region.shape[1]] = region
-            diffs.append(np.abs(np.asarray(tile, np.int32) - expected))
+        for tile, (top, left, bottom, right), ok in zip(np.asarray(tiles), regions, decoded):
+            if ok:
+                got = tile[: bottom - top, : right - left].astype(np.int32)
+                diffs.append(np.abs(got - pixels[top:bottom, left:right]))
         if diffs:
             row["max_diff_vs_pillow"] = int(max(d.max() for d in diffs))
             row["mean_diff_vs_pillow"] = float(np.mean([d.mean() for d in diffs]))
@@ -151,7 +152,7 @@ def smoke(args: argparse.Namespace) -> dict[str, Any]:
     import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
     # pylint: disable=import-outside-toplevel
-    from jia_jax import gpu_decode, gpu_input, models, normalize, record_batches, tfds_input
+    from jia_jax import gpu_input, models, normalize, record_batches, tfds_input
     from jia_jax import mesh as mesh_lib
 
     device = jax.local_devices()[0]
@@ -175,7 +176,7 @@ def smoke(args: argparse.Namespace) -> dict[str, Any]:
     result["labels_equal"] = bool(np.array_equal(cpu["label"], gpu["label"]))
     # How many of the dataset's images the GPU decoder refused (they went to Pillow).
     data = _data_config(args, "gpu", f"train[:{args.images}]")
-    decoder = gpu_input.device_decoders([device], data.gpu_canvas)[device]
+    decoder = gpu_input.device_decoders([device])[device]
     part = tfds_input.process_part(
         _NAME, data.data_dir, data.eval_split, 0, 1, drop_remainder=False
     )
@@ -189,7 +190,7 @@ def smoke(args: argparse.Namespace) -> dict[str, Any]:
         )
         refused += len(decoded[1])
     result["refused_by_gpu_decoder"] = refused
-    result["odd_images"] = _odd_images(gpu_decode.new_decoder(device), data.gpu_canvas)
+    result["odd_images"] = _odd_images(decoder.decode, data.gpu_canvas)
     return result
 
 
@@ -253,6 +254,9 @@ def _whole_image_rate(records: list[dict], device, per_gpu: int, repeats: int) -
     for _ in range(repeats):
         start = time.perf_counter()
         images = decoder.decode(streams, params=params)
+        refused = sum(im is None for im in images)
+        if refused:  # from_dlpack(None) would fail with a message about DLPack
+            raise RuntimeError(f"the hardware decoder refused {refused} of {per_gpu} JPEGs")
         jax.block_until_ready([jax.dlpack.from_dlpack(im) for im in images])
         best = min(best, time.perf_counter() - start)
     return per_gpu / best
@@ -266,7 +270,7 @@ def decode_stage(args: argparse.Namespace) -> dict[str, Any]:
 
     devices = jax.local_devices()
     canvas = args.canvas
-    decoders = gpu_input.device_decoders(devices, canvas)
+    decoders = gpu_input.device_decoders(devices)
     rows = []
     for per_gpu in args.per_gpu:
         for gpus in sorted({1, len(devices)}):

@@ -1,0 +1,161 @@
+"""Tests for jia_jax/gpu_decode.py's `NvImageCodecDecoder` on CPU, over the Pillow stand-in for
+nvImageCodec of tests/gpu_fakes.py: what it asks the library (whole images of the hardware
+decoder, regions inside the image of the default one), where the pixels land, what it refuses,
+its start-up check and its stream synchronisation."""
+
+import io
+import logging
+
+import jax
+import numpy as np
+import PIL.Image
+import pytest
+
+from jia_jax import crop_resize, crop_windows, gpu_decode
+from tests.gpu_fakes import FakeNvImageCodec, FakeStream
+
+_CANVAS = 32
+_OUT = 12
+
+
+def _jpeg(image: PIL.Image.Image, **options) -> np.ndarray:
+    encoded = io.BytesIO()
+    image.save(encoded, **{"format": "JPEG", "quality": 90, **options})
+    return np.frombuffer(encoded.getvalue(), np.uint8)
+
+
+def _images(seed: int = 0) -> list[PIL.Image.Image]:
+    """Smooth colour images within a canvas and larger than one, one axis or both."""
+    rng = np.random.default_rng(seed)
+    sizes = [(20, 27), (32, 32), (31, 80), (70, 25), (100, 140)]
+    coarse = [PIL.Image.fromarray(rng.integers(0, 256, (4, 5, 3), dtype=np.uint8)) for _ in sizes]
+    return [c.resize((w, h), PIL.Image.BICUBIC) for c, (h, w) in zip(coarse, sizes, strict=True)]
+
+
+def _decoder(library=None, stream=None):
+    library = FakeNvImageCodec() if library is None else library
+    stream = FakeStream() if stream is None else stream
+    return gpu_decode.NvImageCodecDecoder(jax.devices()[0], library, stream), library, stream
+
+
+def _plan(images: list[PIL.Image.Image], seed: int = 0) -> crop_resize.TilePlan:
+    rng = np.random.default_rng(seed)
+    windows = [crop_windows.train_window(rng, *image.size) for image in images]
+    boxes, flips = np.array([w[0] for w in windows]), np.array([w[1] for w in windows])
+    sizes = np.array([image.size for image in images])
+    has_image = np.ones(len(images), bool)
+    return crop_resize.plan_tiles(boxes, sizes, flips, has_image, _OUT, _CANVAS)
+
+
+def _expected(pixels: list[np.ndarray], plan: crop_resize.TilePlan, count: int) -> np.ndarray:
+    """The contract: region t of image t at slot t's top-left corner, zeros elsewhere."""
+    tiles = np.zeros((count, _CANVAS, _CANVAS, 3), np.uint8)
+    for t, (example, (top, left, bottom, right)) in enumerate(zip(plan.example, plan.region)):
+        tiles[t, : bottom - top, : right - left] = pixels[example][top:bottom, left:right]
+    return tiles
+
+
+def test_tiles_land_in_their_slots_whole_images_by_the_hardware_regions_by_default():
+    images = _images()
+    encoded = [_jpeg(image) for image in images]
+    pixels = [np.asarray(PIL.Image.open(io.BytesIO(e.tobytes())).convert("RGB")) for e in encoded]
+    plan = _plan(images)
+    count = len(plan.example) + 3  # padding slots stay zeros
+    decoder, library, stream = _decoder()
+    library.decoded.clear()
+    synchronized = stream.synchronized
+    tiles, decoded = decoder([encoded[e] for e in plan.example], plan.region, count, _CANVAS)
+    assert tiles.shape == (count, _CANVAS, _CANVAS, 3) and tiles.dtype == np.uint8
+    assert tiles.devices() == {jax.devices()[0]} and decoded.all()
+    np.testing.assert_array_equal(np.asarray(tiles), _expected(pixels, plan, count))
+    assert stream.synchronized == synchronized + 1
+    # Images within a canvas (the first two) are whole: the hardware decoder's; the rest are
+    # regions inside their image: the default decoder's.
+    whole = [tuple(r) for e, r in zip(plan.example, plan.region) if e < 2]
+    assert [r for b, r in library.decoded if b == "hardware"] == whole
+    assert [b for b, _ in library.decoded].count("default") == len(plan.example) - 2
+
+
+def test_refused_images_are_reported_and_the_rest_decode():
+    """CMYK, PNG and damaged bytes (and a region past what the header says) are left to Pillow;
+    a progressive JPEG, refused by the hardware decoder, is decoded by the default one."""
+    image = _images()[0]
+    baseline = _jpeg(image)
+    png = io.BytesIO()
+    image.save(png, format="PNG")
+    encoded = [
+        baseline,
+        _jpeg(image.convert("CMYK")),
+        np.frombuffer(png.getvalue(), np.uint8),
+        baseline[: len(baseline) * 2 // 3],  # truncated: the header reads, the pixels do not
+        np.frombuffer(b"not an image", np.uint8),
+        baseline,
+        _jpeg(image, progressive=True),
+        _jpeg(image.convert("L")),
+    ]
+    whole = [0, 0, image.height, image.width]
+    regions = np.array([whole] * 5 + [[0, 0, image.height + 1, image.width]] + [whole] * 2)
+    decoder, library, _ = _decoder()
+    library.decoded.clear()
+    tiles, decoded = decoder(encoded, regions, len(encoded), _CANVAS)
+    assert decoded.tolist() == [True, False, False, False, False, False, True, True]
+    assert [b for b, _ in library.decoded] == ["hardware", "hardware", "default"]
+    grey = np.asarray(PIL.Image.open(io.BytesIO(encoded[7].tobytes())).convert("RGB"))
+    np.testing.assert_array_equal(np.asarray(tiles)[7, : image.height, : image.width], grey)
+
+
+def test_without_hardware_decoder_the_default_one_decodes_whole_images(caplog):
+    with caplog.at_level(logging.INFO):
+        decoder, library, _ = _decoder(FakeNvImageCodec(has_hardware=False))
+    assert "hardware JPEG backends on GPU 0: Could not create decoder" in caplog.text
+    library.decoded.clear()
+    image = _images()[1]
+    _, decoded = decoder([_jpeg(image)], np.array([[0, 0, 32, 32]]), 1, _CANVAS)
+    assert decoded.all() and [b for b, _ in library.decoded] == ["default"]
+
+
+def test_a_library_that_ignores_the_slots_pitch_fails_the_start_up_check(caplog):
+    with caplog.at_level(logging.INFO), pytest.raises(
+        gpu_decode.DecoderUnavailableError, match="cannot decode a JPEG into a tile on"
+    ):
+        _decoder(FakeNvImageCodec(ignores_pitch=True))
+    assert "levels from Pillow's" in caplog.text or "wrote past region" in caplog.text
+
+
+def test_a_failed_call_is_synchronised_and_its_tiles_go_to_the_next_decoder(monkeypatch):
+    """The hardware decoder raising (a whole call failing) leaves its whole images to the
+    default decoder; the stream is synchronised after every call, even one that raises."""
+    decoder, library, stream = _decoder()
+    hardware = decoder._backends[0].decoder
+
+    def fail(error):
+        def decode(*args, **kwargs):
+            raise error
+
+        return decode
+
+    monkeypatch.setattr(hardware, "decode", fail(RuntimeError("Something went wrong")))
+    library.decoded.clear()
+    image = _images()[0]
+    synchronized = stream.synchronized
+    _, decoded = decoder([_jpeg(image)], np.array([[0, 0, image.height, image.width]]), 1, _CANVAS)
+    assert decoded.all() and [b for b, _ in library.decoded] == ["default"]
+    assert stream.synchronized == synchronized + 1
+
+    # An error that is a bug, not the library's refusal, is raised, after the synchronisation.
+    monkeypatch.setattr(decoder._backends[1].decoder, "decode", fail(KeyError("bug")))
+    with pytest.raises(KeyError, match="bug"):
+        decoder([_jpeg(image)], np.array([[0, 0, image.height, image.width]]), 1, _CANVAS)
+    assert stream.synchronized == synchronized + 2
+
+
+def test_a_region_larger_than_a_slot_is_refused_before_anything_is_written():
+    """nvImageCodec would write it past the slot, into memory XLA owns."""
+    decoder, library, _ = _decoder()
+    library.decoded.clear()
+    image = _images()[4]  # 140 x 100
+    with pytest.raises(ValueError, match="do not fit 1 slots of 32 x 32"):
+        decoder([_jpeg(image)], np.array([[0, 0, 33, 32]]), 1, _CANVAS)
+    with pytest.raises(ValueError, match="do not fit 1 slots"):
+        decoder([_jpeg(image)] * 2, np.array([[0, 0, 8, 8]] * 2), 1, _CANVAS)
+    assert library.decoded == []

@@ -5,6 +5,8 @@
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh sigkill   # a killed process across emulated hosts
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh hosts256  # 2 emulated hosts x 2 GPUs @256 vs one GPU
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh hosts64   # the same @64
+#   OUT=/tmp/out bash scripts/bench_4gpu.sh plans256  # every strategy and bucket size, 2 x 2 @256,
+#   OUT=/tmp/out bash scripts/bench_4gpu.sh plans64   # and @64: the step in-process (bench.overlap)
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -41,5 +43,12 @@ case "$1" in
     python3 -m scripts.bench.hosts --batches=64 --strategies=default,flat,xla --steps=200 \
       --log_every=20 --profile_steps=3 --profile_strategies=default,flat --out="$OUT/bench_hosts_64.json"
     ;;
-  *) echo "usage: $0 link|sigkill|hosts256|hosts64" >&2; exit 2 ;;
+  plans256|plans64)
+    # One GPU, then 2 emulated hosts x 2 GPUs: the default (flat, 16 MiB), the other strategies,
+    # 4 and 64 MiB buckets and the plain peer; stopped at 9 minutes with the rows it has.
+    python3 -m scripts.bench.overlap --layouts=1x1,2x2 --batches="${1#plans}" --budget_s=540 \
+      --variants=overlap,hierarchical,hybrid,xla,auto,overlap_4mib,overlap_64mib,peer \
+      --out="$OUT/bench_plans_2x2_${1#plans}.json"
+    ;;
+  *) echo "usage: $0 link|sigkill|hosts256|hosts64|plans256|plans64" >&2; exit 2 ;;
 esac

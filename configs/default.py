@@ -25,6 +25,9 @@ def get_config() -> ml_collections.ConfigDict:
             "fused_bn": True,
             "space_to_depth_stem": True,
             "sliced_max_pool": True,
+            # Across hosts: weight gradients as backward passes each layer, so the gradient
+            # buckets can leave while it runs (jia_jax/models/weight_grads_first.py). Same values.
+            "weight_grads_first": False,
         }
     )
 

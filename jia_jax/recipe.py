@@ -28,9 +28,10 @@ from absl import logging
 #   per-device BatchNorm batch.
 # - `comm` strategy, buckets and crossover may change: every strategy computes the same mean (up
 #   to summation order). `comm.dtype`, the precision on the wire, is compared.
-# - `model.fused_bn` / `model.space_to_depth_stem` / `model.sliced_max_pool` may change (or be
-#   absent, in checkpoints from before they existed): the same function on the same variables,
-#   another summation order and at most one bf16 rounding fewer (tests/test_fused_layers.py).
+# - `model.fused_bn` / `model.space_to_depth_stem` / `model.sliced_max_pool` /
+#   `model.weight_grads_first` may change (or be absent, in checkpoints from before they
+#   existed): the same function on the same variables, another summation order and at most one
+#   bf16 rounding fewer (tests/test_fused_layers.py).
 FREE_ON_RESUME = (
     "allow_config_change",
     "log_every_steps",
@@ -54,6 +55,7 @@ FREE_ON_RESUME = (
     "model.fused_bn",
     "model.space_to_depth_stem",
     "model.sliced_max_pool",
+    "model.weight_grads_first",
     # When to give up (on bad records, on overflowing fp16 steps): never what a step computes.
     "data.max_bad_records",
     "precision.loss_scale.max_skips_at_minimum",

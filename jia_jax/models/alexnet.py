@@ -92,6 +92,7 @@ class AlexNetBN(nn.Module):
         same 11x11x3 kernel parameter. No effect with ``small_inputs`` (its conv1 has stride 1).
       sliced_max_pool: The three 3x3/2 max-pools with the elementwise backward of
         `max_pool.py` (the same function and gradient), as ResNet's option of that name.
+      weight_grads_first: As ResNet's option of that name, for the convolutions.
     """
 
     num_classes: int
@@ -106,6 +107,7 @@ class AlexNetBN(nn.Module):
     fused_bn: bool = False
     space_to_depth_stem: bool = False
     sliced_max_pool: bool = False
+    weight_grads_first: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
@@ -117,13 +119,7 @@ class AlexNetBN(nn.Module):
             (``batch_stats`` must then be mutable), and apply dropout if enabled.
         """
         # No biases before BN: BN subtracts the batch mean, so such a bias gets zero gradient.
-        conv = functools.partial(
-            nn.Conv,
-            use_bias=False,
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            kernel_init=_kernel_init,
-        )
+        conv = layers.conv(self, _kernel_init)
         dense = functools.partial(
             nn.Dense,
             use_bias=False,

@@ -12,6 +12,7 @@ from jax.nn.initializers import Initializer
 
 from jia_jax.models import fused_bn
 from jia_jax.models import max_pool as sliced
+from jia_jax.models import weight_grads_first as tied
 from jia_jax.models.space_to_depth import SpaceToDepthConv
 
 
@@ -118,3 +119,17 @@ def max_pool(model: nn.Module) -> Callable[..., jax.Array]:
     """`nn.max_pool`, or with `model.sliced_max_pool` the same function with the elementwise
     backward of `max_pool.py`. Called as ``(x, window_shape, strides, padding)``."""
     return sliced.max_pool if model.sliced_max_pool else nn.max_pool
+
+
+def conv(model: nn.Module, kernel_init: Initializer) -> Callable[..., nn.Conv]:
+    """The models' bias-free `nn.Conv` in `model`'s dtypes; with `model.weight_grads_first` its
+    backward computes the weight gradient before the layers below (`weight_grads_first.py`)."""
+    options = {"conv_general_dilated": tied.conv_general_dilated} if model.weight_grads_first else {}
+    return functools.partial(
+        nn.Conv,
+        use_bias=False,
+        dtype=model.dtype,
+        param_dtype=model.param_dtype,
+        kernel_init=kernel_init,
+        **options,
+    )

@@ -5,7 +5,6 @@ stored in ``param_dtype`` (fp32 master weights). BatchNorm statistics, the globa
 the classifier run in fp32 whatever ``dtype`` is, and the logits are returned in fp32.
 """
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -121,6 +120,9 @@ class ResNet(nn.Module):
         the winning tap (`max_pool.py`): the same function and gradient (ties to the first
         maximum in window order, as flax's), with an elementwise backward instead of XLA's
         select-and-scatter.
+      weight_grads_first: Each convolution's backward computes its weight gradient before the
+        layers below it run theirs (`weight_grads_first.py`), so the gradient buckets fill while
+        backward runs (for `comm.overlap` across hosts); the same values.
     """
 
     num_classes: int
@@ -135,6 +137,7 @@ class ResNet(nn.Module):
     fused_bn: bool = False
     space_to_depth_stem: bool = False
     sliced_max_pool: bool = False
+    weight_grads_first: bool = False
 
     def __post_init__(self) -> None:
         if self.depth not in _ARCHITECTURES:
@@ -152,13 +155,8 @@ class ResNet(nn.Module):
           train: Normalise with the batch statistics and update the running averages
             (``batch_stats`` must then be mutable); otherwise use the running averages.
         """
-        conv = functools.partial(
-            nn.Conv,
-            use_bias=False,  # every conv is followed by BN, whose bias makes a conv bias redundant
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            kernel_init=_conv_init,
-        )
+        # Bias-free: every conv is followed by BN, whose bias makes a conv bias redundant.
+        conv = layers.conv(self, _conv_init)
         norm = layers.batch_norm(self, train)  # fp32 statistics, output in dtype
         kind, stage_sizes = _ARCHITECTURES[self.depth]
         block_cls = BasicBlock if kind == "basic" else BottleneckBlock

@@ -72,6 +72,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "overlap_lhs_cap": {"xla": {**_LHS, **_CAP}},
     # Weight gradients as backward passes each layer (jia_jax/models/weight_grads_first.py).
     "overlap_wgrad_first": {"model.weight_grads_first": True},
+    "overlap_wgrad_first_cap": {"model.weight_grads_first": True, "xla": _CAP},
     "overlap_64mib": {"comm.bucket_bytes": 64 * MIB},
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.
     "hierarchical": {"comm.strategy": "hierarchical"},

@@ -24,12 +24,24 @@ DIGITS_RUN_FLAGS = (
 )
 
 
-def run_main(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`python -m jia_jax.main ARGS` from the repository root, on the CPU devices set above."""
+# conftest.py's flag that turns LLVM's optimisation off: compiles are several times faster, but
+# the code runs slower, by ~25x for ResNet-50's convolutions (a 2-step run: 50 s a step instead
+# of 2 s, for about the same compile time).
+UNOPTIMISED = "--xla_backend_optimization_level=0"
+
+
+def run_main(
+    *args: str, timeout: float = 600, optimised: bool = False
+) -> subprocess.CompletedProcess:
+    """`python -m jia_jax.main ARGS` from the repository root, on the CPU devices set above;
+    `optimised` runs it without UNOPTIMISED (for a model whose steps, not compiles, take long)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    if optimised:
+        env["XLA_FLAGS"] = " ".join(f for f in env["XLA_FLAGS"].split() if f != UNOPTIMISED)
     return subprocess.run(
         [sys.executable, "-m", "jia_jax.main", *args],
         cwd=pathlib.Path(__file__).resolve().parents[1],
-        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,

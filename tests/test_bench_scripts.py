@@ -371,7 +371,9 @@ def _cpu_processes(monkeypatch, devices: int) -> None:
     monkeypatch.setenv("JIA_JAX_PLATFORM", "cpu")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")
-    monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count={devices}")
+    # After conftest.py's fast-compile flags, which the children keep (the last count wins).
+    count = f"--xla_force_host_platform_device_count={devices}"
+    monkeypatch.setenv("XLA_FLAGS", f"{os.environ['XLA_FLAGS']} {count}")
     # scripts/launch_local.sh starts `python3`: this interpreter.
     monkeypatch.setenv("PATH", f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}")
 

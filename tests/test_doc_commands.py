@@ -9,7 +9,8 @@ they hold when the tests run:
 - Shell commands (fenced blocks whose first line is a command, and inline `...` spans that start
   with one) are split into simple commands; each is
   - run, with tiny overrides (2 steps of a smaller model), when it is `python -m jia_jax.main`
-    on the bundled digits in one process: it must exit 0; a repeat of a command is checked only;
+    on the bundled digits in one process: it must exit 0; a repeat of a command is checked only,
+    and an eval or export of a run an earlier command trained reads that run;
   - checked without running otherwise (ImageNet, GPUs, several processes, long studies): the
     trainer's flag parser (`--only_check_args`) or a script's argparse parser must accept its
     arguments (a script that reads sys.argv itself runs), a `python -m` module must exist, a shell script must be executable and pass
@@ -259,6 +260,13 @@ def _has(config, field: str) -> bool:
 _RUN_ONCE: set[tuple[str, ...]] = set()
 # The trainer's flags of --mode=eval and export.
 _NOT_TRAINING_FLAGS = ("--mode=", "--step=", "--export_path=")
+# Where each training command (its arguments but --workdir) already ran: an eval or export
+# command of that run reads it there instead of training it again.
+_TRAINED: dict[tuple[str, ...], pathlib.Path] = {}
+
+
+def _run_key(args: list[str]) -> tuple[str, ...]:
+    return tuple(sorted(w for w in args if not w.startswith("--workdir")))
 
 
 def _in_tmp(arg: str, tmp_path) -> str:
@@ -272,7 +280,7 @@ def _in_tmp(arg: str, tmp_path) -> str:
 def _check_trainer(command: Command, env: dict[str, str], args: list[str], tmp_path) -> None:
     """`python -m jia_jax.main ARGS`: run on digits in one process, else flag-checked."""
     config = _config(args)
-    key = tuple(sorted(w for w in args if not w.startswith("--workdir")))
+    key = _run_key(args)
     one_process = not any(w.startswith("--config.distributed.") for w in args)
     if config is not None and config.data.name == "digits" and one_process and key not in _RUN_ONCE:
         _RUN_ONCE.add(key)
@@ -283,13 +291,21 @@ def _check_trainer(command: Command, env: dict[str, str], args: list[str], tmp_p
         fast = {**env, "XLA_FLAGS": env.get("XLA_FLAGS", "") + " " + CHEAP_COMPILE}
         runs = [argv]
         if any(a.startswith("--mode=") and a != "--mode=train" for a in argv):
-            # It evaluates or exports a run: the same command trains one there first.
-            runs.insert(0, [a for a in argv if not a.startswith(_NOT_TRAINING_FLAGS)])
+            # It evaluates or exports a run: the same command trains one there first, unless an
+            # earlier command trained it already.
+            training = [a for a in argv if not a.startswith(_NOT_TRAINING_FLAGS)]
+            trained = _TRAINED.get(_run_key(training))
+            if trained is None:
+                runs.insert(0, training)
+            else:
+                runs = [[_in_tmp(a, trained) for a in args]]
         for run in runs:
             result = _run([sys.executable, "-m", "jia_jax.main", *run, *tiny], fast)
             assert result.returncode == 0, (
                 f"{command}\nfailed when run (with {tiny}):\n{result.stderr[-3000:]}"
             )
+        if not any(a.startswith(_NOT_TRAINING_FLAGS) for a in runs[0]):
+            _TRAINED[_run_key(runs[0])] = tmp_path
         return
     result = _run([sys.executable, "-m", "jia_jax.main", *args, "--only_check_args"], env)
     assert result.returncode == 0, (

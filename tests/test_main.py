@@ -32,6 +32,7 @@ def test_resnet50_64k_config_runs_on_cpu_with_small_overrides(tmp_path):
         "--config.optimizer.warmup_epochs=0",
         "--config.mesh.node=2",
         "--config.mesh.gpu=4",
+        optimised=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step 2/2" in result.stderr

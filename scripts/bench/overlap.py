@@ -15,9 +15,10 @@ Variants (`VARIANTS`): the default config (`overlap`: each bucket's all-reduce a
 backward, `allreduce.hold_until_all_reduced`), the same without overlap, other bucket sizes, the
 other strategies (`hierarchical`, `hybrid`, `xla`, `auto`), the overlap with
 `model.weight_grads_first` (`overlap_wgrad_first`), the overlap compiled with XLA's
-latency-hiding scheduler and/or combining capped at the bucket size, and `peer`: the trainer's forward/backward and update with a plain reduction after backward
-(`peer_steps`' `peer_wire_buckets`: leaves concatenated into buckets of the config's size in its
-wire dtype, one psum each).
+latency-hiding scheduler and/or combining capped at the bucket size, and `peer`: the trainer's
+forward/backward and update with a plain reduction after backward (`peer_steps`'
+`peer_wire_buckets`: leaves concatenated into buckets of the config's size in its wire dtype, one
+psum each).
 
   efficiency = images/s on the layout / (its GPUs x images/s of 1x1 at the same batch)
 
@@ -145,12 +146,6 @@ def timeline(kernels: Sequence[Any]) -> dict[str, Any]:
     }
 
 
-def step_config(variant: str) -> dict[str, Any]:
-    """The variant's communication settings: the 64K config's (the `flat` strategy, 16 MiB
-    buckets) with its overrides."""
-    return {"comm.strategy": "flat", "comm.bucket_bytes": 16 * MIB, **VARIANTS[variant]}
-
-
 def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, gpus: int):
     import jax
 
@@ -175,7 +170,7 @@ def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, g
         step = peer_steps.make_peer_step("peer_wire_buckets", *parts)
     else:
         step = train.make_train_step(*parts)
-    return step, setup
+    return step, setup, config
 
 
 def _measure(args, variant: str, batch: int, processes: int, gpus: int) -> dict[str, Any]:
@@ -184,15 +179,14 @@ def _measure(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
 
     from scripts.bench import profile_trace
 
-    step, setup = _build(args, variant, batch, processes, gpus)
+    step, setup, config = _build(args, variant, batch, processes, gpus)
     state = setup["init"]()
     start = time.perf_counter()
     compiled = step.lower(state, setup["batch"]).compile(VARIANTS[variant].get("xla"))
-    config = step_config(variant)
     row: dict[str, Any] = {
         "compile_s": time.perf_counter() - start,
-        "strategy": "peer" if variant == "peer" else config["comm.strategy"],
-        "bucket_bytes": config["comm.bucket_bytes"],
+        "strategy": "peer" if variant == "peer" else config.comm.strategy,
+        "bucket_bytes": config.comm.bucket_bytes,
     }
     if jax.process_index() == 0 and jax.default_backend() == "gpu":
         row["schedule"] = schedule(compiled.as_text())

@@ -214,7 +214,7 @@ class NvImageCodecDecoder:
         tiles = jnp.zeros((count, canvas, canvas, 3), jnp.uint8, device=self._device)
         tiles.block_until_ready()  # the zeros are in place before nvImageCodec writes
         pointer, slot_bytes = tiles.unsafe_buffer_pointer(), canvas * canvas * 3
-        regions = regions.tolist()
+        regions, extents = regions.tolist(), extents.tolist()
         streams = [self._code_stream(e, r) for e, r in zip(encoded, regions, strict=True)]
         decoded = np.zeros(len(streams), bool)
         try:
@@ -225,7 +225,7 @@ class NvImageCodecDecoder:
                     if s is not None and not decoded[t] and (backend.takes_regions or s[1])
                 ]
                 views = [
-                    _DeviceView(pointer + t * slot_bytes, *_extent(regions[t]), canvas)
+                    _DeviceView(pointer + t * slot_bytes, *extents[t], canvas)
                     for t in wanted
                 ]
                 chosen = [streams[t][0] for t in wanted]
@@ -309,12 +309,6 @@ class NvImageCodecDecoder:
         if slots[len(regions) :].any():
             return "it wrote into a slot it was not given."
         return None
-
-
-def _extent(region: list[int]) -> tuple[int, int]:
-    """(height, width) of a (top, left, bottom, right) region."""
-    top, left, bottom, right = region
-    return bottom - top, right - left
 
 
 @functools.cache

@@ -1,11 +1,11 @@
-"""JPEG decoding on the GPU with nvImageCodec: a batch's tiles written into one device array.
+"""JPEG decoding on the GPU with nvImageCodec: a batch's tiles written into a device array.
 
-A `TileDecoder` takes a batch's encoded images and, per tile, the region of its image the tile
-holds (jia_jax/crop_resize.py plans them; a region is always inside its image), and returns
-uint8 [count, canvas, canvas, 3] on its device: slot t holds region t of image t at its top-left
-corner, zeros elsewhere; and per tile whether it decoded. Where it did not (a CMYK JPEG, a PNG
-stored as JPEG, damaged bytes) the caller takes the CPU path's example instead
-(jia_jax/gpu_input.py), whatever the slot holds.
+A `TileDecoder` takes a batch's encoded images, per tile the region of its image the tile holds
+(jia_jax/crop_resize.py plans them; a region is always inside its image), and a uint8
+[count, canvas, canvas, 3] array on its device; it writes region t of image t into slot t at its
+top-left corner, leaves every other pixel as it was, and returns per tile whether it decoded.
+Where it did not (a CMYK JPEG, a PNG stored as JPEG, damaged bytes) the caller takes the CPU
+path's example instead (jia_jax/gpu_input.py), whatever the slot holds.
 
 `NvImageCodecDecoder` decodes a tile that holds a whole image (every image that fits in a canvas)
 with the GPU's hardware JPEG engines where it has them (H100s do), which take whole images only;
@@ -14,26 +14,32 @@ progressive JPEG), with nvImageCodec's default backends. Both write straight int
 slot: the slot's first rows and columns are handed to nvImageCodec as an image of the region's
 shape with the slot's row pitch (`nvimgcodec.as_image` of a `__cuda_array_interface__`). At
 start-up each decoder decodes a probe JPEG exactly so (a whole image; for the default backends a
-region too) and is checked against Pillow. EXIF orientation is ignored, as Pillow (the CPU path)
-ignores it.
+region too) into a fresh array of zeros and is checked against Pillow, and for writing nothing
+outside the regions. EXIF orientation is ignored, as Pillow (the CPU path) ignores it.
 
 The array is written in place, behind XLA's back. That is safe here because
-  * it is a fresh array (`jnp.zeros`) that only `NvImageCodecDecoder.__call__` holds until it
-    returns it, and nothing donates it: no XLA program reads, writes or reuses its memory
-    meanwhile;
-  * the zeros are written before the decoder writes: XLA writes them on its own stream, which
-    nvImageCodec's stream is not ordered after, so the host waits for them (`block_until_ready`;
-    that also waits for the XLA work queued before them, train steps included);
-  * the decoder's writes are finished before the array is returned: every decode is enqueued on
-    this decoder's own CUDA stream (jia_jax/cuda_stream.py), which the host synchronises before
-    returning, also when a decode raises, so no write lands after XLA has read the array or
-    freed its memory.
+  * no XLA program reads or writes the array while the decoder writes. The GPU path takes the
+    array from its device's `TileRing` (jia_jax/tile_ring.py), which hands each array to one
+    holder at a time: a new one once its zeros are written (`new_tiles` waits for them, as
+    nvImageCodec's stream is not ordered after XLA's), a reused one once the last program that
+    read it (the previous holder's crop and resize, whose output the ring keeps) has finished.
+    Nothing donates the array and XLA never writes an array its programs only read, so between
+    holders no program touches it, and a holder enqueues its crop only after the decoder
+    returns;
+  * the decoder writes nothing outside the array: before any write it checks that the array is
+    uint8 [count, canvas, canvas, 3] on its device and that every region fits a slot;
+  * the decoder's writes are finished before it returns: every decode is enqueued on this
+    decoder's own CUDA stream (jia_jax/cuda_stream.py), which the host synchronises before
+    returning, also when a decode raises, so no write lands while XLA reads the array.
 
 Install with `pip install -e ".[gpu]"`; nvImageCodec is imported only when a decoder is built.
 
-GPU memory: the tiles are XLA's (256 x 512 x 512 x 3 bytes = 0.2 GB per GPU at 256 ImageNet crops
-per GPU); nvImageCodec allocates its own buffers with CUDA, outside the pool XLA reserves at
-start-up (nvJPEG's state and its copies of the encoded bytes). JAX reserves
+GPU memory: the tiles are in XLA's pool. Each device's ring keeps up to `tile_ring.DEPTH` (4)
+arrays per tile count, 4 x 256 x 512 x 512 x 3 bytes = 0.8 GB per count per GPU at 256 ImageNet
+crops per GPU (canvas 512), and the crops that last read them (4 x 38.5 MB at 224). A batch of
+images that all fit in a canvas needs one count; larger images add counts in steps of a quarter
+of the batch. nvImageCodec allocates its own buffers with CUDA, outside the pool XLA
+reserves at start-up (nvJPEG's state and its copies of the encoded bytes). JAX reserves
 XLA_PYTHON_CLIENT_MEM_FRACTION of each GPU's memory (0.75 unless set), which leaves 20 GB of an
 80 GB card; the trainer keeps that, and `check_memory_fraction` refuses a fraction that would
 leave the decoder less than `MIN_HEADROOM`.
@@ -76,15 +82,24 @@ class DecoderUnavailableError(RuntimeError):
 
 
 class TileDecoder(Protocol):
-    """Decodes the tiles of a batch onto one device."""
+    """Decodes the tiles of a batch into an array on one device."""
 
     def __call__(
-        self, encoded: Sequence[np.ndarray], regions: np.ndarray, count: int, canvas: int
-    ) -> tuple[jax.Array, np.ndarray]:
-        """uint8 [count, canvas, canvas, 3] on this decoder's device, slot t < len(encoded)
-        holding the pixels `regions[t]` = (top, left, bottom, right) of `encoded[t]` at its
-        top-left corner, zeros elsewhere; and bool [len(encoded)], whether slot t decoded (if
-        not, it may hold anything)."""
+        self, encoded: Sequence[np.ndarray], regions: np.ndarray, tiles: jax.Array
+    ) -> np.ndarray:
+        """Writes into `tiles`, uint8 [count, canvas, canvas, 3] on this decoder's device that no
+        XLA program reads or writes meanwhile, the pixels `regions[t]` = (top, left, bottom,
+        right) of `encoded[t]` at slot t's top-left corner, t < len(encoded), and nothing
+        else; returns bool [len(encoded)], whether slot t decoded (if not, it may hold
+        anything). The writes are finished when it returns."""
+
+
+def new_tiles(device: jax.Device, count: int, canvas: int) -> jax.Array:
+    """uint8 zeros [count, canvas, canvas, 3] on `device`, written before this returns: XLA
+    writes them on its own stream, which a decoder's stream is not ordered after (so this waits
+    for the XLA work queued before them too, train steps included)."""
+    tiles = jnp.zeros((count, canvas, canvas, 3), jnp.uint8, device=device)
+    return tiles.block_until_ready()
 
 
 def library_installed() -> bool:
@@ -189,30 +204,21 @@ class NvImageCodecDecoder:
         self._backends = [b for b in (hardware, default) if b is not None]
 
     def __call__(
-        self, encoded: Sequence[np.ndarray], regions: np.ndarray, count: int, canvas: int
-    ) -> tuple[jax.Array, np.ndarray]:
+        self, encoded: Sequence[np.ndarray], regions: np.ndarray, tiles: jax.Array
+    ) -> np.ndarray:
         with self._lock:
-            return self._decode(self._backends, encoded, regions, count, canvas)
+            return self._decode(self._backends, encoded, regions, tiles)
 
     def _decode(
         self,
         backends: Sequence[_Backend],
         encoded: Sequence[np.ndarray],
         regions: np.ndarray,
-        count: int,
-        canvas: int,
-    ) -> tuple[jax.Array, np.ndarray]:
+        tiles: jax.Array,
+    ) -> np.ndarray:
         """Each tile by the first of `backends` that takes and decodes it (see `__call__`)."""
-        regions = np.asarray(regions, np.int64).reshape(-1, 4)
-        extents = regions[:, 2:] - regions[:, :2]
-        if len(regions) > count or np.any(extents > canvas):
-            # nvImageCodec would write past a slot, or past the array, into memory XLA owns.
-            raise ValueError(
-                f"{len(regions)} regions, up to {extents.max(0)} pixels, do not fit {count} "
-                f"slots of {canvas} x {canvas}."
-            )
-        tiles = jnp.zeros((count, canvas, canvas, 3), jnp.uint8, device=self._device)
-        tiles.block_until_ready()  # the zeros are in place before nvImageCodec writes
+        regions, extents = self._fitted(regions, tiles)
+        canvas = tiles.shape[1]
         pointer, slot_bytes = tiles.unsafe_buffer_pointer(), canvas * canvas * 3
         regions, extents = regions.tolist(), extents.tolist()
         streams = [self._code_stream(e, r) for e, r in zip(encoded, regions, strict=True)]
@@ -231,8 +237,34 @@ class NvImageCodecDecoder:
                 chosen = [streams[t][0] for t in wanted]
                 decoded[wanted] = self._into(backend.decoder, chosen, views)
         finally:
-            self._stream.synchronize()  # every write done before XLA may read or free `tiles`
-        return tiles, decoded
+            self._stream.synchronize()  # every write done before XLA may read `tiles`
+        return decoded
+
+    def _fitted(self, regions: np.ndarray, tiles: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+        """`regions` as int64 [T, 4] and their heights and widths, [T, 2]; raises `ValueError`
+        unless `tiles` is uint8 [count, canvas, canvas, 3] on this decoder's device and every
+        region fits a slot: else nvImageCodec would write past a slot, or past the array, into
+        memory XLA owns (or another device's)."""
+        shape, devices = tiles.shape, tiles.devices()
+        if (
+            tiles.dtype != jnp.uint8
+            or len(shape) != 4
+            or shape[1] != shape[2]
+            or shape[3] != 3
+            or devices != {self._device}
+        ):
+            raise ValueError(
+                f"Tiles {tiles.dtype} {shape} on {devices} are not uint8 [count, canvas, "
+                f"canvas, 3] on {self._device}."
+            )
+        regions = np.asarray(regions, np.int64).reshape(-1, 4)
+        extents = regions[:, 2:] - regions[:, :2]
+        if len(regions) > shape[0] or np.any(extents > shape[1]):
+            raise ValueError(
+                f"{len(regions)} regions, up to {extents.max(0)} pixels, do not fit {shape[0]} "
+                f"slots of {shape[1]} x {shape[2]}."
+            )
+        return regions, extents
 
     def _code_stream(self, data: np.ndarray, region: list[int]) -> tuple[Any, bool] | None:
         """The code stream of `region` of `data` and whether it is the whole image; None for
@@ -292,10 +324,8 @@ class NvImageCodecDecoder:
         if backend.takes_regions:  # inside the image, touching its right edge
             regions.append((8, 24, height - 6, width))
         # One slot more than the regions: nothing may be written there.
-        count = len(regions) + 1
-        tiles, decoded = self._decode(
-            [backend], [encoded] * len(regions), np.array(regions), count, _PROBE_CANVAS
-        )
+        tiles = new_tiles(self._device, len(regions) + 1, _PROBE_CANVAS)
+        decoded = self._decode([backend], [encoded] * len(regions), np.array(regions), tiles)
         if not decoded.all():
             return f"it did not decode a {width} x {height} JPEG into a tile."
         slots = np.asarray(tiles, np.int32)

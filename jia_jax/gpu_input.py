@@ -2,12 +2,15 @@
 
 Per batch, the host reads the CPU path's records and crop windows (jia_jax/record_batches.py, in
 grain's worker processes when `data.num_workers` > 0). Then each local device takes its rows of
-the batch, the rows the batch sharding gives it: the decoder writes their tiles into one array
-in the device's memory (jia_jax/gpu_decode.py), and one jitted program crops, resizes and flips
-them into uint8 [rows, S, S, 3] there (jia_jax/crop_resize.py); the train and eval steps
-normalise them, as they do the CPU path's. The per-device images become the global batch with
-`jax.make_array_from_single_device_arrays`: no pixel crosses the host. A thread runs this two
-batches ahead of the trainer, with one thread per device for the decoding.
+the batch, the rows the batch sharding gives it: the decoder writes their tiles into an array
+in the device's memory (jia_jax/gpu_decode.py), taken from the device's ring of tile arrays
+(jia_jax/tile_ring.py), and one jitted program crops, resizes and flips them into uint8
+[rows, S, S, 3] there (jia_jax/crop_resize.py). The array goes back to the ring, to be reused
+once that program has finished, so decoding overlaps the train steps instead of waiting for
+them. The train and eval steps normalise the images, as they do the CPU path's. The per-device
+images become the global batch with `jax.make_array_from_single_device_arrays`: no pixel
+crosses the host. A thread runs this two batches ahead of the trainer, with one thread per
+device for the decoding.
 
 An example the decoder refuses (a CMYK or PNG record, bytes that do not decode) is the CPU path's
 example for that slot, decoded and resized with Pillow on the host and uploaded: the same
@@ -32,7 +35,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from jia_jax import crop_resize, gpu_decode, record_batches, tfds_input
+from jia_jax import crop_resize, gpu_decode, record_batches, tfds_input, tile_ring
 
 T = TypeVar("T")
 Batch = dict[str, jax.Array]
@@ -43,10 +46,11 @@ _AHEAD = 2
 
 @dataclasses.dataclass(frozen=True)
 class DeviceDecoder:
-    """One local device and its decoder."""
+    """One local device, its decoder and the tile arrays it decodes into."""
 
     device: jax.Device
     decode: gpu_decode.TileDecoder
+    ring: tile_ring.TileRing
 
 
 def device_rows(
@@ -70,8 +74,8 @@ def device_rows(
 
 
 def device_decoders(devices: Sequence[jax.Device]) -> dict[jax.Device, DeviceDecoder]:
-    """A decoder per device (`gpu_decode.new_decoder`)."""
-    return {d: DeviceDecoder(d, gpu_decode.new_decoder(d)) for d in devices}
+    """A decoder (`gpu_decode.new_decoder`) and a tile ring per device."""
+    return {d: DeviceDecoder(d, gpu_decode.new_decoder(d), tile_ring.TileRing(d)) for d in devices}
 
 
 def decode_rows(
@@ -96,17 +100,22 @@ def decode_rows(
     encoded = batch[record_batches.ENCODED]
     wanted = [encoded[offsets[first + e] : offsets[first + e + 1]] for e in plan.example.tolist()]
     count = crop_resize.padded_count(len(wanted), stop - first)
-    tiles, decoded = decoder.decode(wanted, plan.region, count, canvas)
-    failed = sorted(set(plan.example[~decoded].tolist()))
-    # A tile that did not decode is read like any other; its example's row is replaced after.
-    plan = crop_resize.pad_plan(plan, count, stop - first)
-    images = crop_resize.crop_resize(
-        tiles,
-        jax.device_put(plan.example, decoder.device),
-        jax.device_put(plan.params, decoder.device),
-        batch=stop - first,
-        image_size=image_size,
-    )
+    tiles = decoder.ring.take(count, canvas)
+    images = None  # the program that reads `tiles`, once enqueued
+    try:
+        decoded = decoder.decode(wanted, plan.region, tiles)
+        failed = sorted(set(plan.example[~decoded].tolist()))
+        # A tile that did not decode is read like any other; its example's row is replaced after.
+        plan = crop_resize.pad_plan(plan, count, stop - first)
+        images = crop_resize.crop_resize(
+            tiles,
+            jax.device_put(plan.example, decoder.device),
+            jax.device_put(plan.params, decoder.device),
+            batch=stop - first,
+            image_size=image_size,
+        )
+    finally:
+        decoder.ring.give(tiles, images)
     return images, failed
 
 

@@ -1,12 +1,13 @@
 """Tests for jia_jax/gpu_decode.py's `NvImageCodecDecoder` on CPU, over the Pillow stand-in for
 nvImageCodec of tests/gpu_fakes.py: what it asks the library (whole images of the hardware
 decoder, regions inside the image of the default one), where the pixels land, what it refuses,
-its start-up check and its stream synchronisation."""
+its start-up check, its checks of the array it writes into and its stream synchronisation."""
 
 import io
 import logging
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import PIL.Image
 import pytest
@@ -32,6 +33,10 @@ def _images(seed: int = 0) -> list[PIL.Image.Image]:
     return [c.resize((w, h), PIL.Image.BICUBIC) for c, (h, w) in zip(coarse, sizes, strict=True)]
 
 
+def _tiles(count: int, device=None) -> jax.Array:
+    return gpu_decode.new_tiles(device or jax.devices()[0], count, _CANVAS)
+
+
 def _decoder(library=None, stream=None):
     library = FakeNvImageCodec() if library is None else library
     stream = FakeStream() if stream is None else stream
@@ -47,27 +52,31 @@ def _plan(images: list[PIL.Image.Image], seed: int = 0) -> crop_resize.TilePlan:
     return crop_resize.plan_tiles(boxes, sizes, flips, has_image, _OUT, _CANVAS)
 
 
-def _expected(pixels: list[np.ndarray], plan: crop_resize.TilePlan, count: int) -> np.ndarray:
-    """The contract: region t of image t at slot t's top-left corner, zeros elsewhere."""
-    tiles = np.zeros((count, _CANVAS, _CANVAS, 3), np.uint8)
+def _expected(
+    pixels: list[np.ndarray], plan: crop_resize.TilePlan, count: int, before: int
+) -> np.ndarray:
+    """The contract: region t of image t at slot t's top-left corner, every other pixel as it
+    was (`before`)."""
+    tiles = np.full((count, _CANVAS, _CANVAS, 3), before, np.uint8)
     for t, (example, (top, left, bottom, right)) in enumerate(zip(plan.example, plan.region)):
         tiles[t, : bottom - top, : right - left] = pixels[example][top:bottom, left:right]
     return tiles
 
 
 def test_tiles_land_in_their_slots_whole_images_by_the_hardware_regions_by_default():
+    """Into an array that held other pixels: only the regions are written."""
     images = _images()
     encoded = [_jpeg(image) for image in images]
     pixels = [np.asarray(PIL.Image.open(io.BytesIO(e.tobytes())).convert("RGB")) for e in encoded]
     plan = _plan(images)
-    count = len(plan.example) + 3  # padding slots stay zeros
+    count = len(plan.example) + 3  # padding slots stay as they were
     decoder, library, stream = _decoder()
     library.decoded.clear()
     synchronized = stream.synchronized
-    tiles, decoded = decoder([encoded[e] for e in plan.example], plan.region, count, _CANVAS)
-    assert tiles.shape == (count, _CANVAS, _CANVAS, 3) and tiles.dtype == np.uint8
-    assert tiles.devices() == {jax.devices()[0]} and decoded.all()
-    np.testing.assert_array_equal(np.asarray(tiles), _expected(pixels, plan, count))
+    tiles = jnp.full((count, _CANVAS, _CANVAS, 3), 7, jnp.uint8).block_until_ready()
+    decoded = decoder([encoded[e] for e in plan.example], plan.region, tiles)
+    assert decoded.all()
+    np.testing.assert_array_equal(np.asarray(tiles), _expected(pixels, plan, count, 7))
     assert stream.synchronized == synchronized + 1
     # Images within a canvas (the first two) are whole: the hardware decoder's; the rest are
     # regions inside their image: the default decoder's.
@@ -97,7 +106,8 @@ def test_refused_images_are_reported_and_the_rest_decode():
     regions = np.array([whole] * 5 + [[0, 0, image.height + 1, image.width]] + [whole] * 2)
     decoder, library, _ = _decoder()
     library.decoded.clear()
-    tiles, decoded = decoder(encoded, regions, len(encoded), _CANVAS)
+    tiles = _tiles(len(encoded))
+    decoded = decoder(encoded, regions, tiles)
     assert decoded.tolist() == [True, False, False, False, False, False, True, True]
     assert [b for b, _ in library.decoded] == ["hardware", "hardware", "default"]
     grey = np.asarray(PIL.Image.open(io.BytesIO(encoded[7].tobytes())).convert("RGB"))
@@ -110,7 +120,7 @@ def test_without_hardware_decoder_the_default_one_decodes_whole_images(caplog):
     assert "hardware JPEG backends on GPU 0: Could not create decoder" in caplog.text
     library.decoded.clear()
     image = _images()[1]
-    _, decoded = decoder([_jpeg(image)], np.array([[0, 0, 32, 32]]), 1, _CANVAS)
+    decoded = decoder([_jpeg(image)], np.array([[0, 0, 32, 32]]), _tiles(1))
     assert decoded.all() and [b for b, _ in library.decoded] == ["default"]
 
 
@@ -138,24 +148,31 @@ def test_a_failed_call_is_synchronised_and_its_tiles_go_to_the_next_decoder(monk
     library.decoded.clear()
     image = _images()[0]
     synchronized = stream.synchronized
-    _, decoded = decoder([_jpeg(image)], np.array([[0, 0, image.height, image.width]]), 1, _CANVAS)
+    region = np.array([[0, 0, image.height, image.width]])
+    decoded = decoder([_jpeg(image)], region, _tiles(1))
     assert decoded.all() and [b for b, _ in library.decoded] == ["default"]
     assert stream.synchronized == synchronized + 1
 
     # An error that is a bug, not the library's refusal, is raised, after the synchronisation.
     monkeypatch.setattr(decoder._backends[1].decoder, "decode", fail(KeyError("bug")))
     with pytest.raises(KeyError, match="bug"):
-        decoder([_jpeg(image)], np.array([[0, 0, image.height, image.width]]), 1, _CANVAS)
+        decoder([_jpeg(image)], region, _tiles(1))
     assert stream.synchronized == synchronized + 2
 
 
-def test_a_region_larger_than_a_slot_is_refused_before_anything_is_written():
-    """nvImageCodec would write it past the slot, into memory XLA owns."""
+def test_a_region_larger_than_a_slot_or_a_wrong_array_is_refused_before_anything_is_written():
+    """nvImageCodec would write past the slot, or past the array, into memory XLA owns."""
     decoder, library, _ = _decoder()
     library.decoded.clear()
     image = _images()[4]  # 140 x 100
+    jpeg, small = _jpeg(image), np.array([[0, 0, 8, 8]])
     with pytest.raises(ValueError, match="do not fit 1 slots of 32 x 32"):
-        decoder([_jpeg(image)], np.array([[0, 0, 33, 32]]), 1, _CANVAS)
+        decoder([jpeg], np.array([[0, 0, 33, 32]]), _tiles(1))
     with pytest.raises(ValueError, match="do not fit 1 slots"):
-        decoder([_jpeg(image)] * 2, np.array([[0, 0, 8, 8]] * 2), 1, _CANVAS)
+        decoder([jpeg] * 2, np.concatenate([small, small]), _tiles(1))
+    another_device = _tiles(1, jax.devices()[1])
+    wrong = [another_device, _tiles(1).astype(np.int32), _tiles(1)[:, :16], _tiles(1)[..., :1]]
+    for tiles in wrong:
+        with pytest.raises(ValueError, match=r"are not uint8 \[count, canvas, canvas, 3\] on"):
+            decoder([jpeg], small, tiles)
     assert library.decoded == []

@@ -6,9 +6,10 @@ Subcommands, each writing JSON (the first two write the dataset first, unless it
     (`compare_predictions`), the pixels' difference, how many images the GPU decoder refused;
     and per kind of odd image (grey, CMYK, PNG, progressive, truncated JPEG) whether the GPU
     decodes it and how far its tile is from Pillow's.
-  * `decode`: the decode stage alone (tiles decoded, cropped and resized on each GPU, the host's
-    records read beforehand), in images/s per GPU, on one GPU and on all of them at once; and
-    nvImageCodec's whole-image decode of the same JPEGs, for reference.
+  * `decode`: the decode stage alone (`gpu_input.device_batches`, as in training: tiles decoded
+    into each GPU's tile ring, cropped and resized there; the host's records read beforehand;
+    each batch waited for before the next), in images/s per GPU, on one GPU and on all of them
+    at once; and nvImageCodec's whole-image decode of the same JPEGs, for reference.
   * `report`: the record of scripts/bench_gpu_decode.sh: one row per training configuration
     (`scripts.bench.train_input` JSONs) with the decode stage's rate beside it.
 
@@ -97,9 +98,11 @@ def _eval_pass(args: argparse.Namespace, decode: str, mesh) -> dict[str, np.ndar
 
 
 def _odd_images(decoder, canvas: int) -> list[dict[str, Any]]:
-    """Each kind of odd record, decoded by `decoder` whole and as a region of interest (the two
-    ways the GPU path decodes), against Pillow."""
+    """Each kind of odd record, decoded by `decoder` (a `gpu_input.DeviceDecoder`) whole and as
+    a region of interest (the two ways the GPU path decodes), against Pillow."""
     import PIL.Image  # pylint: disable=import-outside-toplevel
+
+    from jia_jax import gpu_decode  # pylint: disable=import-outside-toplevel
 
     rng = np.random.default_rng(0)
     coarse = PIL.Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8))
@@ -126,7 +129,8 @@ def _odd_images(decoder, canvas: int) -> list[dict[str, Any]]:
     rows = []
     for kind, encoded in kinds.items():
         data = np.frombuffer(encoded, np.uint8)
-        tiles, decoded = decoder([data, data], regions, len(regions), canvas)
+        tiles = gpu_decode.new_tiles(decoder.device, len(regions), canvas)
+        decoded = decoder.decode([data, data], regions, tiles)
         row: dict[str, Any] = {"kind": kind, "decoded_on_gpu": decoded.tolist()}
         try:
             pixels = np.asarray(PIL.Image.open(io.BytesIO(encoded)).convert("RGB"))
@@ -190,7 +194,7 @@ def smoke(args: argparse.Namespace) -> dict[str, Any]:
         )
         refused += len(decoded[1])
     result["refused_by_gpu_decoder"] = refused
-    result["odd_images"] = _odd_images(decoder.decode, data.gpu_canvas)
+    result["odd_images"] = _odd_images(decoder, data.gpu_canvas)
     return result
 
 

@@ -352,6 +352,32 @@ def test_input_pipeline_doc_quotes_the_json():
     )
 
 
+def test_gpu_decode_prose_quotes_the_json():
+    def ratios(name):
+        rows = {(r["gpus"], r["per_gpu"]): r for r in load(name)["results"]}
+        return rows, [rows[k]["ratio"] for k in ((1, 256), (1, 64), (2, 256))]
+
+    rows, now = ratios("bench_gpu_decode_2xH200.json")
+    _, before = ratios("bench_gpu_decode_fresh_tiles_2xH200.json")
+    smoke = load("gpu_decode_smoke_2xH200.json")
+    assert smoke["bound_holds"] and smoke["labels_equal"]
+    quotes = [
+        "the trainer keeps {:.3f} of its synthetic-data speed at 256 images per GPU on one GPU, "
+        "{:.3f} at 64, and {:.3f} on two GPUs".format(*now),
+        f"runs {rows[1, 256]['decode_images_per_s']:,.0f} images/s per GPU against the step's "
+        f"{rows[1, 256]['synthetic_images_per_s']:,.0f}",
+        "from {:.3f}, {:.3f} and {:.3f} in an earlier call".format(*before),
+    ]
+    assert_quoted(read("docs/input_pipeline.md"), quotes)
+    assert_quoted(
+        read("README.md"),
+        [
+            f"keeps {now[0]:.3f} of its synthetic-data speed on one GPU and {now[2]:.3f} on two",
+            f"within {smoke['max_pixel_change']} levels of 255 of the CPU path's",
+        ],
+    )
+
+
 def test_scaling_prose_quotes_the_calibration_and_the_model():
     """docs/scaling.md's hand-written figures, recomputed from the calibration, the raw files and
     the model (the same functions that render its tables)."""

@@ -208,28 +208,64 @@ def reduce_gradients(
       The mean over all devices, same structure, shapes and dtypes as `grads`, identical on every
       device.
     """
-    if strategy == "xla":
-        raise ValueError(
-            "comm.strategy='xla' leaves the all-reduce to XLA; the step must not call reduce_gradients."
-        )
-    if strategy not in STRATEGIES:
-        raise ValueError(
-            f"Unknown comm.strategy {strategy!r}; expected 'xla' or one of {STRATEGIES}."
-        )
+    check_strategy(strategy)
     for leaf in jax.tree_util.tree_leaves(grads):
         if not jnp.issubdtype(leaf.dtype, jnp.inexact):
             raise TypeError(f"reduce_gradients averages floating-point leaves, got {leaf.dtype}.")
 
     plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order)
-    devices = jax.lax.axis_size((node_axis, gpu_axis))
-    divide_first = divide_before_sum(plan.wire_dtype)
-    if divide_first:
+    axes = (node_axis, gpu_axis)
+    reduced, _ = send(grads, plan, strategy, hybrid_crossover_bytes, axes)
+    if overlap:
+        reduced = hold_until_all_reduced(reduced)
+    return receive(reduced, plan, axes)
+
+
+def check_strategy(strategy: str) -> None:
+    """Raises `ValueError` unless `strategy` is one `send` runs."""
+    if strategy == "xla":
+        raise ValueError(
+            "comm.strategy='xla' leaves the all-reduce to XLA; the step must not call "
+            "reduce_gradients."
+        )
+    if strategy not in STRATEGIES:
+        raise ValueError(
+            f"Unknown comm.strategy {strategy!r}; expected 'xla' or one of {STRATEGIES}."
+        )
+
+
+def send(
+    grads: Any,
+    plan: BucketPlan,
+    strategy: str,
+    hybrid_crossover_bytes: int,
+    axes: tuple[str, str],
+    tie: Any = None,
+) -> tuple[list[jax.Array], Any]:
+    """`grads`' buckets, each summed over the mesh `axes` (node, gpu) by `strategy`'s collective.
+
+    With `tie`, the packed buckets and `tie` pass one `optimization_barrier`: whatever is
+    computed from the returned `tie` runs after the buckets are packed, so each collective can
+    start before it (`jia_jax.staged_backward`). `receive` turns the sums
+    into the mean.
+
+    Returns:
+      The summed buckets, and `tie` (an identity).
+    """
+    devices = jax.lax.axis_size(axes)
+    if divide_before_sum(plan.wire_dtype):
         # fp16's range is small: divide in fp32 before the cast, so the sum on the wire is bounded
         # by the largest per-device gradient; with a loss scale, summing first can overflow to inf
         # (a false overflow that skips the step) once many devices add up. Pre-dividing can only
         # underflow tiny entries, which loss scaling keeps rare and which cost far less than an inf.
         grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32) / devices, grads)
     buckets = pack(grads, plan)
+    if tie is not None:
+        # Whatever reads `tie` now waits for the packed buckets. The collectives read the buckets
+        # from before the barrier: XLA starts an asynchronous collective right after its operand,
+        # and the barrier's own outputs were placed at the end of backward (the collectives then
+        # ran there, synchronously; docs/benchmarks.md).
+        _, tie = jax.lax.optimization_barrier((buckets, tie))
 
     reduced = []
     for flat, nbytes in zip(buckets, plan.bucket_nbytes()):
@@ -239,15 +275,26 @@ def reduce_gradients(
             strategy == "hybrid" and nbytes < hybrid_crossover_bytes
         )
         reduce = _hierarchical_sum if hierarchical else _flat_sum
-        reduced.append(reduce(flat, node_axis, gpu_axis))
+        reduced.append(reduce(flat, *axes))
+    return reduced, tie
 
-    if overlap:
-        reduced = hold_until_all_reduced(reduced)
-    # The plan was made from `grads`' own dtypes, so `unpack` restores them. fp32 and bf16 share
-    # fp32's exponent range, so their sums cannot overflow where the gradients did not: they are
-    # divided here, where the division fuses into the slices' consumers (no pass of its own).
-    scale = None if divide_first else 1.0 / devices
-    return unpack(reduced, plan, scale=scale)
+
+def receive(reduced: list[jax.Array], plan: BucketPlan, axes: tuple[str, str]) -> Any:
+    """The mean over the mesh `axes` from `send`'s summed buckets, as the tree `plan` was made
+    for (its shapes and dtypes)."""
+    # fp32 and bf16 share fp32's exponent range, so their sums cannot overflow where the
+    # gradients did not: they are divided here, where the division fuses into the slices'
+    # consumers (no pass of its own).
+    divided = divide_before_sum(plan.wire_dtype)
+    return unpack(reduced, plan, scale=None if divided else 1.0 / jax.lax.axis_size(axes))
+
+
+def pmean_packed(tree: Any, axes: tuple[str, ...]) -> Any:
+    """`jax.lax.pmean(tree, axes)` of a tree of fp32 scalars and small arrays (BatchNorm
+    statistics, metrics) as one collective: one fp32 bucket instead of one per leaf."""
+    plan = plan_buckets(jax.tree_util.tree_map(jnp.asarray, tree), 1 << 62, jnp.float32)
+    summed = [jax.lax.psum(flat, axes) for flat in pack(tree, plan)]
+    return unpack(summed, plan, scale=1.0 / jax.lax.axis_size(axes))
 
 
 def hold_until_all_reduced(reduced: list[jax.Array]) -> list[jax.Array]:

@@ -28,10 +28,11 @@ from absl import logging
 #   per-device BatchNorm batch.
 # - `comm` strategy, buckets and crossover may change: every strategy computes the same mean (up
 #   to summation order). `comm.dtype`, the precision on the wire, is compared.
-# - `model.fused_bn` / `model.space_to_depth_stem` / `model.sliced_max_pool` /
-#   `model.weight_grads_first` may change (or be absent, in checkpoints from before they
-#   existed): the same function on the same variables, another summation order and at most one
-#   bf16 rounding fewer (tests/test_fused_layers.py).
+# - `comm.backward_cuts` may change: where backward is split changes only when each bucket is
+#   sent, not what is summed.
+# - `model.fused_bn` / `model.space_to_depth_stem` / `model.sliced_max_pool` may change (or be
+#   absent, in checkpoints from before they existed): the same function on the same variables,
+#   another summation order and at most one bf16 rounding fewer (tests/test_fused_layers.py).
 FREE_ON_RESUME = (
     "allow_config_change",
     "log_every_steps",
@@ -52,10 +53,10 @@ FREE_ON_RESUME = (
     "comm.bucket_bytes",
     "comm.hybrid_crossover_bytes",
     "comm.overlap",
+    "comm.backward_cuts",
     "model.fused_bn",
     "model.space_to_depth_stem",
     "model.sliced_max_pool",
-    "model.weight_grads_first",
     # When to give up (on bad records, on overflowing fp16 steps): never what a step computes.
     "data.max_bad_records",
     "precision.loss_scale.max_skips_at_minimum",

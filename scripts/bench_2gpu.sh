@@ -61,14 +61,12 @@ case "$1" in
     done
     ;;
   overlap)
-    # The default (overlap), the overlap with weight gradients first (model.weight_grads_first;
-    # also with XLA's combining capped at the bucket size, so no bucket waits for the next), no
-    # overlap and the plain peer across 2 emulated hosts, and one process on both GPUs
-    # (docs/benchmarks.md, "Is the gradient all-reduce hidden under backward?"); stopped at 9
-    # minutes with the rows it has.
+    # The default (overlap), the overlap with backward in three and in six parts, no overlap and
+    # the plain peer across 2 emulated hosts, and one process on both GPUs (docs/benchmarks.md, "Is the gradient all-reduce hidden under backward?"); stopped at
+    # 9 minutes with the rows it has.
     python3 -m scripts.bench.overlap --layouts=1x1,2x1,1x2 --batches=256,64 \
-      --variants=overlap,overlap_wgrad_first,overlap_wgrad_first_cap,no_overlap,peer \
-      --layout_variants='{"1x2": ["overlap", "overlap_wgrad_first", "no_overlap"]}' \
+      --variants=overlap,overlap_staged,overlap_cuts_all,no_overlap,peer \
+      --layout_variants='{"1x2": ["overlap", "no_overlap"]}' \
       --budget_s=540 --out="$OUT/bench_overlap_2gpu.json"
     ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap" >&2; exit 2 ;;

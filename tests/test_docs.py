@@ -558,23 +558,57 @@ def test_render_names_the_machine_without_its_pool_label(tmp_path):
     assert "(4x H100 80GB HBM3 (one host, NVLink))" in caption and "nvidia" not in caption
 
 
-def test_overlap_answers_agree_with_the_json():
-    def rows(name):
-        out = {}
-        data = [r for r in load(name)["results"] if "images_per_s" in r]
-        one = {r["per_device_batch"]: r for r in data if r["layout"] == "1x1"}
-        for r in data:
-            base = one[r["per_device_batch"]]
-            gpus = r["hosts"] * r["gpus_per_host"]
-            out[r["layout"], r["variant"], r["per_device_batch"]] = {
-                **r,
-                "eff": r["images_per_s"] / (gpus * base["images_per_s"]),
-                "synced_eff": r["synced_images_per_s"] / (gpus * base["synced_images_per_s"]),
-            }
-        return out
+def _overlap_rows(name: str) -> dict:
+    """(layout, variant, per GPU) -> row of an overlap raw file, with its efficiencies."""
+    data = [r for r in load(name)["results"] if "images_per_s" in r]
+    one = {r["per_device_batch"]: r for r in data if r["layout"] == "1x1"}
+    out = {}
+    for r in data:
+        base, gpus = one[r["per_device_batch"]], r["hosts"] * r["gpus_per_host"]
+        out[r["layout"], r["variant"], r["per_device_batch"]] = {
+            **r,
+            "eff": r["images_per_s"] / (gpus * base["images_per_s"]),
+            "synced_eff": r["synced_images_per_s"] / (gpus * base["synced_images_per_s"]),
+        }
+    return out
 
-    kept = rows("bench_overlap_2xH100.json")
-    capped = rows("bench_overlap_combine_cap_2xH100.json")
+
+def test_earlier_buckets_answers_agree_with_the_json():
+    wgrad = _overlap_rows("bench_overlap_wgrad_first_2xH200.json")
+    first = wgrad["2x1", "overlap_wgrad_first", 256]
+    starts = [c["convolutions_before_start"] for c in first["schedule"] if "bf16" in c["shape"]]
+    staged = _overlap_rows("bench_overlap_staged_2xH200.json")
+    tied = [c for c in staged["2x1", "overlap", 256]["schedule"] if "bf16" in c["shape"]]
+    # The version measured: every gradient collective after the last convolution, nearly all
+    # made synchronous.
+    assert all(c["convolutions_before_start"] == c["convolutions"] for c in tied)
+    assert sum(c["sync"] for c in tied) >= len(tied) - 1
+    assert_quoted(
+        _section("## Across hosts"),
+        [
+            f"started after {min(starts)} of the {first['schedule'][0]['convolutions']} "
+            f"convolutions, and the step kept {first['eff']:.3f} of two single GPUs at 256 "
+            f"images per GPU against the default's {wgrad['2x1', 'overlap', 256]['eff']:.3f} "
+            f"({wgrad['2x1', 'overlap_wgrad_first', 64]['eff']:.3f} against "
+            f"{wgrad['2x1', 'overlap', 64]['eff']:.3f} at 64)",
+            f"kept {staged['2x1', 'overlap', 256]['eff']:.3f} of two GPUs at 256 images per GPU "
+            f"against {staged['2x1', 'overlap_unstaged', 256]['eff']:.3f} for backward in one "
+            f"piece in the same call ({staged['2x1', 'overlap_cuts_all', 256]['eff']:.3f} with a "
+            "cut before every stage)",
+            "images/s: {:,.0f} in parts against {:,.0f} in one piece and {:,.0f} for the plain "
+            "peer".format(
+                *(
+                    staged["2x1", v, 64]["images_per_s"]
+                    for v in ("overlap", "overlap_unstaged", "peer")
+                )
+            ),
+        ],
+    )
+
+
+def test_overlap_answers_agree_with_the_json():
+    kept = _overlap_rows("bench_overlap_2xH100.json")
+    capped = _overlap_rows("bench_overlap_combine_cap_2xH100.json")
     on256, off256, peer256 = (kept["2x1", v, 256] for v in ("overlap", "no_overlap", "peer"))
     on64, off64, peer64 = (kept["2x1", v, 64] for v in ("overlap", "no_overlap", "peer"))
     pairs = [
@@ -601,7 +635,7 @@ def test_overlap_answers_agree_with_the_json():
             f"{capped['1x2', 'no_overlap', 64]['eff']:.3f} at 64)",
         ],
     )
-    lhs = rows("bench_overlap_lhs_2xH200.json")
+    lhs = _overlap_rows("bench_overlap_lhs_2xH200.json")
     repro = load("repro_peer_watch_2xH200.json")["results"]
     assert all(r["returncodes"] == [0, 0] and not r["crashed"] for r in repro)
     assert {r["recoverable"] for r in repro} == {False, True}

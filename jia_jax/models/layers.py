@@ -12,7 +12,6 @@ from jax.nn.initializers import Initializer
 
 from jia_jax.models import fused_bn
 from jia_jax.models import max_pool as sliced
-from jia_jax.models import weight_grads_first as tied
 from jia_jax.models.space_to_depth import SpaceToDepthConv
 
 
@@ -122,14 +121,23 @@ def max_pool(model: nn.Module) -> Callable[..., jax.Array]:
 
 
 def conv(model: nn.Module, kernel_init: Initializer) -> Callable[..., nn.Conv]:
-    """The models' bias-free `nn.Conv` in `model`'s dtypes; with `model.weight_grads_first` its
-    backward computes the weight gradient before the layers below (`weight_grads_first.py`)."""
-    options = {"conv_general_dilated": tied.conv_general_dilated} if model.weight_grads_first else {}
+    """The models' bias-free `nn.Conv` in `model`'s dtypes."""
     return functools.partial(
         nn.Conv,
         use_bias=False,
         dtype=model.dtype,
         param_dtype=model.param_dtype,
         kernel_init=kernel_init,
-        **options,
+    )
+
+
+def classifier(model: nn.Module, kernel_init: Initializer, name: str) -> nn.Dense:
+    """The models' last layer: `model.num_classes` logits computed in fp32 whatever the compute
+    dtype (a small share of the FLOPs; bf16 logits would lose bits the softmax loss uses)."""
+    return nn.Dense(
+        model.num_classes,
+        dtype=jnp.float32,
+        param_dtype=model.param_dtype,
+        kernel_init=kernel_init,
+        name=name,
     )

@@ -12,9 +12,10 @@ step for a timeline of its kernels. Layouts, `PROCESSESxGPUS`, each process on i
   * `1x2`: one process driving two GPUs (NVLink).
 
 Variants (`VARIANTS`): the default config (`overlap`: each bucket's all-reduce awaited only after
-backward, `allreduce.hold_until_all_reduced`), the same without overlap, other bucket sizes, the
-other strategies (`hierarchical`, `hybrid`, `xla`, `auto`), the overlap with
-`model.weight_grads_first` (`overlap_wgrad_first`), the overlap compiled with XLA's
+backward, `allreduce.hold_until_all_reduced`), the overlap with backward in three parts
+(`overlap_staged`) or six (`overlap_cuts_all`), each part's buckets sent once packed
+(`jia_jax/staged_backward.py`), no overlap, other bucket sizes, the
+other strategies (`hierarchical`, `hybrid`, `xla`, `auto`), the overlap compiled with XLA's
 latency-hiding scheduler and/or combining capped at the bucket size, and `peer`: the trainer's
 forward/backward and update with a plain reduction after backward (`peer_steps`'
 `peer_wire_buckets`: leaves concatenated into buckets of the config's size in its wire dtype, one
@@ -71,9 +72,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "overlap_lhs": {"xla": _LHS},
     "overlap_cap": {"xla": _CAP},
     "overlap_lhs_cap": {"xla": {**_LHS, **_CAP}},
-    # Weight gradients as backward passes each layer (jia_jax/models/weight_grads_first.py).
-    "overlap_wgrad_first": {"model.weight_grads_first": True},
-    "overlap_wgrad_first_cap": {"model.weight_grads_first": True, "xla": _CAP},
+    # Backward in three parts, cut before the last two stages (`ResNet.backward_cuts`), and in
+    # six, cut before every stage and the head (jia_jax/staged_backward.py).
+    "overlap_staged": {"comm.backward_cuts": (3, 4)},
+    "overlap_cuts_all": {"comm.backward_cuts": (1, 2, 3, 4, 5)},
     "overlap_64mib": {"comm.bucket_bytes": 64 * MIB},
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.
     "hierarchical": {"comm.strategy": "hierarchical"},

@@ -75,6 +75,8 @@ _PROBE_LEVELS = 8.0
 # JPEG components nvImageCodec decodes here: grey and colour. CMYK/YCCK JPEGs (4) go to Pillow,
 # whose conversion to RGB is the CPU path's.
 _CHANNELS = (1, 3)
+# Bytes at the end of a JPEG searched for its end-of-image marker (padding after it is allowed).
+_EOI_TAIL = 64
 
 
 class DecoderUnavailableError(RuntimeError):
@@ -269,10 +271,12 @@ class NvImageCodecDecoder:
     def _code_stream(self, data: np.ndarray, region: list[int]) -> tuple[Any, bool] | None:
         """The code stream of `region` of `data` and whether it is the whole image; None for
         what this decoder leaves to Pillow: bytes nvImageCodec cannot parse, anything but a grey
-        or colour JPEG (a PNG, a CMYK JPEG), a region not inside the image (a header that does
-        not say what the host read)."""
+        or colour JPEG (a PNG, a CMYK JPEG), a JPEG cut short (no end-of-image marker at its
+        end), a region not inside the image (a header that does not say what the host read)."""
         nv = self._nv
         top, left, bottom, right = region
+        if not _ends_whole(data):
+            return None
         try:
             stream = nv.CodeStream(data)
             if stream.codec_name != "jpeg" or stream.num_channels not in _CHANNELS:
@@ -339,6 +343,15 @@ class NvImageCodecDecoder:
         if slots[len(regions) :].any():
             return "it wrote into a slot it was not given."
         return None
+
+
+def _ends_whole(data: np.ndarray) -> bool:
+    """Whether a JPEG's bytes end with its end-of-image marker (FF D9; a little padding after it
+    is allowed). The hardware decoder decodes a JPEG cut short without an error, where Pillow,
+    the CPU path, refuses it and the record is counted as damaged; without the marker the image
+    goes to Pillow, which decides as the CPU path does."""
+    tail = data[-_EOI_TAIL:].tobytes()
+    return b"\xff\xd9" in tail
 
 
 @functools.cache

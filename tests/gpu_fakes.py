@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 import PIL.Image
+import PIL.ImageFile
 import pytest
 
 from jia_jax import gpu_decode
@@ -87,7 +88,11 @@ class Decoder:
             return None  # "Out of bounds region is not supported"
         try:
             with PIL.Image.open(io.BytesIO(stream.data.tobytes())) as decoded:
-                pixels = np.asarray(decoded.convert("RGB"))
+                PIL.ImageFile.LOAD_TRUNCATED_IMAGES = self.library.decodes_cut_jpegs
+                try:
+                    pixels = np.asarray(decoded.convert("RGB"))
+                finally:
+                    PIL.ImageFile.LOAD_TRUNCATED_IMAGES = False
         except OSError:
             return None
         pixels = pixels[region.top : region.bottom, region.left : region.right]
@@ -107,8 +112,12 @@ class FakeNvImageCodec:
     Region = Region
     CodeStream = CodeStream
 
-    def __init__(self, has_hardware: bool = True, ignores_pitch: bool = False) -> None:
+    def __init__(
+        self, has_hardware: bool = True, ignores_pitch: bool = False, decodes_cut_jpegs: bool = False
+    ) -> None:
         self.has_hardware, self.ignores_pitch = has_hardware, ignores_pitch
+        # As the H200's JPEG engines did: a JPEG cut short decodes, its missing rows filled in.
+        self.decodes_cut_jpegs = decodes_cut_jpegs
         self.decoded: list[tuple[str, Region]] = []
 
     @staticmethod

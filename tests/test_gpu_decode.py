@@ -114,6 +114,21 @@ def test_refused_images_are_reported_and_the_rest_decode():
     np.testing.assert_array_equal(np.asarray(tiles)[7, : image.height, : image.width], grey)
 
 
+def test_a_jpeg_cut_short_goes_to_pillow_even_where_the_library_would_decode_it():
+    # The GPU's JPEG engines decode a cut JPEG without an error; the CPU path's Pillow refuses
+    # it and counts the record as damaged. The decoder must not hand it to the library.
+    image = _images()[4]
+    whole = _jpeg(image)
+    cut = whole[:-100]  # its header whole, its last rows of pixels and end marker missing
+    padded = np.concatenate([whole, np.zeros(16, np.uint8)])  # padding after the end marker
+    decoder, library, _ = _decoder(FakeNvImageCodec(decodes_cut_jpegs=True))
+    library.decoded.clear()
+    regions = np.array([[0, 0, _CANVAS, _CANVAS]] * 3)  # a region: the default backends
+    decoded = decoder([cut, padded, whole], regions, _tiles(3))
+    assert decoded.tolist() == [False, True, True]
+    assert len(library.decoded) == 2
+
+
 def test_without_hardware_decoder_the_default_one_decodes_whole_images(caplog):
     with caplog.at_level(logging.INFO):
         decoder, library, _ = _decoder(FakeNvImageCodec(has_hardware=False))

@@ -75,6 +75,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Backward in three parts, cut before the last two stages (`ResNet.backward_cuts`), and in
     # six, cut before every stage and the head (jia_jax/staged_backward.py).
     "overlap_staged": {"comm.backward_cuts": (3, 4)},
+    "overlap_staged_lhs": {"comm.backward_cuts": (3, 4), "xla": _LHS},
     "overlap_cuts_all": {"comm.backward_cuts": (1, 2, 3, 4, 5)},
     "overlap_64mib": {"comm.bucket_bytes": 64 * MIB},
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.

@@ -246,8 +246,7 @@ def send(
 
     With `tie`, the packed buckets and `tie` pass one `optimization_barrier`: whatever is
     computed from the returned `tie` runs after the buckets are packed, so each collective can
-    start before it (`jia_jax.staged_backward`). `receive` turns the sums
-    into the mean.
+    start before it (`jia_jax.staged_backward`). `receive` turns the sums into the mean.
 
     Returns:
       The summed buckets, and `tie` (an identity).

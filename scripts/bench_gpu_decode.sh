@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU-decode measurements of docs/input_pipeline.md in one call (about 6 minutes) on a host
+# The GPU-decode measurements of docs/input_pipeline.md in one call (about 8 minutes) on a host
 # with 2 GPUs and 32 or more cores, nvImageCodec installed (pip install -e ".[gpu]"); run from the
 # repository root:
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh
@@ -9,8 +9,8 @@
 # 64 per GPU on 1 GPU; the decode stage alone per GPU; and the smoke check (GPU path against CPU
 # path on the same images and parameters), first: if it fails, nothing else runs. Writes
 # $OUT/bench_gpu_decode.json (the record docs/input_pipeline.md renders),
-# $OUT/gpu_decode_smoke.json and the logs' tails in $OUT/bench_gpu_decode.log, and prints a
-# summary last.
+# $OUT/gpu_decode_smoke.json, a profile of the 1-GPU step ($OUT/gpu_decode_profile.json) and the
+# logs' tails in $OUT/bench_gpu_decode.log, and prints a summary last.
 set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 export PYTHONUNBUFFERED=1
@@ -48,6 +48,26 @@ for batch in "256 100 20" "64 200 40"; do
 done
 # 2 GPUs, 32 cores, one process (16 record-reading workers).
 train 0,1 "$both" 256 100 20 synthetic,gpu "$half" 2gpu_256
+
+# Where the GPU path's step loses time: one GPU at 256, a trace of steps 60-64 summarised per
+# device (idle: no kernel runs, the host is late; busy time per kind, the decoder's kernels
+# included; the top kernels) into $OUT/gpu_decode_profile.json.
+CUDA_VISIBLE_DEVICES=0 taskset -c "$first" python3 -m scripts.bench.train_input \
+  --data_dir="$data" --per_gpu=256 --steps=80 --log_every=20 --variants=gpu \
+  --num_workers=$((half / 2)) --override=--config.profile.first_step=60 --timeout_s=240 \
+  --out="$runs/profiled.json" >"$runs/profiled.log" 2>&1 || echo "profiled run failed"
+python3 - "$runs/profiled.json" "$OUT/gpu_decode_profile.json" <<'PY' || echo "profile summary failed"
+import json, re, sys
+from scripts.bench import profile_trace
+run = json.load(open(sys.argv[1]))["results"][0]
+workdir = re.search(r"--workdir=(\S+)", run["command"])[1]
+kernels = profile_trace.load_kernels(f"{workdir}/profile/process_0")
+doc = {"run": run, "devices": {
+    device: {"per_step": profile_trace.summarize(k, 5), "top": profile_trace.top_kernels(k, 5)}
+    for device, k in kernels.items()}}
+json.dump(doc, open(sys.argv[2], "w"), indent=1)
+print({d: round(v["per_step"]["idle_us"] / 1e3, 1) for d, v in doc["devices"].items()}, "ms idle a step")
+PY
 
 python3 -m scripts.bench.gpu_decode report --stage="$runs/stage.json" --runs "$runs"/train_*.json \
   --out="$OUT/bench_gpu_decode.json" || echo "report failed"

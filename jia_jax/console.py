@@ -3,8 +3,10 @@
 import contextlib
 import logging
 import os
+import sys
 import types
 from collections.abc import Iterator
+from typing import Any
 
 # absl.logging's logger: JAX, orbax and tfds log through it, as we do.
 _ABSL = "absl"
@@ -39,3 +41,50 @@ def without_logs_from(package: types.ModuleType) -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(outside)
+
+
+def error_text(error: BaseException) -> str:
+    """`error` as its type's name and its message, e.g. ``ValueError: bad value``."""
+    return f"{type(error).__name__}: {error}"
+
+
+def one_line(text: str, limit: int) -> str:
+    """`text` on one line (TensorStore errors carry a multi-line spec of the array), its start
+    and end kept if it is longer than `limit`."""
+    text = " ".join(text.split())
+    if len(text) > limit:
+        half = limit // 2
+        text = f"{text[:half]} ... {text[-half:]}"
+    return text
+
+
+def drop_closed_loop_callbacks() -> None:
+    """Keeps the aftermath of a failed checkpoint read off the console (our line says what
+    happened).
+
+    When one read of an orbax restore fails, orbax closes its event loop while TensorStore still
+    completes the other reads on its own threads; each hands its result to the closed loop, and
+    Python reports the `RuntimeError('Event loop is closed')` that `call_soon_threadsafe` raises
+    there as unraisable, a traceback per array, sometimes before the failure has reached the
+    caller. Those, and only those, are dropped from the first call on (a successful restore
+    raises none); call it before each restore.
+    """
+    if getattr(sys.unraisablehook, "drops_closed_loop_callbacks", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        error = unraisable.exc_value
+        frames = {frame.f_code.co_name for frame in _frames(unraisable.exc_traceback)}
+        closed_loop = isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+        if not (closed_loop and "call_soon_threadsafe" in frames):
+            previous(unraisable)
+
+    hook.drops_closed_loop_callbacks = True
+    sys.unraisablehook = hook
+
+
+def _frames(tb: types.TracebackType | None) -> Iterator[types.FrameType]:
+    while tb is not None:
+        yield tb.tb_frame
+        tb = tb.tb_next

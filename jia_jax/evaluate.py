@@ -15,7 +15,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from jia_jax import checkpoint
+from jia_jax import checkpoint_restore
 from jia_jax import loop
 from jia_jax import train
 
@@ -41,11 +41,11 @@ def restore(
 
     Raises:
       FileNotFoundError: no checkpoint (of `step`) in `workdir`.
-      checkpoint.CheckpointMismatchError: it holds another model than `config`'s.
-      checkpoint.NoReadableCheckpointError: it cannot be read.
+      checkpoint_layout.CheckpointMismatchError: it holds another model than `config`'s.
+      checkpoint_restore.NoReadableCheckpointError: it cannot be read.
     """
     trainer = loop.build_trainer(config, mesh)
-    step, state, _ = checkpoint.read_checkpoint(
+    step, state, _ = checkpoint_restore.read_checkpoint(
         checkpoint_dir(workdir), trainer.abstract_state, step
     )
     return Restored(trainer, step, state)

@@ -22,6 +22,7 @@ from jia_jax import metrics as metrics_lib
 from jia_jax import models
 from jia_jax import optimizers
 from jia_jax import precision
+from jia_jax import preemption as preemption_lib
 from jia_jax import recipe
 from jia_jax import schedules
 from jia_jax import train
@@ -236,7 +237,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     ckpt = open_checkpointer(workdir, config)
     writer = metrics_lib.MetricsWriter(workdir)
-    preemption = checkpoint.PreemptionHandler()
+    preemption = preemption_lib.PreemptionHandler()
     # If another process dies, `peers` ends this one with a line naming the newest checkpoint.
     resume_step = functools.partial(liveness.newest_checkpoint, ckpt.directory)
     with peers.reporting(resume_step), ckpt, writer, preemption:

@@ -19,6 +19,7 @@ from ml_collections import config_flags
 
 from jia_jax import bad_records
 from jia_jax import checkpoint
+from jia_jax import checkpoint_restore
 from jia_jax import console
 from jia_jax import evaluate
 from jia_jax import export
@@ -63,7 +64,7 @@ USER_ERRORS = (
     OSError,
     FloatingPointError,
     bad_records.CorruptDatasetError,
-    checkpoint.NoReadableCheckpointError,
+    checkpoint_restore.NoReadableCheckpointError,
     checkpoint.CheckpointWriteError,
 )
 # The checkout's root: it holds the shipped `configs` package beside `jia_jax`.

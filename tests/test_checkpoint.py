@@ -1,11 +1,10 @@
-"""Tests for jia_jax.checkpoint: round trips on a 2x4 mesh, keep-N, fallback, mismatch, signals."""
+"""Tests for jia_jax.checkpoint and the restore behind it (checkpoint_restore, checkpoint_layout):
+round trips on a 2x4 mesh, keep-N, fallback, mismatch, failed writes."""
 
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
@@ -13,6 +12,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jia_jax import checkpoint
+from jia_jax import checkpoint_layout
+from jia_jax import checkpoint_restore
 from tests import mp_util
 
 
@@ -183,7 +184,7 @@ def test_no_readable_checkpoint_fails_loudly_instead_of_starting_over(mesh, tmp_
     with checkpoint.Checkpointer(tmp_path, max_to_keep=2, save_every_steps=1) as ckpt:
         with (
             caplog.at_level("WARNING"),
-            pytest.raises(checkpoint.NoReadableCheckpointError, match="--workdir") as info,
+            pytest.raises(checkpoint_restore.NoReadableCheckpointError, match="--workdir") as info,
         ):
             ckpt.restore_latest(abstract_state(host_state(seed=1), shards))
     # The error is the one line: orbax's own warnings about the damaged metadata are not shown.
@@ -205,7 +206,7 @@ def test_mismatched_state_raises_and_keeps_checkpoint(mesh, tmp_path):
         other["params"]["w"] = jax.ShapeDtypeStruct((8, 2), np.float32, sharding=shards["step"])
         other["params"]["extra"] = jax.ShapeDtypeStruct((5,), np.float32, sharding=shards["step"])
         del other["rng"]
-        with pytest.raises(checkpoint.CheckpointMismatchError) as info:
+        with pytest.raises(checkpoint_layout.CheckpointMismatchError) as info:
             ckpt.restore_latest(other)
         message = str(info.value)
         assert "params.w: checkpoint float32[8, 4], state float32[8, 2]" in message
@@ -221,28 +222,6 @@ def test_abstract_state_without_shardings_is_rejected(tmp_path):
             ckpt.restore_latest({"w": jax.ShapeDtypeStruct((2,), np.float32)})
 
 
-def wait_for(predicate):
-    # The Python-level handler runs at the main thread's next check for pending signals.
-    for _ in range(1000):
-        if predicate():
-            return True
-        time.sleep(0.001)
-    return False
-
-
-def test_sigterm_requests_stop_then_restores_previous_handler():
-    previous_term = signal.getsignal(signal.SIGTERM)
-    previous_int = signal.getsignal(signal.SIGINT)
-    with checkpoint.PreemptionHandler() as preemption:
-        assert not preemption.requested
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert wait_for(lambda: preemption.requested)
-        # A second SIGTERM would go to the handler installed before.
-        assert signal.getsignal(signal.SIGTERM) is previous_term
-        assert signal.getsignal(signal.SIGINT) is not previous_int
-    assert signal.getsignal(signal.SIGINT) is previous_int
-
-
 # Run by two processes of 4 CPU devices each: a 2x4 mesh whose "node" axis spans the processes.
 MULTIPROCESS_SCRIPT = """
 import os
@@ -251,6 +230,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jia_jax import checkpoint
+from jia_jax import checkpoint_restore
 
 process_id, directory = jax.process_index(), os.environ["CKPT_DIR"]
 mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("node", "gpu"))
@@ -278,8 +258,8 @@ assert restored["w"].sharding == target
 for shard in restored["w"].addressable_shards:
     np.testing.assert_array_equal(np.asarray(shard.data), state(1)[0][shard.index])
 assert os.path.isdir(os.path.join(directory, "corrupt", "2"))
-assert checkpoint.any_process(process_id == 1)
-assert not checkpoint.any_process(False)
+assert checkpoint_restore.any_process(process_id == 1)
+assert not checkpoint_restore.any_process(False)
 ckpt.close()
 print("OK", process_id)
 """

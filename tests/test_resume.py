@@ -24,7 +24,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import digits
-from jia_jax import checkpoint
+from jia_jax import checkpoint_layout
 from jia_jax import loop
 from jia_jax import metrics
 from jia_jax import recipe
@@ -281,7 +281,7 @@ def test_checkpoint_of_another_model_fails_clearly_and_is_untouched(reference, t
     config = configured({**OVERRIDES, "total_steps": TOTAL_STEPS, "model.width": 8})
 
     # In this process: the run stops before it compiles anything.
-    with pytest.raises(checkpoint.CheckpointMismatchError) as info:
+    with pytest.raises(checkpoint_layout.CheckpointMismatchError) as info:
         loop.train_and_evaluate(config, str(workdir))
     message = str(info.value)
     assert f"The checkpoint at step {TOTAL_STEPS}" in message and "does not match" in message

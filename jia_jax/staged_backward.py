@@ -55,9 +55,15 @@ def model_parts(model: nn.Module, input_shape: tuple[int, ...], cuts: Sequence[i
     """`model` cut at segment boundaries `cuts` (`comm.backward_cuts`), found abstractly.
 
     Raises:
-      ValueError: `cuts` are not increasing segment boundaries strictly inside the model.
+      ValueError: `cuts` are not increasing segment boundaries strictly inside the model, or
+        the model cannot run a range of segments (no `num_segments`).
     """
-    segments = model.num_segments
+    segments = getattr(model, "num_segments", None)
+    if segments is None:
+        raise ValueError(
+            f"comm.backward_cuts={tuple(cuts)} needs a model that runs ranges of its segments "
+            f"(ResNet, AlexNetBN); {type(model).__name__} does not: set comm.backward_cuts=()."
+        )
     bounds = (0, *cuts, segments)
     if any(a >= b for a, b in zip(bounds, bounds[1:])):
         raise ValueError(

@@ -2,6 +2,7 @@
 staged gradients are one `jax.grad`'s, and in the train step's program each part's buckets are
 packed before the part below runs backward (what lets their all-reduce start early)."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,6 +75,8 @@ def test_parts_hold_each_variable_once_and_bad_cuts_are_refused(model):
     for cuts in [(0,), (2, 2), (model.num_segments,), (3, 1)]:
         with pytest.raises(ValueError, match=r"comm.backward_cuts=.* must increase strictly"):
             staged_backward.model_parts(model, SMALL, cuts)
+    with pytest.raises(ValueError, match=r"needs a model that runs ranges .* Dense does not"):
+        staged_backward.model_parts(nn.Dense(3), SMALL, (1,))
 
 
 def test_part_leaf_order_is_the_whole_order_restricted_to_the_part():

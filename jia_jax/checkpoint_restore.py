@@ -127,18 +127,30 @@ def _moved_aside(moved: Sequence[tuple[int, epath.Path]]) -> str:
 def _try_restore(
     manager: ocp.CheckpointManager, step: int, abstract_state: PyTree
 ) -> tuple[Mapping[str, Any] | None, str | None]:
-    """``(restored, None)``, or ``(None, the error)`` if the checkpoint of `step` cannot be read.
+    """``(restored, None)``, or ``(None, the error)`` if the checkpoint of `step` cannot be read
+    (``(None, None)`` where only another process's metadata failed to load).
+
+    The processes agree on the layout check before any reads the arrays: a process that skipped
+    the read (its view of the files differs) would leave the others waiting for it.
 
     Raises:
-      CheckpointMismatchError: It is readable but holds another state (not a damaged file).
+      CheckpointMismatchError: It is readable but holds another state (not a damaged file), on
+        this process or another.
     """
     # Before the read: a failed read's aftermath can reach the console before `except` runs.
     console.drop_closed_loop_callbacks()
+    mismatch, unreadable = _checked_layout(manager, step, abstract_state)
+    if any_process(mismatch is not None):
+        raise mismatch or checkpoint_layout.CheckpointMismatchError(
+            f"The checkpoint at step {step} in {manager.directory} does not match the training "
+            "state of this config on another process (its error says how)."
+        )
+    if any_process(unreadable is not None):
+        return None, unreadable  # None here: another process's read failed (the caller agrees)
     try:
         # On a damaged checkpoint orbax logs its internals ("Metadata file does not exist",
         # "provide a `CheckpointHandlerRegistry`"): the caller's one line says what happened.
         with console.without_logs_from(ocp):
-            checkpoint_layout.check_layout(manager, step, abstract_state)
             restored = manager.restore(
                 step,
                 args=ocp.args.Composite(
@@ -148,11 +160,24 @@ def _try_restore(
                     }
                 ),
             )
-    except checkpoint_layout.CheckpointMismatchError:
-        raise
     except Exception as error:  # noqa: BLE001 (any read failure makes it "unreadable")
         return None, console.error_text(error)
     return restored, None
+
+
+def _checked_layout(
+    manager: ocp.CheckpointManager, step: int, abstract_state: PyTree
+) -> tuple[checkpoint_layout.CheckpointMismatchError | None, str | None]:
+    """This process's layout check of `step`: (the mismatch, None), (None, why the metadata is
+    unreadable) or (None, None)."""
+    try:
+        with console.without_logs_from(ocp):
+            checkpoint_layout.check_layout(manager, step, abstract_state)
+    except checkpoint_layout.CheckpointMismatchError as error:
+        return error, None
+    except Exception as error:  # noqa: BLE001 (any read failure makes it "unreadable")
+        return None, console.error_text(error)
+    return None, None
 
 
 def _quarantine(manager: ocp.CheckpointManager, step: int, reason: str | None) -> epath.Path:

@@ -273,6 +273,60 @@ def test_multiprocess_fallback_restore_and_stop_agreement(tmp_path):
         assert f"OK {i}" in out, out[-3000:]
 
 
+# Two processes whose views of one checkpoint differ (a shared disk that one of them reads stale):
+# process 1's layout check says what CKPT_VIEW asks. Before the processes agreed on the check,
+# the process that found something skipped the read while the other read on, and waited for it.
+DIVERGENT_VIEW_SCRIPT = """
+import os
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jia_jax import checkpoint, checkpoint_layout
+
+process_id, directory, view = jax.process_index(), os.environ["CKPT_DIR"], os.environ["CKPT_VIEW"]
+mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("node", "gpu"))
+sharding = NamedSharding(mesh, P(("node", "gpu")))
+def state(step):
+    return {"w": jax.device_put(np.full((8, 4), step, np.float32), sharding)}
+abstract = {"w": jax.ShapeDtypeStruct((8, 4), np.float32, sharding=sharding)}
+ckpt = checkpoint.Checkpointer(directory, max_to_keep=3, save_every_steps=1)
+ckpt.save(1, state(1), {"step": 1})
+ckpt.save(2, state(2), {"step": 2})
+ckpt.wait()
+if process_id == 1:
+    def differs(manager, step, abstract_state):
+        if step == 2:
+            if view == "mismatch":
+                raise checkpoint_layout.CheckpointMismatchError("another state here")
+            raise OSError("metadata missing here")
+    checkpoint_layout.check_layout = differs
+try:
+    step, restored, meta = ckpt.restore_latest(abstract)
+    print("RESUMED", process_id, step, float(restored["w"].addressable_shards[0].data[0, 0]))
+except checkpoint_layout.CheckpointMismatchError as error:
+    print("MISMATCH", process_id, str(error).splitlines()[0])
+ckpt.close()
+"""
+
+
+@pytest.mark.parametrize("view", ["mismatch", "unreadable"])
+def test_processes_that_see_a_checkpoint_differently_agree_instead_of_waiting(tmp_path, view):
+    outputs = mp_util.run_multiprocess(
+        DIVERGENT_VIEW_SCRIPT,
+        num_processes=2,
+        local_devices=4,
+        timeout=150,
+        env={"CKPT_DIR": str(tmp_path), "CKPT_VIEW": view},
+    )
+    if view == "mismatch":  # both stop, process 0 told that the other process found it
+        assert "MISMATCH 1 another state here" in outputs[1], outputs[1][-3000:]
+        assert "MISMATCH 0 " in outputs[0] and "on another process" in outputs[0]
+    else:  # both set step 2 aside and resume from step 1
+        for i, out in enumerate(outputs):
+            assert f"RESUMED {i} 1 1.0" in out, out[-3000:]
+        assert (tmp_path / "corrupt" / "2").is_dir()
+
+
 # Run in a child process: the file-size limit it sets would also break pytest's own files.
 DISK_FULL_SCRIPT = """
 import resource

@@ -64,7 +64,7 @@ def check_has_shardings(abstract_state: PyTree) -> None:
     ]
     if missing:
         raise ValueError(
-            "restore_latest needs a target sharding for every leaf, e.g. "
+            "Restoring a checkpoint needs a target sharding for every leaf, e.g. "
             "jax.ShapeDtypeStruct(shape, dtype, sharding=...); missing for: " + ", ".join(missing)
         )
 

@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 import numpy as np
 from absl import logging
 
+from jia_jax import console
+
 T = TypeVar("T")
 
 # Keys each example carries for the counter; `BadRecordCounter` removes them from the batch.
@@ -102,7 +104,7 @@ def failure(read: Callable[[int], Any], index: int) -> str:
     try:
         read(index)
     except Exception as e:  # noqa: BLE001  whatever it is, it is the reason
-        return f"{type(e).__name__}: {e}"
+        return console.error_text(e)
     return "read fine on a second try: a transient error"
 
 

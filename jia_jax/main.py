@@ -159,7 +159,7 @@ def main(argv: list[str]) -> None:
     except USER_ERRORS as error:
         if _TRACEBACK.value:
             raise
-        sys.exit(f"{type(error).__name__}: {error}")
+        sys.exit(console.error_text(error))
 
 
 if __name__ == "__main__":

@@ -133,7 +133,7 @@ def staged_grads(model: nn.Module, compute: jnp.dtype, smoothing: float, parts: 
 
         def top(p, x):
             logits, part_stats = apply(len(spans) - 1, p, x)
-            loss = jnp.mean(loss_lib.cross_entropy(logits, batch["label"], smoothing))
+            loss = loss_lib.batch_loss(logits, batch["label"], smoothing)
             return loss * scale, (loss, logits, part_stats)
 
         scaled, top_vjp, (loss, logits, top_stats) = jax.vjp(top, params[-1], h, has_aux=True)
@@ -149,7 +149,7 @@ def staged_grads(model: nn.Module, compute: jnp.dtype, smoothing: float, parts: 
             else:
                 g, cotangent = vjps[i](cotangent)
                 sent[i], cotangent = send(i, g, cotangent)
-        metrics = {"loss": loss, "top1": jnp.mean(loss_lib.topk_correct(logits, batch["label"], 1))}
+        metrics = loss_lib.train_metrics(loss, logits, batch["label"])
         return sent, {k: v for part in new_stats for k, v in part.items()}, metrics
 
     return grads

@@ -109,14 +109,20 @@ def local_grads_fn(model: nn.Module, compute: jnp.dtype, smoothing: float) -> Ca
                 mutable=["batch_stats"],
                 rngs={"dropout": key},
             )
-            loss = jnp.mean(loss_lib.cross_entropy(logits, batch["label"], smoothing))
+            loss = loss_lib.batch_loss(logits, batch["label"], smoothing)
             return loss * scale, (loss, logits, new_vars["batch_stats"])
 
         g, (loss, logits, new_stats) = jax.grad(scaled_loss, has_aux=True)(low_params)
-        metrics = {"loss": loss, "top1": jnp.mean(loss_lib.topk_correct(logits, batch["label"], 1))}
+        metrics = loss_lib.train_metrics(loss, logits, batch["label"])
         return g, new_stats, metrics
 
     return grads
+
+
+def one_pass(microbatch: int, per_device_batch: int) -> bool:
+    """Whether a device's batch runs as one forward/backward (`microbatch_size` 0 or not smaller
+    than the batch) rather than as accumulated microbatches."""
+    return not microbatch or microbatch >= per_device_batch
 
 
 def accumulate_microbatches(grads_fn: Callable, microbatch: int, num_devices: int) -> Callable:
@@ -130,7 +136,7 @@ def accumulate_microbatches(grads_fn: Callable, microbatch: int, num_devices: in
 
     def accumulated(low_params, batch_stats, scale, batch, key):
         per_device_batch = batch["label"].shape[0]
-        if not microbatch or microbatch >= per_device_batch:
+        if one_pass(microbatch, per_device_batch):
             return grads_fn(low_params, batch_stats, scale, batch, key)
         if per_device_batch % microbatch:
             raise ValueError(
@@ -249,7 +255,7 @@ def _reduced_grads_fn(model, config, comm, image_shape, grads_fn):
     staged = staged_backward.staged_grads(model, compute, config.loss.label_smoothing, parts)
 
     def during_backward(low_params, batch_stats, scale, batch, key):
-        if config.microbatch_size and config.microbatch_size < batch["label"].shape[0]:
+        if not one_pass(config.microbatch_size, batch["label"].shape[0]):
             return after_backward(low_params, batch_stats, scale, batch, key)
         plans = [
             allreduce.plan_buckets(

@@ -13,9 +13,9 @@ step for a timeline of its kernels. Layouts, `PROCESSESxGPUS`, each process on i
 
 Variants (`VARIANTS`): the default config (`overlap`: each bucket's all-reduce awaited only after
 backward, `allreduce.hold_until_all_reduced`), the overlap with backward in three parts
-(`overlap_staged`) or six (`overlap_cuts_all`), each part's buckets sent once packed
-(`jia_jax/staged_backward.py`), no overlap, other bucket sizes, the
-other strategies (`hierarchical`, `hybrid`, `xla`, `auto`), the overlap compiled with XLA's
+(`overlap_staged`, also with XLA's latency-hiding scheduler) or six (`overlap_cuts_all`), each
+part's buckets sent once packed (`jia_jax/staged_backward.py`), no overlap, other bucket sizes,
+the other strategies (`hierarchical`, `hybrid`, `xla`, `auto`), the overlap compiled with XLA's
 latency-hiding scheduler and/or combining capped at the bucket size, and `peer`: the trainer's
 forward/backward and update with a plain reduction after backward (`peer_steps`'
 `peer_wire_buckets`: leaves concatenated into buckets of the config's size in its wire dtype, one

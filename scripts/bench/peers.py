@@ -12,9 +12,10 @@ Rows per model (`--models`) and per-device batch (`--batches`), one after anothe
 
 Trainer variants, on the models of `--variant_models` (default: all): each `--model_options`
 (repeatable; comma-separated `model.*` options turned on, e.g. `fused_bn`, or off with `no_`,
-e.g. `no_fused_bn,no_sliced_max_pool`) at every batch, and each `--xla_flags_variant` (repeatable; appended to XLA_FLAGS, e.g. command
-buffers) at `--variant_batches` (default: all). Their rows carry `model_options` / `xla_flags` and
-`speedup_vs_trainer`, their queued images/s over the default trainer row's.
+e.g. `no_fused_bn,no_sliced_max_pool`) at every batch, and each `--xla_flags_variant`
+(repeatable; appended to XLA_FLAGS, e.g. command buffers) at `--variant_batches` (default: all).
+Their rows carry `model_options` / `xla_flags` and `speedup_vs_trainer`, their queued images/s
+over the default trainer row's.
 
 Processes: each torch row in a child of its own (JAX and PyTorch each take the GPU's memory); the
 JAX rows with the same XLA flags in one child (XLA reads the flags once, at start-up), which

@@ -113,7 +113,10 @@ class FakeNvImageCodec:
     CodeStream = CodeStream
 
     def __init__(
-        self, has_hardware: bool = True, ignores_pitch: bool = False, decodes_cut_jpegs: bool = False
+        self,
+        has_hardware: bool = True,
+        ignores_pitch: bool = False,
+        decodes_cut_jpegs: bool = False,
     ) -> None:
         self.has_hardware, self.ignores_pitch = has_hardware, ignores_pitch
         # As the H200's JPEG engines did: a JPEG cut short decodes, its missing rows filled in.

@@ -272,7 +272,8 @@ def test_input_answers_agree_with_the_json():
 
 def test_one_gpu_step_answers_agree_with_the_json():
     text = _section("## One GPU")
-    alone, default = load("bench_peers_options_1xH100.json"), load("bench_peers_default_1xH100.json")
+    alone = load("bench_peers_options_1xH100.json")
+    default = load("bench_peers_default_1xH100.json")
     cmdbuf = load("bench_peers_cmdbuf_1xH100.json")
 
     def rate(doc, kind, batch, options=()):
@@ -306,7 +307,8 @@ def test_one_gpu_step_answers_agree_with_the_json():
             (
                 f"the fused BatchNorm by {gain['fused_bn', 256]:.1f}% and "
                 f"{gain['fused_bn', 64]:.1f}%, the space-to-depth stem by "
-                f"{gain['space_to_depth_stem', 256]:.1f}% and {gain['space_to_depth_stem', 64]:.1f}%, "
+                f"{gain['space_to_depth_stem', 256]:.1f}% and "
+                f"{gain['space_to_depth_stem', 64]:.1f}%, "
                 f"the sliced max-pool by {gain['sliced_max_pool', 256]:.1f}% and "
                 f"{gain['sliced_max_pool', 64]:.1f}%"
             ),

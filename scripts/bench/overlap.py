@@ -295,8 +295,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--warmup_steps", type=int, default=3)
     parser.add_argument("--timeout_s", type=float, default=540, help="a layout's limit")
     parser.add_argument(
-        "--budget_s", type=float, default=math.inf,
-        help="the run's limit: a layout still running then is stopped and keeps the rows it printed",
+        "--budget_s",
+        type=float,
+        default=math.inf,
+        help="the run's limit: a layout still running then is stopped, its printed rows kept",
     )
     parser.add_argument("--nccl", type=json.loads, default={"NCCL_SOCKET_NTHREADS": "4",
                                                             "NCCL_NSOCKS_PERTHREAD": "4"})

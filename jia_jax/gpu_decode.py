@@ -131,8 +131,9 @@ def check_memory_fraction(environ: Mapping[str, str]) -> None:
         )
 
 
-def new_decoder(device: jax.Device) -> TileDecoder:
-    """The decoder the GPU path uses on `device` (tests replace this factory).
+def new_decoder(device: jax.Device, highest_priority: bool = False) -> TileDecoder:
+    """The decoder the GPU path uses on `device` (tests replace this factory), decoding on a
+    stream of the GPU's highest priority if `highest_priority` (jia_jax/cuda_stream.py).
 
     Raises:
       DecoderUnavailableError: no CUDA stream or no working nvImageCodec decoder on `device`.
@@ -140,7 +141,7 @@ def new_decoder(device: jax.Device) -> TileDecoder:
     from nvidia import nvimgcodec  # pylint: disable=import-outside-toplevel
 
     try:
-        stream = cuda_stream.CudaStream(_ordinal(device))
+        stream = cuda_stream.CudaStream(_ordinal(device), highest_priority)
     except (OSError, RuntimeError) as e:
         raise DecoderUnavailableError(
             f"No CUDA stream for nvImageCodec on {device} ({e}); use --config.data.decode=cpu."

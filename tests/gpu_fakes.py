@@ -159,6 +159,8 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(
         gpu_decode,
         "new_decoder",
-        lambda device: gpu_decode.NvImageCodecDecoder(device, library, FakeStream()),
+        lambda device, highest_priority=False: gpu_decode.NvImageCodecDecoder(
+            device, library, FakeStream()
+        ),
     )
     return library

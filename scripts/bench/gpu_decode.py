@@ -1,6 +1,6 @@
 r"""The GPU input path (data.decode='gpu') on the generated JPEGs of scripts/bench/input.py.
 
-Subcommands, each writing JSON (the first two write the dataset first, unless it is there):
+Subcommands, each writing JSON (all but `report` write the dataset first, unless it is there):
   * `smoke`: the GPU path against the CPU path on the same images and parameters (a ResNet-18 at
     the training size, random initialisation): top-1 of each, the bound on their difference
     (`compare_predictions`), the pixels' difference, how many images the GPU decoder refused;
@@ -10,23 +10,29 @@ Subcommands, each writing JSON (the first two write the dataset first, unless it
     into each GPU's tile ring, cropped and resized there; the host's records read beforehand;
     each batch waited for before the next), in images/s per GPU, on one GPU and on all of them
     at once; and nvImageCodec's whole-image decode of the same JPEGs, for reference.
+  * `loaded`: the decode stage on one GPU (the first --per_gpu) alone and while the trainer's
+    ResNet-50 step trains on that GPU in another thread, the decoder's CUDA stream of default
+    and of highest priority; each row has the training's images/s meanwhile.
   * `report`: the record of scripts/bench_gpu_decode.sh: one row per training configuration
     (`scripts.bench.train_input` JSONs) with the decode stage's rate beside it.
 
   python -m scripts.bench.gpu_decode smoke --data_dir=/tmp/jia_bench_data --out=smoke.json
   python -m scripts.bench.gpu_decode decode --data_dir=/tmp/jia_bench_data --out=stage.json
+  python -m scripts.bench.gpu_decode loaded --per_gpu 256 --out=loaded.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import io
 import json
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -292,6 +298,136 @@ def decode_stage(args: argparse.Namespace) -> dict[str, Any]:
     return {"canvas": canvas, "image_size": args.image_size, "results": rows}
 
 
+def loaded(args: argparse.Namespace) -> dict[str, Any]:
+    """The decode stage on one GPU, alone and while the trainer's ResNet-50 step trains on the
+    same GPU in another thread (synthetic data), with the decoder's CUDA stream of the default
+    and of the highest priority: whether decoding beside training is slower than alone, and
+    whether it is the GPU (the decoder's kernels wait behind XLA's) or the host."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    from jia_jax import gpu_decode, gpu_input, tile_ring  # pylint: disable=import-outside-toplevel
+
+    device, per_gpu = jax.local_devices()[0], args.per_gpu[0]
+    records = _record_batches(args, per_gpu, args.batches)
+    rows = []
+    with _training(device, per_gpu, args) as train_times, _phase_timer() as phases:
+        for highest in (False, True):
+            decoder = gpu_decode.new_decoder(device, highest_priority=highest)
+            placed = [(gpu_input.DeviceDecoder(device, decoder, tile_ring.TileRing(device)),
+                       slice(0, per_gpu))]
+            for beside_training in (False, True):
+                row = {"per_gpu": per_gpu, "highest_priority": highest,
+                       "beside_training": beside_training}
+                train_times.run(beside_training)
+                start, before = time.perf_counter(), len(train_times)
+                phases.clear()
+                rate = functools.partial(_stage_rate, records, placed, args, args.canvas)
+                rows.append(_measured(row, "decode_images_per_s", rate))
+                steps = len(train_times) - before
+                row["train_images_per_s"] = per_gpu * steps / (time.perf_counter() - start)
+                batches = args.batches * (args.repeats + 1)
+                row["ms_per_batch"] = {k: 1e3 * v / batches for k, v in phases.items()}
+    return {"canvas": args.canvas, "image_size": args.image_size, "results": rows}
+
+
+@contextlib.contextmanager
+def _phase_timer() -> Iterator[dict[str, float]]:
+    """Seconds spent in each phase of a decoded batch (jia_jax/gpu_input.py), summed over
+    threads while the block runs: the ring's wait, nvImageCodec's calls, the wait for the
+    decoder's stream, the uploads and the crop's dispatch."""
+    # pylint: disable-next=import-outside-toplevel
+    from jia_jax import crop_resize, cuda_stream, gpu_decode, gpu_input, tile_ring
+
+    spent: dict[str, float] = {}
+    targets = [
+        ("ring_take", tile_ring.TileRing, "take"),
+        ("code_streams", gpu_decode.NvImageCodecDecoder, "_code_stream"),
+        ("nvimgcodec_decode", gpu_decode.NvImageCodecDecoder, "_into"),
+        ("stream_sync", cuda_stream.CudaStream, "synchronize"),
+        ("crop_dispatch", crop_resize, "crop_resize"),
+        ("decode_rows", gpu_input, "decode_rows"),
+    ]
+    originals = [(owner, name, getattr(owner, name)) for _, owner, name in targets]
+
+    def timed(key: str, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[key] = spent.get(key, 0.0) + time.perf_counter() - start
+
+        return wrapper
+
+    for (key, owner, name), (_, _, fn) in zip(targets, originals, strict=True):
+        setattr(owner, name, timed(key, fn))
+    try:
+        yield spent
+    finally:
+        for owner, name, fn in originals:
+            setattr(owner, name, fn)
+
+
+class _StepTimes(list):
+    """When each step of `_training` finished; `run(flag)` resumes or pauses the training (a
+    pause returns once no step is in flight)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = False
+        self.idle = threading.Event()
+
+    def run(self, flag: bool) -> None:
+        if flag:
+            self.idle.clear()
+        self.running = flag
+        if not flag:
+            self.idle.wait()
+
+
+@contextlib.contextmanager
+def _training(device, per_gpu: int, args: argparse.Namespace) -> Iterator[_StepTimes]:
+    """The trainer's ResNet-50 step on `device` in a thread, one step in flight ahead, while
+    the yielded times' `running` is set."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    from jia_jax import train  # pylint: disable=import-outside-toplevel
+    from scripts.bench import trainer_step  # pylint: disable=import-outside-toplevel
+
+    small = dict(image_size=32, model_width=8, small_inputs=True) if args.tiny_model else {}
+    config = trainer_step.make_config(
+        "resnet50", "flat", 1, 1, per_device_batch_override=per_gpu, **small
+    )
+    setup = trainer_step.build_setup(config, [device])
+    parts = (setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"])
+    step, batch = train.make_train_step(*parts), setup["batch"]
+    state, _ = jax.block_until_ready(step(setup["init"](), batch))  # compiled before any row
+    times, stop = _StepTimes(), threading.Event()
+
+    def run(state) -> None:
+        previous = None
+        while not stop.is_set():
+            if not times.running:
+                jax.block_until_ready(previous)
+                times.idle.set()
+                time.sleep(0.01)
+                continue
+            state, metrics = step(state, batch)
+            jax.block_until_ready(previous)
+            previous = metrics
+            times.append(time.perf_counter())
+        jax.block_until_ready(state)
+
+    thread = threading.Thread(target=run, args=(state,), daemon=True)
+    thread.start()
+    try:
+        yield times
+    finally:
+        stop.set()
+        thread.join()
+
+
 def _measured(row: dict[str, Any], key: str, measure: Callable[[], float]) -> dict[str, Any]:
     """`row` with `measure()` under `key`, or its error: one failed row does not lose the rest."""
     try:
@@ -353,7 +489,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("smoke", "decode", "report"))
+    parser.add_argument("mode", choices=("smoke", "decode", "loaded", "report"))
     parser.add_argument("--data_dir", default="/tmp/jia_bench_data")
     parser.add_argument("--num_images", type=int, default=1024, help="JPEGs to write if absent")
     parser.add_argument("--image_size", type=int, default=224)
@@ -366,6 +502,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=5, help="decode: passes over them")
     parser.add_argument("--stage", help="report: the decode stage's JSON")
     parser.add_argument("--runs", nargs="*", default=[], help="report: train_input JSONs")
+    parser.add_argument(
+        "--tiny_model", action="store_true", help="loaded: a tiny ResNet trains (CPU tests)"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.mode == "report":
@@ -378,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     flags.FLAGS.mark_as_parsed()  # grain's worker processes read an absl flag
     bench_input.prepare(args.data_dir, args.num_images, "array_record")  # unless there
-    doc = smoke(args) if args.mode == "smoke" else decode_stage(args)
+    doc = {"smoke": smoke, "decode": decode_stage, "loaded": loaded}[args.mode](args)
     doc = {"command": " ".join(sys.argv), "args": vars(args), **doc}
     harness.close_record(args.out, doc)
     print(json.dumps({k: v for k, v in doc.items() if k not in ("odd_images", "args")}, indent=1))

@@ -60,8 +60,8 @@ _CAP = {  # XLA combines collectives no further than the config's 16 MiB buckets
     f"xla_gpu_{kind}_combine_threshold_bytes": 16 * MIB
     for kind in ("all_reduce", "reduce_scatter", "all_gather")
 }
-# name -> config overrides, and XLA options for the step's compilation under "xla" (the peer's
-# reduction is chosen by name).
+# name -> config overrides, XLA options for the step's compilation under "xla", and "pgle" (the
+# peer's reduction is chosen by name: `peer*`).
 VARIANTS: dict[str, dict[str, Any]] = {
     "overlap": {},
     "no_overlap": {"comm.overlap": False},
@@ -84,7 +84,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "xla": {"comm.strategy": "xla"},
     "auto": {"comm.strategy": "auto", "comm.bucket_bytes": -1, "comm.hybrid_crossover_bytes": -1},
     "peer": {"comm.overlap": False},
+    # With JAX's profile-guided latency estimator (`jax_enable_pgle`) and XLA's latency-hiding
+    # scheduler: the jitted step runs `_PGLE_RUNS` times under the profiler, then is recompiled
+    # with the measured op times, so the scheduler knows how long each all-reduce takes.
+    "overlap_pgle": {"pgle": True},
+    "overlap_staged_pgle": {"comm.backward_cuts": (3, 4), "pgle": True},
+    "peer_pgle": {"comm.overlap": False, "pgle": True},
 }
+_PGLE_RUNS = 3
+_NOT_CONFIG = ("xla", "pgle")
 _ROW = "OVERLAP_ROW "
 
 
@@ -164,12 +172,12 @@ def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, g
         **(dict(image_size=32, model_width=8, small_inputs=True) if args.tiny else {}),
     )
     for key, value in VARIANTS[variant].items():
-        if key != "xla":
+        if key not in _NOT_CONFIG:
             section, field = key.split(".")
             config[section][field] = value
     setup = trainer_step.build_setup(config, jax.devices())
     parts = (setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"])
-    if variant == "peer":
+    if variant.startswith("peer"):
         step = peer_steps.make_peer_step("peer_wire_buckets", *parts)
     else:
         step = train.make_train_step(*parts)
@@ -180,30 +188,53 @@ def _measure(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
     """One row, measured by every process of the layout (the caller keeps process 0's rates)."""
     import jax
 
-    from scripts.bench import profile_trace
+    from jia_jax import train
 
     step, setup, config = _build(args, variant, batch, processes, gpus)
     state = setup["init"]()
     start = time.perf_counter()
-    compiled = step.lower(state, setup["batch"]).compile(VARIANTS[variant].get("xla"))
-    row: dict[str, Any] = {
-        "compile_s": time.perf_counter() - start,
-        "strategy": "peer" if variant == "peer" else config.comm.strategy,
-        "bucket_bytes": config.comm.bucket_bytes,
-    }
-    if jax.process_index() == 0 and jax.default_backend() == "gpu":
-        row["schedule"] = schedule(compiled.as_text())
-    state, synced, queued = harness.time_train_step(
-        compiled, state, setup["batch"], args.steps, args.warmup_steps
+    pgle = VARIANTS[variant].get("pgle", False)
+    jax.config.update("jax_enable_pgle", pgle)
+    jax.config.update("jax_pgle_profiling_runs", _PGLE_RUNS)
+    try:
+        if pgle:  # the jit path: profiled runs, then the recompile with their times
+            options = {**train.compiler_options(config.comm), **_LHS}
+            compiled = step = jax.jit(step.__wrapped__, donate_argnums=0, compiler_options=options)
+            for _ in range(_PGLE_RUNS + 2):
+                state, _ = jax.block_until_ready(step(state, setup["batch"]))
+        else:
+            compiled = step.lower(state, setup["batch"]).compile(VARIANTS[variant].get("xla"))
+        row = _timed(args, compiled, state, setup["batch"], batch * processes * gpus)
+    finally:
+        jax.config.update("jax_enable_pgle", False)
+    row.update(
+        compile_s=time.perf_counter() - start - row.pop("timed_s"),
+        strategy="peer" if variant.startswith("peer") else config.comm.strategy,
+        bucket_bytes=config.comm.bucket_bytes,
     )
-    row.update(harness.step_rates(batch * processes * gpus, synced, queued))
+    if jax.process_index() == 0 and jax.default_backend() == "gpu" and not pgle:
+        row["schedule"] = schedule(compiled.as_text())
+    return row
+
+
+def _timed(args, compiled, state, batch: dict[str, Any], images: int) -> dict[str, Any]:
+    """Synced and queued rates of `compiled` on `batch`; on GPU also traced figures."""
+    import jax
+
+    from scripts.bench import profile_trace
+
+    start = time.perf_counter()
+    state, synced, queued = harness.time_train_step(
+        compiled, state, batch, args.steps, args.warmup_steps
+    )
+    row = harness.step_rates(images, synced, queued)
     if jax.default_backend() != "gpu":
-        return row
+        return {**row, "timed_s": time.perf_counter() - start}
     with tempfile.TemporaryDirectory() as queued_dir, tempfile.TemporaryDirectory() as one_dir:
         with jax.profiler.trace(queued_dir):
-            state, _ = harness.time_steps(compiled, state, setup["batch"], 1, queued=True)
+            state, _ = harness.time_steps(compiled, state, batch, 1, queued=True)
         with jax.profiler.trace(one_dir):
-            state, _ = harness.time_steps(compiled, state, setup["batch"], 1, queued=False)
+            state, _ = harness.time_steps(compiled, state, batch, 1, queued=False)
         per_gpu = [
             profile_trace.summarize(k, steps=3)
             for k in profile_trace.load_kernels(queued_dir).values()
@@ -212,6 +243,7 @@ def _measure(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
     row["exposed_comm_ms"] = statistics.mean(s["collective_exposed_us"] for s in per_gpu) / 1e3
     row["idle_ms"] = statistics.mean(s["idle_us"] for s in per_gpu) / 1e3
     row["timeline"] = timeline(one)
+    row["timed_s"] = time.perf_counter() - start
     return row
 
 

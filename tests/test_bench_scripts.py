@@ -357,6 +357,8 @@ def test_bench_gpu_decode_loaded_on_cpu(tmp_path, fake_gpu):  # noqa: F811
     for r in rows:  # every batch's rows decoded, within which the decoder's calls ran
         phases = r["ms_per_batch"]
         assert phases["decode_rows"] >= phases["nvimgcodec_decode"] > 0, phases
+    table = render_benchmarks.table(str(tmp_path / "loaded.json"))
+    assert table.count("| highest priority | yes |") == 1 and "nvimgcodec_decode ms" in table
 
 
 def test_flag_variants_rerun_the_one_device_row_of_a_one_gpu_run():

@@ -265,6 +265,32 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def decode_loaded_table(doc: dict[str, Any]) -> str:
+    """The decode stage alone and beside training on one GPU (scripts/bench/gpu_decode.py
+    `loaded`), with the ms a decoded batch spent in each phase where the run timed them."""
+    phases = sorted({k for r in doc["results"] for k in r.get("ms_per_batch", {})})
+    lines = [
+        (
+            f"The decode stage on one GPU ({_environment(doc)}; generated 500x375 JPEGs, "
+            f"{doc['results'][0]['per_gpu']} per batch, each batch waited for), alone and while "
+            "the trainer's ResNet-50 step trains on the same GPU in another thread:"
+        ),
+        "",
+        "| decoder's stream | beside training | decode images/s | training images/s |"
+        + "".join(f" {p} ms |" for p in phases),
+        "| --- | --- | ---: | ---: |" + " ---: |" * len(phases),
+    ]
+    for r in doc["results"]:
+        spent = r.get("ms_per_batch", {})
+        lines.append(
+            f"| {'highest priority' if r['highest_priority'] else 'default priority'} | "
+            f"{'yes' if r['beside_training'] else 'no'} | {r['decode_images_per_s']:,.0f} | "
+            f"{r['train_images_per_s']:,.0f} |"
+            + "".join(f" {spent[p]:.1f} |" if p in spent else " |" for p in phases)
+        )
+    return "\n".join(lines)
+
+
 def peers_table(doc: dict[str, Any]) -> str:
     """One-GPU step rates of the trainer and its peers, same call (scripts/bench/peers.py); with
     trainer variants (model options, XLA flags), a column for them and their speedup."""
@@ -483,6 +509,8 @@ def table(path: str) -> str:
     first = (doc.get("results") or [{}])[0]
     if "layout" in first:
         return overlap_table(doc)
+    if "beside_training" in first:
+        return decode_loaded_table(doc)
     if "synthetic_images_per_s" in first:
         return gpu_decode_table(doc)
     if "hosts" in first:

@@ -272,8 +272,9 @@ def decode_loaded_table(doc: dict[str, Any]) -> str:
     lines = [
         (
             f"The decode stage on one GPU ({_environment(doc)}; generated 500x375 JPEGs, "
-            f"{doc['results'][0]['per_gpu']} per batch, each batch waited for), alone and while "
-            "the trainer's ResNet-50 step trains on the same GPU in another thread:"
+            f"{doc['results'][0]['per_gpu']} per batch, waited for: "
+            f"{doc.get('waited_for', 'each batch')}), alone and while the trainer's ResNet-50 "
+            "step trains on the same GPU in another thread:"
         ),
         "",
         "| decoder's stream | beside training | decode images/s | training images/s |"

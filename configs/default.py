@@ -117,11 +117,6 @@ def get_config() -> ml_collections.ConfigDict:
     # Explicit strategies: each bucket's collective runs while backward computes the buckets after
     # it (`allreduce.hold_until_all_reduced`; docs/benchmarks.md, "Across hosts"). Same mean.
     config.comm.overlap = True
-    # With `overlap`: segment boundaries where backward is cut into parts, each part's buckets sent
-    # while the parts below run backward (jia_jax/staged_backward.py; e.g. (3, 4), ResNet's
-    # `backward_cuts`); () runs backward in one piece, which measured faster across 2 emulated
-    # hosts (docs/benchmarks.md, "Is the gradient all-reduce hidden under backward?"). Same mean.
-    config.comm.backward_cuts = ()
 
     # A jax.profiler trace of `steps` steps from `first_step` (-1: none) in
     # <workdir>/profile/process_<i>, for TensorBoard's profile plugin or scripts/bench/hosts.py.

@@ -215,7 +215,7 @@ def reduce_gradients(
 
     plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order)
     axes = (node_axis, gpu_axis)
-    reduced, _ = send(grads, plan, strategy, hybrid_crossover_bytes, axes)
+    reduced = send(grads, plan, strategy, hybrid_crossover_bytes, axes)
     if overlap:
         reduced = hold_until_all_reduced(reduced)
     return receive(reduced, plan, axes)
@@ -240,17 +240,9 @@ def send(
     strategy: str,
     hybrid_crossover_bytes: int,
     axes: tuple[str, str],
-    tie: Any = None,
-) -> tuple[list[jax.Array], Any]:
-    """`grads`' buckets, each summed over the mesh `axes` (node, gpu) by `strategy`'s collective.
-
-    With `tie`, the packed buckets and `tie` pass one `optimization_barrier`: whatever is
-    computed from the returned `tie` runs after the buckets are packed, so each collective can
-    start before it (`jia_jax.staged_backward`). `receive` turns the sums into the mean.
-
-    Returns:
-      The summed buckets, and `tie` (an identity).
-    """
+) -> list[jax.Array]:
+    """`grads`' buckets, each summed over the mesh `axes` (node, gpu) by `strategy`'s collective;
+    `receive` turns the sums into the mean."""
     devices = jax.lax.axis_size(axes)
     if divide_before_sum(plan.wire_dtype):
         # fp16's range is small: divide in fp32 before the cast, so the sum on the wire is bounded
@@ -259,12 +251,6 @@ def send(
         # underflow tiny entries, which loss scaling keeps rare and which cost far less than an inf.
         grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32) / devices, grads)
     buckets = pack(grads, plan)
-    if tie is not None:
-        # Whatever reads `tie` now waits for the packed buckets. The collectives read the buckets
-        # from before the barrier: XLA starts an asynchronous collective right after its operand,
-        # and the barrier's own outputs were placed at the end of backward (the collectives then
-        # ran there, synchronously; docs/benchmarks.md).
-        _, tie = jax.lax.optimization_barrier((buckets, tie))
 
     reduced = []
     for flat, nbytes in zip(buckets, plan.bucket_nbytes()):
@@ -275,7 +261,7 @@ def send(
         )
         reduce = _hierarchical_sum if hierarchical else _flat_sum
         reduced.append(reduce(flat, *axes))
-    return reduced, tie
+    return reduced
 
 
 def receive(reduced: list[jax.Array], plan: BucketPlan, axes: tuple[str, str]) -> Any:

@@ -28,8 +28,6 @@ from absl import logging
 #   per-device BatchNorm batch.
 # - `comm` strategy, buckets and crossover may change: every strategy computes the same mean (up
 #   to summation order). `comm.dtype`, the precision on the wire, is compared.
-# - `comm.backward_cuts` may change: where backward is split changes only when each bucket is
-#   sent, not what is summed.
 # - `model.fused_bn` / `model.space_to_depth_stem` / `model.sliced_max_pool` may change (or be
 #   absent, in checkpoints from before they existed): the same function on the same variables,
 #   another summation order and at most one bf16 rounding fewer (tests/test_fused_layers.py).
@@ -53,7 +51,6 @@ FREE_ON_RESUME = (
     "comm.bucket_bytes",
     "comm.hybrid_crossover_bytes",
     "comm.overlap",
-    "comm.backward_cuts",
     "model.fused_bn",
     "model.space_to_depth_stem",
     "model.sliced_max_pool",

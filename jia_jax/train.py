@@ -23,7 +23,7 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jia_jax import allreduce, comm_model, normalize, precision, staged_backward
+from jia_jax import allreduce, comm_model, normalize, precision
 from jia_jax import loss as loss_lib
 from jia_jax import mesh as mesh_lib
 from jia_jax.models import call_order
@@ -183,7 +183,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
     )
     xla_reduces = comm.strategy == "xla"
     if not xla_reduces:
-        grads_fn = _reduced_grads_fn(model, config, comm, image_shape, grads_fn)
+        grads_fn = _reduced_grads_fn(comm, model, image_shape, grads_fn)
 
     def per_device(params, batch_stats, scale, batch, key):
         batch = dict(batch)
@@ -213,26 +213,13 @@ def _per_device_step(model, config, comm, mesh, image_shape):
     )
 
 
-def backward_cuts(comm: ml_collections.ConfigDict) -> tuple[int, ...]:
-    """Where backward is cut into parts (`staged_backward`): `comm.backward_cuts`; () without
-    `comm.overlap` or for `comm.strategy='xla'`, which send no buckets during backward."""
-    if not comm.overlap or comm.strategy == "xla":
-        return ()
-    return tuple(comm.get("backward_cuts", ()))
-
-
-def _reduced_grads_fn(model, config, comm, image_shape, grads_fn):
-    """`grads_fn` with its gradients averaged over the mesh by `comm`'s own strategy.
-
-    With `backward_cuts` and one microbatch per step, backward runs in parts and each part's
-    buckets are sent as soon as they exist (`staged_backward`); with several microbatches the
-    gradients leave the accumulation loop all at once and are reduced after it.
-    """
-    allreduce.check_strategy(comm.strategy)
-    axes = (mesh_lib.NODE_AXIS, mesh_lib.GPU_AXIS)
+def _reduced_grads_fn(comm, model, image_shape, grads_fn):
+    """`grads_fn` with its gradients averaged over the mesh by `comm`'s own strategy, bucketed
+    in backward's order (`call_order.backward_leaf_order`); with several microbatches the
+    gradients leave the accumulation loop all at once and are reduced after it."""
     order = call_order.backward_leaf_order(model, image_shape)
 
-    def after_backward(low_params, batch_stats, scale, batch, key):
+    def reduced(low_params, batch_stats, scale, batch, key):
         grads, new_stats, metrics = grads_fn(low_params, batch_stats, scale, batch, key)
         grads = allreduce.reduce_gradients(
             grads,
@@ -240,59 +227,14 @@ def _reduced_grads_fn(model, config, comm, image_shape, grads_fn):
             bucket_bytes=comm.bucket_bytes,
             wire_dtype=comm.dtype,
             hybrid_crossover_bytes=comm.hybrid_crossover_bytes,
-            node_axis=axes[0],
-            gpu_axis=axes[1],
+            node_axis=mesh_lib.NODE_AXIS,
+            gpu_axis=mesh_lib.GPU_AXIS,
             leaf_order=order,
             overlap=comm.overlap,
         )
         return grads, new_stats, metrics
 
-    cuts = backward_cuts(comm)
-    if not cuts:
-        return after_backward
-    parts = staged_backward.model_parts(model, image_shape, cuts)
-    compute = precision.compute_dtype(config.precision.compute)
-    staged = staged_backward.staged_grads(model, compute, config.loss.label_smoothing, parts)
-
-    def during_backward(low_params, batch_stats, scale, batch, key):
-        if not one_pass(config.microbatch_size, batch["label"].shape[0]):
-            return after_backward(low_params, batch_stats, scale, batch, key)
-        plans = [
-            allreduce.plan_buckets(
-                tree,
-                comm.bucket_bytes,
-                comm.dtype,
-                staged_backward.part_leaf_order(low_params, order, names),
-            )
-            for tree, names in zip(parts.split(low_params), parts.names)
-        ]
-
-        def send(i, grads, tie):
-            return allreduce.send(
-                grads, plans[i], comm.strategy, comm.hybrid_crossover_bytes, axes, tie
-            )
-
-        sent, new_stats, metrics = staged(low_params, batch_stats, scale, batch, key, send)
-        held = iter(allreduce.hold_until_all_reduced([b for part in sent for b in part]))
-        grads = {}
-        for plan in plans:
-            grads.update(allreduce.receive([next(held) for _ in plan.buckets], plan, axes))
-        return grads, new_stats, metrics
-
-    return during_backward
-
-
-def compiler_options(comm: ml_collections.ConfigDict) -> dict[str, Any]:
-    """XLA options of the train step: with a staged backward, no combining of collectives.
-
-    XLA's combiners merge independent all-reduces of up to 30 MiB; they would merge a part's
-    bucket with one of the part below, and the merged all-reduce could only start when both
-    exist, at the end of backward (docs/benchmarks.md). The buckets are planned here already.
-    """
-    if not backward_cuts(comm):
-        return {}
-    kinds = ("all_reduce", "reduce_scatter", "all_gather")
-    return {f"xla_gpu_{kind}_combine_threshold_bytes": 0 for kind in kinds}
+    return reduced
 
 
 def resolve_comm(
@@ -434,7 +376,7 @@ def make_train_step(
             new_stats, metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), (new_stats, metrics))
         return update(state, grads, new_stats, metrics)
 
-    return jax.jit(step, donate_argnums=0, compiler_options=compiler_options(config.comm))
+    return jax.jit(step, donate_argnums=0)
 
 
 def stop_flags(mesh: Mesh, requested: bool) -> jax.Array:

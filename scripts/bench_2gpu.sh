@@ -61,11 +61,11 @@ case "$1" in
     done
     ;;
   overlap)
-    # The default (overlap), the overlap with backward in three and in six parts, no overlap and
-    # the plain peer across 2 emulated hosts, and one process on both GPUs (docs/benchmarks.md, "Is the gradient all-reduce hidden under backward?"); stopped at
-    # 9 minutes with the rows it has.
+    # The default (overlap), no overlap and the plain peer across 2 emulated hosts, and one
+    # process on both GPUs (docs/benchmarks.md, "Is the gradient all-reduce hidden under
+    # backward?"); stopped at 9 minutes with the rows it has.
     python3 -m scripts.bench.overlap --layouts=1x1,2x1,1x2 --batches=256,64 \
-      --variants=overlap,overlap_staged,overlap_cuts_all,no_overlap,peer \
+      --variants=overlap,no_overlap,peer \
       --layout_variants='{"1x2": ["overlap", "no_overlap"]}' \
       --budget_s=540 --out="$OUT/bench_overlap_2gpu.json"
     ;;

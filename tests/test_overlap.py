@@ -82,19 +82,18 @@ def _closure(instructions, name: str) -> set[str]:
     return seen
 
 
-def step_hlo(overlap: bool, backward_cuts: tuple[int, ...] = ()) -> str:
+def _step_hlo(overlap: bool) -> str:
     """The HLO of the tiny train step on the 2x4 mesh (`flat`, several buckets)."""
     mesh = mesh_lib.create_mesh(2, 4)
     config = tiny_config("flat")
     config.comm.overlap = overlap
-    config.comm.backward_cuts = backward_cuts
     _, state, step = build(config, mesh)
     batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in global_batch().items()}
     return step.lower(state, batch).as_text(dialect="hlo")
 
 
 def test_each_bucket_leaves_with_its_gradients_and_is_awaited_after_all_of_them():
-    hlo = step_hlo(True)
+    hlo = _step_hlo(True)
     ins = _instructions(hlo)
     reduces = [n for n, (op, _) in ins.items() if op == "all-reduce"]
     # The gradient buckets, and the BatchNorm statistics with the metrics, are the all-reduces
@@ -114,5 +113,5 @@ def test_each_bucket_leaves_with_its_gradients_and_is_awaited_after_all_of_them(
     first_needs = [bool(set(stem) & _closure(ins, b)) for b in buckets]
     assert first_needs.count(False) == len(buckets) - 1 and first_needs.count(True) == 1
     # Without overlap no barrier holds the buckets (the test can fail).
-    assert "opt-barrier" not in step_hlo(False)
+    assert "opt-barrier" not in _step_hlo(False)
 

@@ -12,7 +12,6 @@ statistics and the classifier in fp32, logits returned in fp32.
 """
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -108,29 +107,14 @@ class AlexNetBN(nn.Module):
     space_to_depth_stem: bool = False
     sliced_max_pool: bool = False
 
-    @property
-    def num_segments(self) -> int:
-        """Segments `__call__` can run a range of: the convolutions (to pool5), fc6, fc7, fc8."""
-        return 4
-
-    @property
-    def backward_cuts(self) -> tuple[int, ...]:
-        """Cuts for `comm.backward_cuts` (`jia_jax.staged_backward`): between all four
-        segments; fc8, fc7 and fc6 hold 58.6M of the 62.4M parameters."""
-        return (1, 2, 3)
-
     @nn.compact
-    def __call__(
-        self, x: jax.Array, train: bool, start: int = 0, stop: int | None = None
-    ) -> jax.Array:
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
         """Maps an NHWC image batch to fp32 logits of shape (batch, num_classes).
 
         Args:
-          x: Images, (batch, height, width, channels); with ``start`` > 0, what segment
-            ``start - 1`` returns.
+          x: Images, (batch, height, width, channels).
           train: Normalise with the batch statistics and update the running averages
             (``batch_stats`` must then be mutable), and apply dropout if enabled.
-          start, stop: Run only segments [start, stop) of `num_segments`, as ResNet's.
         """
         # No biases before BN: BN subtracts the batch mean, so such a bias gets zero gradient.
         conv = layers.conv(self, _kernel_init)
@@ -147,43 +131,35 @@ class AlexNetBN(nn.Module):
         def max_pool(y: jax.Array) -> jax.Array:
             return layers.max_pool(self)(y, (3, 3), (2, 2), pool_padding)
 
-        def features(x: jax.Array) -> jax.Array:
-            c1, c2, c3, c4, c5 = (self.width * u // 3 for u in _CONV_UNITS)
-            if self.small_inputs:
-                x = conv(c1, (3, 3), padding=((1, 1), (1, 1)), name="conv1")(x)
-            else:
-                stem_conv = layers.stem_conv(self, _kernel_init)
-                x = stem_conv(c1, (11, 11), 4, padding=((2, 2), (2, 2)), name="conv1")(x)
-            x = max_pool(norm(name="conv1_bn")(x, relu=True))
-            x = conv(c2, (5, 5), padding=((2, 2), (2, 2)), name="conv2")(x)
-            x = max_pool(norm(name="conv2_bn")(x, relu=True))
-            x = conv(c3, (3, 3), padding=((1, 1), (1, 1)), name="conv3")(x)
-            x = norm(name="conv3_bn")(x, relu=True)
-            x = conv(c4, (3, 3), padding=((1, 1), (1, 1)), name="conv4")(x)
-            x = norm(name="conv4_bn")(x, relu=True)
-            x = conv(c5, (3, 3), padding=((1, 1), (1, 1)), name="conv5")(x)
-            x = max_pool(norm(name="conv5_bn")(x, relu=True))
-            x = norm(name="pool5_bn")(x)
-            x = adaptive_avg_pool(x, _POOL5_SIZE)
-            return x.reshape(x.shape[0], -1)
+        c1, c2, c3, c4, c5 = (self.width * u // 3 for u in _CONV_UNITS)
+        if self.small_inputs:
+            x = conv(c1, (3, 3), padding=((1, 1), (1, 1)), name="conv1")(x)
+        else:
+            stem_conv = layers.stem_conv(self, _kernel_init)
+            x = stem_conv(c1, (11, 11), 4, padding=((2, 2), (2, 2)), name="conv1")(x)
+        x = max_pool(norm(name="conv1_bn")(x, relu=True))
+        x = conv(c2, (5, 5), padding=((2, 2), (2, 2)), name="conv2")(x)
+        x = max_pool(norm(name="conv2_bn")(x, relu=True))
+        x = conv(c3, (3, 3), padding=((1, 1), (1, 1)), name="conv3")(x)
+        x = norm(name="conv3_bn")(x, relu=True)
+        x = conv(c4, (3, 3), padding=((1, 1), (1, 1)), name="conv4")(x)
+        x = norm(name="conv4_bn")(x, relu=True)
+        x = conv(c5, (3, 3), padding=((1, 1), (1, 1)), name="conv5")(x)
+        x = max_pool(norm(name="conv5_bn")(x, relu=True))
+        x = norm(name="pool5_bn")(x)
+        x = adaptive_avg_pool(x, _POOL5_SIZE)
+        x = x.reshape(x.shape[0], -1)
 
-        def hidden(name: str) -> Callable[[jax.Array], jax.Array]:
-            def run(x: jax.Array) -> jax.Array:
-                x = dense(self.width * _FC_UNITS // 3, name=name)(x)
-                x = norm(name=f"{name}_bn")(x, relu=True)
-                if self.dropout_rate > 0:
-                    # Named, so that its mask is the same whichever segments run.
-                    x = nn.Dropout(
-                        self.dropout_rate, deterministic=not train, name=f"{name}_dropout"
-                    )(x)
-                return x
+        fc_width = self.width * _FC_UNITS // 3
+        for name in ("fc6", "fc7"):
+            x = dense(fc_width, name=name)(x)
+            x = norm(name=f"{name}_bn")(x, relu=True)
+            if self.dropout_rate > 0:
+                # Named: its mask is drawn from its name, so a run resumed from a checkpoint of
+                # an earlier version draws the masks that run would have.
+                x = nn.Dropout(
+                    self.dropout_rate, deterministic=not train, name=f"{name}_dropout"
+                )(x)
 
-            return run
-
-        def classifier(x: jax.Array) -> jax.Array:
-            # fp32 classifier, as in resnet.py: 4.1M of this net's ~1.1G multiply-adds per image.
-            return layers.classifier(self, _classifier_init, "fc8")(x)
-
-        for segment in (features, hidden("fc6"), hidden("fc7"), classifier)[start:stop]:
-            x = segment(x)
-        return x
+        # fp32 classifier, as in resnet.py: 4.1M of this net's ~1.1G multiply-adds per image.
+        return layers.classifier(self, _classifier_init, "fc8")(x)

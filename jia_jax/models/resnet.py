@@ -142,32 +142,14 @@ class ResNet(nn.Module):
             )
         super().__post_init__()
 
-    @property
-    def num_segments(self) -> int:
-        """Segments `__call__` can run a range of: the stem, each stage, the head."""
-        return len(_ARCHITECTURES[self.depth][1]) + 2
-
-    @property
-    def backward_cuts(self) -> tuple[int, ...]:
-        """Cuts for `comm.backward_cuts` (`jia_jax.staged_backward`), as benchmarked: before the
-        last two stages, whose gradients (ResNet-50: 7.1M and 15.0M of its 25.6M parameters,
-        with the classifier's 2.0M) can then leave while the stages below run backward."""
-        return (self.num_segments - 3, self.num_segments - 2)
-
     @nn.compact
-    def __call__(
-        self, x: jax.Array, train: bool, start: int = 0, stop: int | None = None
-    ) -> jax.Array:
+    def __call__(self, x: jax.Array, train: bool) -> jax.Array:
         """Maps an NHWC image batch to fp32 logits of shape (batch, num_classes).
 
         Args:
-          x: Images, (batch, height, width, channels); with ``start`` > 0, what segment
-            ``start - 1`` returns.
+          x: Images, (batch, height, width, channels).
           train: Normalise with the batch statistics and update the running averages
             (``batch_stats`` must then be mutable); otherwise use the running averages.
-          start, stop: Run only segments [start, stop) of `num_segments` (the stem, the stages,
-            the head), each with the variables it has in the whole net: the staged backward of
-            `jia_jax.staged_backward` applies the net in parts.
         """
         # Bias-free: every conv is followed by BN, whose bias makes a conv bias redundant.
         conv = layers.conv(self, _conv_init)
@@ -175,37 +157,27 @@ class ResNet(nn.Module):
         kind, stage_sizes = _ARCHITECTURES[self.depth]
         block_cls = BasicBlock if kind == "basic" else BottleneckBlock
 
-        def stem(x: jax.Array) -> jax.Array:
-            if self.small_inputs:
-                x = conv(self.width, (3, 3), padding=_pad(3), name="stem_conv")(x)
-                return norm(name="stem_bn")(x, relu=True)
+        if self.small_inputs:
+            x = conv(self.width, (3, 3), padding=_pad(3), name="stem_conv")(x)
+            x = norm(name="stem_bn")(x, relu=True)
+        else:
             stem_conv = layers.stem_conv(self, _conv_init)
             x = stem_conv(self.width, (7, 7), 2, padding=_pad(7), name="stem_conv")(x)
             x = norm(name="stem_bn")(x, relu=True)
-            return layers.max_pool(self)(x, (3, 3), (2, 2), ((1, 1), (1, 1)))
+            x = layers.max_pool(self)(x, (3, 3), (2, 2), ((1, 1), (1, 1)))
 
-        def stage(index: int) -> Callable[[jax.Array], jax.Array]:
-            def run(x: jax.Array) -> jax.Array:
-                for block in range(stage_sizes[index]):
-                    x = block_cls(
-                        features=self.width * 2**index,
-                        strides=2 if index > 0 and block == 0 else 1,
-                        conv=conv,
-                        norm=norm,
-                        name=f"stage{index + 1}_block{block + 1}",
-                    )(x)
-                return x
+        for stage, num_blocks in enumerate(stage_sizes):
+            for block in range(num_blocks):
+                x = block_cls(
+                    features=self.width * 2**stage,
+                    strides=2 if stage > 0 and block == 0 else 1,
+                    conv=conv,
+                    norm=norm,
+                    name=f"stage{stage + 1}_block{block + 1}",
+                )(x)
 
-            return run
-
-        def head(x: jax.Array) -> jax.Array:
-            # The pool and the classifier run in fp32: ~0.05% of ResNet-50's FLOPs, and fp32
-            # logits avoid bf16's 8-bit mantissa (~0.4% per logit) in the softmax/label-smoothing
-            # loss and fp16 overflow; casting bf16 logits afterwards would not restore those bits.
-            x = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
-            return layers.classifier(self, _classifier_init, "classifier")(x)
-
-        segments = [stem, *(stage(i) for i in range(len(stage_sizes))), head]
-        for segment in segments[start:stop]:
-            x = segment(x)
-        return x
+        # The pool and the classifier run in fp32: they are ~0.05% of ResNet-50's FLOPs, and fp32
+        # logits avoid bf16's 8-bit mantissa (~0.4% per logit) in the softmax/label-smoothing
+        # loss and fp16 overflow; casting bf16 logits afterwards would not restore those bits.
+        x = jnp.mean(x.astype(jnp.float32), axis=(1, 2))
+        return layers.classifier(self, _classifier_init, "classifier")(x)

@@ -12,10 +12,8 @@ step for a timeline of its kernels. Layouts, `PROCESSESxGPUS`, each process on i
   * `1x2`: one process driving two GPUs (NVLink).
 
 Variants (`VARIANTS`): the default config (`overlap`: each bucket's all-reduce awaited only after
-backward, `allreduce.hold_until_all_reduced`), the overlap with backward in three parts
-(`overlap_staged`, also with XLA's latency-hiding scheduler) or six (`overlap_cuts_all`), each
-part's buckets sent once packed (`jia_jax/staged_backward.py`), no overlap, other bucket sizes,
-the other strategies (`hierarchical`, `hybrid`, `xla`, `auto`), the overlap compiled with XLA's
+backward, `allreduce.hold_until_all_reduced`), no overlap, other bucket sizes, the other
+strategies (`hierarchical`, `hybrid`, `xla`, `auto`), the overlap compiled with XLA's
 latency-hiding scheduler and/or combining capped at the bucket size, and `peer`: the trainer's
 forward/backward and update with a plain reduction after backward (`peer_steps`'
 `peer_wire_buckets`: leaves concatenated into buckets of the config's size in its wire dtype, one
@@ -72,11 +70,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "overlap_lhs": {"xla": _LHS},
     "overlap_cap": {"xla": _CAP},
     "overlap_lhs_cap": {"xla": {**_LHS, **_CAP}},
-    # Backward in three parts, cut before the last two stages (`ResNet.backward_cuts`), and in
-    # six, cut before every stage and the head (jia_jax/staged_backward.py).
-    "overlap_staged": {"comm.backward_cuts": (3, 4)},
-    "overlap_staged_lhs": {"comm.backward_cuts": (3, 4), "xla": _LHS},
-    "overlap_cuts_all": {"comm.backward_cuts": (1, 2, 3, 4, 5)},
     "overlap_64mib": {"comm.bucket_bytes": 64 * MIB},
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.
     "hierarchical": {"comm.strategy": "hierarchical"},
@@ -88,7 +81,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # scheduler: the jitted step runs `_PGLE_RUNS` times under the profiler, then is recompiled
     # with the measured op times, so the scheduler knows how long each all-reduce takes.
     "overlap_pgle": {"pgle": True},
-    "overlap_staged_pgle": {"comm.backward_cuts": (3, 4), "pgle": True},
     "peer_pgle": {"comm.overlap": False, "pgle": True},
 }
 _PGLE_RUNS = 3
@@ -188,8 +180,6 @@ def _measure(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
     """One row, measured by every process of the layout (the caller keeps process 0's rates)."""
     import jax
 
-    from jia_jax import train
-
     step, setup, config = _build(args, variant, batch, processes, gpus)
     state = setup["init"]()
     start = time.perf_counter()
@@ -198,8 +188,7 @@ def _measure(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
     jax.config.update("jax_pgle_profiling_runs", _PGLE_RUNS)
     try:
         if pgle:  # the jit path: profiled runs, then the recompile with their times
-            options = {**train.compiler_options(config.comm), **_LHS}
-            compiled = step = jax.jit(step.__wrapped__, donate_argnums=0, compiler_options=options)
+            compiled = step = jax.jit(step.__wrapped__, donate_argnums=0, compiler_options=_LHS)
             for _ in range(_PGLE_RUNS + 2):
                 state, _ = jax.block_until_ready(step(state, setup["batch"]))
         else:

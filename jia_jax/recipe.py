@@ -58,6 +58,11 @@ FREE_ON_RESUME = (
     "data.max_bad_records",
     "precision.loss_scale.max_skips_at_minimum",
 )
+# Fields that earlier versions had and today's no longer has. Neither ever changed what a step
+# computes (each gave the same gradients bit for bit, tests of their time), so a checkpoint that
+# holds them resumes as if it did not: backward in parts and weight gradients first, measured
+# slower and removed (docs/benchmarks.md, "Is the gradient all-reduce hidden under backward?").
+RETIRED = ("comm.backward_cuts", "model.weight_grads_first")
 _MISSING = object()
 
 
@@ -71,7 +76,8 @@ def of_run(config_json: str, num_devices: int) -> dict[str, Any]:
 
 
 def changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``name: old -> new`` for each field of two recipes that differs, but `FREE_ON_RESUME`."""
+    """``name: old -> new`` for each field of two recipes that differs, but `FREE_ON_RESUME` and
+    `RETIRED`."""
 
     def show(recipe: Mapping[str, Any], name: str) -> str:
         return repr(recipe[name]) if name in recipe else "(absent)"
@@ -81,6 +87,7 @@ def changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
         for name in sorted(saved.keys() | current.keys())
         if saved.get(name, _MISSING) != current.get(name, _MISSING)
         and not any(fnmatch.fnmatchcase(name, free) for free in FREE_ON_RESUME)
+        and name not in RETIRED
     ]
 
 

@@ -630,6 +630,33 @@ def test_earlier_buckets_answers_agree_with_the_json():
             ),
         ],
     )
+    # The second version: its gradient collectives all after the last convolution too, all
+    # synchronous but one.
+    fixed = _overlap_rows("bench_overlap_staged_fixed_2xH200.json")
+    for variant in ("overlap_staged", "overlap_staged_lhs"):
+        for batch in (256, 64):
+            tied = [
+                c for c in fixed["2x1", variant, batch]["schedule"] if "bf16" in c["shape"]
+            ]
+            assert all(c["convolutions_before_start"] == c["convolutions"] == 158 for c in tied)
+            assert sum(c["sync"] for c in tied) == len(tied) - 1
+    eff = {k[1:]: r["eff"] for k, r in fixed.items()}
+    pgle = {k[1:]: r["eff"] for k, r in _overlap_rows("bench_overlap_pgle_2xH100.json").items()}
+    assert_quoted(
+        _section("## Across hosts"),
+        [
+            f"{eff['overlap_staged', 256]:.3f} of two GPUs at 256 images per GPU against "
+            f"{eff['overlap', 256]:.3f} in one piece, {eff['overlap_staged', 64]:.3f} against "
+            f"{eff['overlap', 64]:.3f} at 64, and {eff['overlap_staged_lhs', 256]:.3f} and "
+            f"{eff['overlap_staged_lhs', 64]:.3f} with the latency-hiding scheduler",
+            f"it kept {pgle['overlap_pgle', 256]:.3f} of two GPUs at 256 images per GPU against "
+            f"{pgle['overlap', 256]:.3f} without, and {pgle['overlap_pgle', 64]:.3f} against "
+            f"{pgle['overlap', 64]:.3f} at 64; the plain peer kept {pgle['peer_pgle', 256]:.3f} "
+            f"and {pgle['peer_pgle', 64]:.3f} with it, {pgle['peer', 256]:.3f} and "
+            f"{pgle['peer', 64]:.3f} without (a third row, backward in parts with PGLE, kept "
+            f"{pgle['overlap_staged_pgle', 256]:.3f} at 256)",
+        ],
+    )
 
 
 def test_overlap_answers_agree_with_the_json():

@@ -105,3 +105,22 @@ def test_fused_model_options_are_free_on_resume():
     current["model.bn_momentum"] = 0.99  # other model fields stay compared
     with pytest.raises(recipe.ConfigChangedError, match="model.bn_momentum"):
         recipe.check_resume(meta, current, allow_change=False, step=5, directory="/c")
+
+
+def test_retired_fields_of_an_older_checkpoint_resume_as_absent():
+    """A checkpoint saved while `comm.backward_cuts` / `model.weight_grads_first` existed resumes
+    on today's config (which has neither) without `allow_config_change`; other changes still
+    stop it."""
+    config = digits.get_config()
+    old = json.loads(config.to_json())
+    old["comm"]["backward_cuts"] = [3, 4]
+    old["model"]["weight_grads_first"] = True
+    meta = {**digits_meta(config), "config": json.dumps(old)}
+    current = recipe.of_run(config.to_json(), num_devices=8)
+    recipe.check_resume(meta, current, allow_change=False, step=5, directory="/ckpt")
+    old["seed"] = config.seed + 1
+    with pytest.raises(recipe.ConfigChangedError, match="seed"):
+        recipe.check_resume(
+            {**meta, "config": json.dumps(old)}, current, allow_change=False, step=5,
+            directory="/ckpt",
+        )

@@ -21,6 +21,7 @@ from jia_jax import mesh as mesh_lib
 from jia_jax import metrics as metrics_lib
 from jia_jax import models
 from jia_jax import optimizers
+from jia_jax import peer_watch
 from jia_jax import precision
 from jia_jax import preemption as preemption_lib
 from jia_jax import recipe
@@ -199,7 +200,7 @@ def _resume_or_start(
     return step, state
 
 
-def connect(config: ml_collections.ConfigDict) -> tuple[liveness.PeerWatch, jax.sharding.Mesh]:
+def connect(config: ml_collections.ConfigDict) -> tuple[peer_watch.PeerWatch, jax.sharding.Mesh]:
     """Joins the other processes of the job (if any) and builds the mesh of `config`.
 
     Returns:
@@ -217,6 +218,149 @@ def connect(config: ml_collections.ConfigDict) -> tuple[liveness.PeerWatch, jax.
     return peers, mesh
 
 
+class _TrainRun:
+    """One run after its restore: the state being trained and what saves, logs and evaluates it.
+
+    `save`, `log` and the step loop share the state, the held metrics, the progress meter and the
+    results; this object owns them so each piece reads on its own.
+    """
+
+    def __init__(
+        self,
+        config: ml_collections.ConfigDict,
+        mesh: jax.sharding.Mesh,
+        trainer: Trainer,
+        ckpt: checkpoint.Checkpointer,
+        writer: metrics_lib.MetricsWriter,
+        overflow: metrics_lib.OverflowWatch,
+        eval_step: Callable | None,
+        start_step: int,
+        state: train.TrainState,
+    ) -> None:
+        self.config, self.mesh, self.trainer = config, mesh, trainer
+        self.ckpt, self.writer, self.overflow, self.eval_step = ckpt, writer, overflow, eval_step
+        self.start_step, self.state = start_step, state
+        self.progress = metrics_lib.ProgressMeter(
+            total_steps=trainer.steps,
+            start_step=start_step,
+            global_batch_size=config.global_batch_size,
+        )
+        # fp16 skips non-finite steps by itself (loss scaling); other dtypes stop on a
+        # non-finite loss.
+        self.pending = metrics_lib.LaggedFetch(
+            finite_keys=()
+            if precision.needs_loss_scaling(precision.compute_dtype(config.precision.compute))
+            else ("loss",)
+        )
+        self.results: dict[str, float] = {}
+
+    def save(self, step: int, force: bool = False) -> None:
+        """Checkpoints `step` if the checkpointer's interval (or `force`) asks for it."""
+        if not self.ckpt.should_save(step, force=force):
+            return
+        # Commit only what was checked finite: this step's loss (the save waits for the step
+        # anyway), then the state itself, which fp16 keeps finite by skipping steps.
+        self.log(self.pending.flush())
+        metrics_lib.check_state_finite(step, self.state, _DIVERGED_HINT)
+        # The data position is the step: every train stream is a pure function of (seed, step).
+        meta = {
+            "step": step,
+            "seed": self.config.seed,
+            "config": self.config.to_json(),
+            "num_devices": self.mesh.devices.size,
+        }
+        self.ckpt.save(step, self.state, meta, force=force)
+        self.progress.restart(step)  # a save (and its wait for the previous one) is not training
+
+    def log(self, fetched: metrics_lib.HostMetrics | None) -> None:
+        """Watches `fetched` for overflow and, on a log step, writes and prints it."""
+        # `fetched`: a step's metrics, one step late (or at a save, the step just done).
+        if fetched is None:
+            return
+        steps = self.trainer.steps
+        step, values = fetched
+        values = {k: v for k, v in values.items() if k != train.STOP_KEY}
+        self.overflow.update(step, values)
+        if step == self.start_step + 1:
+            # The first step compiled (after the restore of a checkpoint, if resumed).
+            self.progress.restart(step)
+        if step % self.config.log_every_steps and step != steps:
+            return
+        throughput = self.progress.measure(step)
+        self.results.update({f"train/{k}": v for k, v in values.items()})
+        if throughput is not None:
+            self.results["train/images_per_sec"] = throughput.images_per_sec
+        self.writer.write_scalars(step, self.results)
+        logging.info(metrics_lib.format_progress(step, steps, values, throughput))
+
+    def _evaluate(self, step: int) -> None:
+        """Adds the eval split's metrics at `step` to the results and writes them."""
+        self.results.update(evaluate(self.eval_step, self.state, self.trainer.data))
+        self.writer.write_scalars(step, self.results)
+
+    def run_steps(
+        self,
+        train_step: Callable,
+        peers: peer_watch.PeerWatch,
+        preemption: preemption_lib.PreemptionHandler,
+        profile_dir: str,
+    ) -> bool:
+        """Trains to the last step, saving and evaluating on the way.
+
+        Returns:
+          False if a preemption signal stopped the run (its checkpoint saved), else True.
+        """
+        steps = self.trainer.steps
+        batches = self.trainer.data.train(self.start_step)
+        # A stop signal travels inside the step (`train.make_train_step`'s `stop`): no collective
+        # or host wait of its own. Both flag arrays are made once: no transfer per step.
+        stop_flags = {asked: train.stop_flags(self.mesh, asked) for asked in (False, True)}
+        tracing = Tracing(self.config.profile, os.path.abspath(profile_dir))
+        for step in range(self.start_step, steps):
+            tracing.before(step, self.state)
+            self.state, device_metrics = train_step(
+                self.state, next(batches), stop_flags[preemption.requested]
+            )
+            done = step + 1
+            peers.step = done
+            # Fetching the previous step's scalars every step keeps at most two steps in flight.
+            fetched = self.pending.push(done, device_metrics)
+            self.log(fetched)
+            # Every process fetches the same step's metrics here, so all stop at the same step.
+            if fetched is not None and fetched[1][train.STOP_KEY] > 0:
+                self.save(done, force=True)
+                logging.warning(
+                    "Preemption signal: saved the checkpoint of step %d; exiting.", done
+                )
+                return False
+            self.save(done, force=done == steps)
+            if (
+                self.eval_step is not None
+                and done % self.config.eval_every_steps == 0
+                and done != steps
+            ):
+                self._evaluate(done)
+                logging.info("step %d: eval top-1 %.4f", done, self.results["eval/top1"])
+                self.progress.restart(done)
+        tracing.stop(self.state)
+        self.log(self.pending.flush())
+        return True
+
+    def final_eval(self) -> None:
+        """Evaluates the trained state at the last step, if the dataset has an eval split."""
+        if self.eval_step is None:
+            return
+        steps = self.trainer.steps
+        self._evaluate(steps)
+        logging.info(
+            "final eval at step %d: top-1 %.4f, top-5 %.4f over %d examples",
+            steps,
+            self.results["eval/top1"],
+            self.results["eval/top5"],
+            self.results["eval/examples"],
+        )
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
     """Trains `config` in `workdir`, resuming from its latest checkpoint if there is one.
 
@@ -226,14 +370,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     peers, mesh = connect(config)
     check_schedule_fields(config)
     trainer = build_trainer(config, mesh)
-    data, steps = trainer.data, trainer.steps
     # Built (and its limit checked) before the workdir is touched.
     overflow = metrics_lib.OverflowWatch(
         minimum=config.precision.loss_scale.minimum,
         limit=config.precision.loss_scale.max_skips_at_minimum,
     )
     train_step = train.make_train_step(trainer.model, trainer.tx, trainer.schedule, config, mesh)
-    eval_step = train.make_eval_step(trainer.model, config, mesh) if data.eval else None
+    eval_step = train.make_eval_step(trainer.model, config, mesh) if trainer.data.eval else None
 
     ckpt = open_checkpointer(workdir, config)
     writer = metrics_lib.MetricsWriter(workdir)
@@ -242,93 +385,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     resume_step = functools.partial(liveness.newest_checkpoint, ckpt.directory)
     with peers.reporting(resume_step), ckpt, writer, preemption:
         start_step, state = _resume_or_start(ckpt, trainer, config, mesh.devices.size)
-
-        def save(step: int, force: bool = False) -> None:
-            if not ckpt.should_save(step, force=force):
-                return
-            # Commit only what was checked finite: this step's loss (the save waits for the step
-            # anyway), then the state itself, which fp16 keeps finite by skipping steps.
-            log(pending.flush())
-            metrics_lib.check_state_finite(step, state, _DIVERGED_HINT)
-            # The data position is the step: every train stream is a pure function of (seed, step).
-            meta = {
-                "step": step,
-                "seed": config.seed,
-                "config": config.to_json(),
-                "num_devices": mesh.devices.size,
-            }
-            ckpt.save(step, state, meta, force=force)
-            progress.restart(step)  # a save (and its wait for the previous one) is not training
-
-        progress = metrics_lib.ProgressMeter(
-            total_steps=steps, start_step=start_step, global_batch_size=config.global_batch_size
-        )
-        # fp16 skips non-finite steps by itself (loss scaling); other dtypes stop on a non-finite loss.
-        pending = metrics_lib.LaggedFetch(
-            finite_keys=()
-            if precision.needs_loss_scaling(precision.compute_dtype(config.precision.compute))
-            else ("loss",)
-        )
-        results: dict[str, float] = {}
-
-        def log(fetched: tuple[int, dict[str, float]] | None) -> None:
-            # `fetched`: a step's metrics, one step late (or at a save, the step just done).
-            if fetched is None:
-                return
-            step, values = fetched
-            values = {k: v for k, v in values.items() if k != train.STOP_KEY}
-            overflow.update(step, values)
-            if step == start_step + 1:
-                # The first step compiled (after the restore of a checkpoint, if resumed).
-                progress.restart(step)
-            if step % config.log_every_steps and step != steps:
-                return
-            throughput = progress.measure(step)
-            results.update({f"train/{k}": v for k, v in values.items()})
-            if throughput is not None:
-                results["train/images_per_sec"] = throughput.images_per_sec
-            writer.write_scalars(step, results)
-            logging.info(metrics_lib.format_progress(step, steps, values, throughput))
-
-        batches = data.train(start_step)
-        # A stop signal travels inside the step (`train.make_train_step`'s `stop`): no collective
-        # or host wait of its own. Both flag arrays are made once: no transfer per step.
-        stop_flags = {asked: train.stop_flags(mesh, asked) for asked in (False, True)}
+        run = _TrainRun(config, mesh, trainer, ckpt, writer, overflow, eval_step, start_step, state)
         profile_dir = os.path.join(workdir, "profile", f"process_{jax.process_index()}")
-        tracing = Tracing(config.profile, os.path.abspath(profile_dir))
-        for step in range(start_step, steps):
-            tracing.before(step, state)
-            state, device_metrics = train_step(
-                state, next(batches), stop_flags[preemption.requested]
-            )
-            done = step + 1
-            peers.step = done
-            # Fetching the previous step's scalars every step keeps at most two steps in flight.
-            fetched = pending.push(done, device_metrics)
-            log(fetched)
-            # Every process fetches the same step's metrics here, so all stop at the same step.
-            if fetched is not None and fetched[1][train.STOP_KEY] > 0:
-                save(done, force=True)
-                logging.warning(
-                    "Preemption signal: saved the checkpoint of step %d; exiting.", done
-                )
-                return results
-            save(done, force=done == steps)
-            if eval_step is not None and done % config.eval_every_steps == 0 and done != steps:
-                results.update(evaluate(eval_step, state, data))
-                writer.write_scalars(done, results)
-                logging.info("step %d: eval top-1 %.4f", done, results["eval/top1"])
-                progress.restart(done)
-        tracing.stop(state)
-        log(pending.flush())
-        if eval_step is not None:
-            results.update(evaluate(eval_step, state, data))
-            writer.write_scalars(steps, results)
-            logging.info(
-                "final eval at step %d: top-1 %.4f, top-5 %.4f over %d examples",
-                steps,
-                results["eval/top1"],
-                results["eval/top5"],
-                results["eval/examples"],
-            )
-    return results
+        if run.run_steps(train_step, peers, preemption, profile_dir):
+            run.final_eval()
+    return run.results

@@ -22,16 +22,14 @@ _NON_BLOCKING = 0x1
 
 class CudaStream:
     """A non-blocking stream on the GPU of CUDA ordinal `ordinal` (a JAX device's
-    `local_hardware_id`), of the GPU's highest priority if `highest_priority` (its kernels' thread
-    blocks are then started before those of streams of lower priority, XLA's among them, as SMs
-    free up), else of the default one. `handle` is the `cudaStream_t` as an integer.
+    `local_hardware_id`). `handle` is the `cudaStream_t` as an integer.
 
     Raises:
       OSError: no CUDA driver on this host.
       RuntimeError: a driver call failed (its name and CUDA's error name say which and why).
     """
 
-    def __init__(self, ordinal: int, highest_priority: bool = False) -> None:
+    def __init__(self, ordinal: int) -> None:
         self._cuda = ctypes.CDLL(_LIBRARY)
         self._call("cuInit", 0)
         device = ctypes.c_int()
@@ -42,11 +40,7 @@ class CudaStream:
         self._call("cuDevicePrimaryCtxRetain", ctypes.byref(self._context), device)
         stream = ctypes.c_void_p()
         with self._current():
-            least, greatest = ctypes.c_int(), ctypes.c_int()
-            self._call("cuCtxGetStreamPriorityRange", ctypes.byref(least), ctypes.byref(greatest))
-            priority = greatest.value if highest_priority else 0
-            self._call("cuStreamCreateWithPriority", ctypes.byref(stream), _NON_BLOCKING, priority)
-        self.priority: int = priority
+            self._call("cuStreamCreate", ctypes.byref(stream), _NON_BLOCKING)
         self.handle: int = stream.value
 
     def synchronize(self) -> None:

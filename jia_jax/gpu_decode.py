@@ -75,6 +75,9 @@ _PROBE_LEVELS = 8.0
 # JPEG components nvImageCodec decodes here: grey and colour. CMYK/YCCK JPEGs (4) go to Pillow,
 # whose conversion to RGB is the CPU path's.
 _CHANNELS = (1, 3)
+# nvImageCodec's own default options, kept when more are given: chroma upsampled without
+# nvJPEG's "fancy" filter (what the start-up check against Pillow was set for).
+_OPTIONS = ":fancy_upsampling=0"
 # Bytes at the end of a JPEG searched for its end-of-image marker (padding after it is allowed).
 _EOI_TAIL = 64
 
@@ -131,9 +134,9 @@ def check_memory_fraction(environ: Mapping[str, str]) -> None:
         )
 
 
-def new_decoder(device: jax.Device, highest_priority: bool = False) -> TileDecoder:
-    """The decoder the GPU path uses on `device` (tests replace this factory), decoding on a
-    stream of the GPU's highest priority if `highest_priority` (jia_jax/cuda_stream.py).
+def new_decoder(device: jax.Device, options: str = "") -> TileDecoder:
+    """The decoder the GPU path uses on `device` (tests replace this factory), with `options`
+    for nvImageCodec's decoders besides the ones it always sets (benchmarks compare some).
 
     Raises:
       DecoderUnavailableError: no CUDA stream or no working nvImageCodec decoder on `device`.
@@ -141,12 +144,12 @@ def new_decoder(device: jax.Device, highest_priority: bool = False) -> TileDecod
     from nvidia import nvimgcodec  # pylint: disable=import-outside-toplevel
 
     try:
-        stream = cuda_stream.CudaStream(_ordinal(device), highest_priority)
+        stream = cuda_stream.CudaStream(_ordinal(device))
     except (OSError, RuntimeError) as e:
         raise DecoderUnavailableError(
             f"No CUDA stream for nvImageCodec on {device} ({e}); use --config.data.decode=cpu."
         ) from e
-    return NvImageCodecDecoder(device, nvimgcodec, stream)
+    return NvImageCodecDecoder(device, nvimgcodec, stream, options)
 
 
 def _ordinal(device: jax.Device) -> int:
@@ -190,10 +193,13 @@ class NvImageCodecDecoder:
       DecoderUnavailableError: the default backends fail the start-up check.
     """
 
-    def __init__(self, device: jax.Device, nvimgcodec: Any, stream: _Stream) -> None:
+    def __init__(
+        self, device: jax.Device, nvimgcodec: Any, stream: _Stream, options: str = ""
+    ) -> None:
         self._nv = nvimgcodec
         self._device = device
         self._stream = stream
+        self._options = f"{_OPTIONS} {options}".strip()
         self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False)
         # One batch at a time per decoder: the train and eval streams share it.
         self._lock = threading.Lock()
@@ -311,7 +317,8 @@ class NvImageCodecDecoder:
         nv, ordinal = self._nv, _ordinal(self._device)
         name = "hardware JPEG" if backends else "default"
         try:
-            backend = _Backend(nv.Decoder(device_id=ordinal, backends=backends), backends is None)
+            decoder = nv.Decoder(device_id=ordinal, backends=backends, options=self._options)
+            backend = _Backend(decoder, backends is None)
             failure = self._probe(backend)
         except (RuntimeError, ValueError) as e:  # the library's errors (a bad buffer, no engine)
             failure = str(e)

@@ -69,8 +69,11 @@ class Decoder:
     JPEGs only (no region of interest, no progressive JPEG). Either way, like nvImageCodec:
     None for what does not decode (damaged bytes), regions only inside the image."""
 
-    def __init__(self, library: "FakeNvImageCodec", device_id: int, backends=None) -> None:
+    def __init__(
+        self, library: "FakeNvImageCodec", device_id: int, backends=None, options: str = ""
+    ) -> None:
         self.library, self.device_id = library, device_id
+        library.options.append(options)
         self.hardware = backends == [HARDWARE]
         if self.hardware and not library.has_hardware:
             raise RuntimeError("Could not create decoder. Code: 7")
@@ -122,6 +125,7 @@ class FakeNvImageCodec:
         # As the H200's JPEG engines did: a JPEG cut short decodes, its missing rows filled in.
         self.decodes_cut_jpegs = decodes_cut_jpegs
         self.decoded: list[tuple[str, Region]] = []
+        self.options: list[str] = []  # each decoder's options, as created
 
     @staticmethod
     def Backend(kind):  # noqa: N802  nvImageCodec's name
@@ -135,8 +139,8 @@ class FakeNvImageCodec:
     def as_image(source, cuda_stream: int = 0) -> Image:
         return Image(source, cuda_stream)
 
-    def Decoder(self, device_id: int, backends=None) -> Decoder:  # noqa: N802
-        return Decoder(self, device_id, backends)
+    def Decoder(self, device_id: int, backends=None, options: str = "") -> Decoder:  # noqa: N802
+        return Decoder(self, device_id, backends, options)
 
 
 class FakeStream:
@@ -159,8 +163,8 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(
         gpu_decode,
         "new_decoder",
-        lambda device, highest_priority=False: gpu_decode.NvImageCodecDecoder(
-            device, library, FakeStream()
+        lambda device, options="": gpu_decode.NvImageCodecDecoder(
+            device, library, FakeStream(), options
         ),
     )
     return library

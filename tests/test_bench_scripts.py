@@ -341,24 +341,25 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
 
 
 def test_bench_gpu_decode_loaded_on_cpu(tmp_path, fake_gpu):  # noqa: F811
-    """The `loaded` mode times the decode stage alone and beside training, with both stream
-    priorities, and the training runs only in the rows beside it."""
+    """The `loaded` mode times the decode stage alone and beside training, per decoder options
+    (which reach the library), and the training runs only in the rows beside it."""
     doc = bench_gpu_decode.main(
         ["loaded", f"--data_dir={tmp_path}", "--num_images=16", "--image_size=32",
          "--canvas=128", "--per_gpu", "4", "--batches=1", "--repeats=2", "--tiny_model",
-         f"--out={tmp_path / 'loaded.json'}"]
+         "--decoder_options", "", "a:b=1", f"--out={tmp_path / 'loaded.json'}"]
     )
     rows = doc["results"]
-    assert [(r["highest_priority"], r["beside_training"]) for r in rows] == [
-        (False, False), (False, True), (True, False), (True, True)
+    assert [(r["decoder_options"], r["beside_training"]) for r in rows] == [
+        ("", False), ("", True), ("a:b=1", False), ("a:b=1", True)
     ]
+    assert fake_gpu.options[-1] == ":fancy_upsampling=0 a:b=1"
     assert all(r["decode_images_per_s"] > 0 for r in rows), rows
     assert [r["train_images_per_s"] > 0 for r in rows] == [False, True, False, True], rows
     for r in rows:  # every batch's rows decoded, within which the decoder's calls ran
         phases = r["ms_per_batch"]
         assert phases["decode_rows"] >= phases["nvimgcodec_decode"] > 0, phases
     table = render_benchmarks.table(str(tmp_path / "loaded.json"))
-    assert table.count("| highest priority | yes |") == 1 and "nvimgcodec_decode ms" in table
+    assert table.count("| a:b=1 | yes |") == 1 and "nvimgcodec_decode ms" in table
 
 
 def test_flag_variants_rerun_the_one_device_row_of_a_one_gpu_run():

@@ -191,3 +191,13 @@ def test_a_region_larger_than_a_slot_or_a_wrong_array_is_refused_before_anything
         with pytest.raises(ValueError, match=r"are not uint8 \[count, canvas, canvas, 3\] on"):
             decoder([jpeg], small, tiles)
     assert library.decoded == []
+
+
+def test_options_reach_every_decoder_after_the_library_defaults():
+    # nvImageCodec replaces its default options string with the one given: the decoder keeps the
+    # default's ":fancy_upsampling=0" (what the start-up check is set for) in front of the extra.
+    library = FakeNvImageCodec()
+    extra = "nvjpeg_hw_decoder:preallocate_batch_size=256"
+    gpu_decode.NvImageCodecDecoder(jax.devices()[0], library, FakeStream(), extra)
+    gpu_decode.NvImageCodecDecoder(jax.devices()[0], library, FakeStream())
+    assert library.options == [f":fancy_upsampling=0 {extra}"] * 2 + [":fancy_upsampling=0"] * 2

@@ -11,9 +11,9 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
     each batch waited for before the next), in images/s per GPU, on one GPU and on all of them
     at once; and nvImageCodec's whole-image decode of the same JPEGs, for reference.
   * `loaded`: the decode stage on one GPU (the first --per_gpu) alone and while the trainer's
-    ResNet-50 step trains on that GPU in another thread, the decoder's CUDA stream of default
-    and of highest priority, batches not waited for one by one (as the trainer's input thread);
-    each row has the training's images/s meanwhile and the ms a batch spent in each phase.
+    ResNet-50 step trains on that GPU in another thread, for each --decoder_options, batches not
+    waited for one by one (as the trainer's input thread); each row has the training's images/s
+    meanwhile and the ms a batch spent in each phase.
   * `report`: the record of scripts/bench_gpu_decode.sh: one row per training configuration
     (`scripts.bench.train_input` JSONs) with the decode stage's rate beside it.
 
@@ -41,6 +41,13 @@ import numpy as np
 from scripts.bench import harness
 
 _NAME = "jia_bench_jpeg"
+# nvImageCodec's hardware JPEG decoder with its buffers sized up front for a batch of 256 images of
+# up to 512 x 512 (by default it sizes them for one 1 x 1 image and grows them as batches come).
+_PREALLOCATED = " ".join(
+    f"nvjpeg_hw_decoder:{k}={v}"
+    for k, v in (("preallocate_batch_size", 256), ("preallocate_width_hint", 512),
+                 ("preallocate_height_hint", 512))
+)
 
 
 def compare_predictions(
@@ -308,11 +315,11 @@ def decode_stage(args: argparse.Namespace) -> dict[str, Any]:
 
 def loaded(args: argparse.Namespace) -> dict[str, Any]:
     """The decode stage on one GPU, alone and while the trainer's ResNet-50 step trains on the
-    same GPU in another thread (synthetic data), with the decoder's CUDA stream of the default
-    and of the highest priority: whether decoding beside training is slower than alone, and
-    whether it is the GPU (the decoder's kernels wait behind XLA's) or the host. Batches are not
-    waited for one by one (a batch's crop runs behind the train steps already queued), as in
-    the trainer's input thread."""
+    same GPU in another thread (synthetic data), for each of `--decoder_options` (nvImageCodec's
+    options for the decoders, besides the trainer's own): whether decoding beside training is
+    slower than alone, and in which phase of a batch. Batches are not waited for one by one (a
+    batch's crop runs behind the train steps already queued), as in the trainer's input
+    thread."""
     import jax  # pylint: disable=import-outside-toplevel
 
     from jia_jax import gpu_decode, gpu_input, tile_ring  # pylint: disable=import-outside-toplevel
@@ -321,12 +328,12 @@ def loaded(args: argparse.Namespace) -> dict[str, Any]:
     records = _record_batches(args, per_gpu, args.batches)
     rows = []
     with _training(device, per_gpu, args) as train_times, _phase_timer() as phases:
-        for highest in (False, True):
-            decoder = gpu_decode.new_decoder(device, highest_priority=highest)
+        for options in args.decoder_options:
+            decoder = gpu_decode.new_decoder(device, options=options)
             placed = [(gpu_input.DeviceDecoder(device, decoder, tile_ring.TileRing(device)),
                        slice(0, per_gpu))]
             for beside_training in (False, True):
-                row = {"per_gpu": per_gpu, "highest_priority": highest,
+                row = {"per_gpu": per_gpu, "decoder_options": options,
                        "beside_training": beside_training}
                 train_times.run(beside_training)
                 start, before = time.perf_counter(), len(train_times)
@@ -519,6 +526,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--repeats", type=int, default=5, help="decode: passes over them")
     parser.add_argument("--stage", help="report: the decode stage's JSON")
     parser.add_argument("--runs", nargs="*", default=[], help="report: train_input JSONs")
+    parser.add_argument(
+        "--decoder_options",
+        nargs="+",
+        default=["", _PREALLOCATED],
+        help="loaded: nvImageCodec decoder options to compare ('' = the trainer's)",
+    )
     parser.add_argument(
         "--tiny_model", action="store_true", help="loaded: a tiny ResNet trains (CPU tests)"
     )

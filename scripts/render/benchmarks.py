@@ -265,6 +265,14 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _decoder_name(row: dict[str, Any]) -> str:
+    """The decoder a `loaded` row timed: its extra options, or its stream's priority (the first
+    records compared priorities)."""
+    if "highest_priority" in row:
+        return f"stream of {'highest' if row['highest_priority'] else 'default'} priority"
+    return row["decoder_options"] or "the trainer's"
+
+
 def decode_loaded_table(doc: dict[str, Any]) -> str:
     """The decode stage alone and beside training on one GPU (scripts/bench/gpu_decode.py
     `loaded`), with the ms a decoded batch spent in each phase where the run timed them."""
@@ -277,14 +285,14 @@ def decode_loaded_table(doc: dict[str, Any]) -> str:
             "step trains on the same GPU in another thread:"
         ),
         "",
-        "| decoder's stream | beside training | decode images/s | training images/s |"
+        "| decoder | beside training | decode images/s | training images/s |"
         + "".join(f" {p} ms |" for p in phases),
         "| --- | --- | ---: | ---: |" + " ---: |" * len(phases),
     ]
     for r in doc["results"]:
         spent = r.get("ms_per_batch", {})
         lines.append(
-            f"| {'highest priority' if r['highest_priority'] else 'default priority'} | "
+            f"| {_decoder_name(r)} | "
             f"{'yes' if r['beside_training'] else 'no'} | {r['decode_images_per_s']:,.0f} | "
             f"{r['train_images_per_s']:,.0f} |"
             + "".join(f" {spent[p]:.1f} |" if p in spent else " |" for p in phases)

@@ -357,8 +357,9 @@ def loaded(args: argparse.Namespace) -> dict[str, Any]:
 @contextlib.contextmanager
 def _phase_timer() -> Iterator[dict[str, float]]:
     """Seconds spent in each phase of a decoded batch (jia_jax/gpu_input.py), summed over
-    threads while the block runs: the ring's wait, nvImageCodec's calls, the wait for the
-    decoder's stream, the uploads and the crop's dispatch."""
+    threads while the block runs: the ring's wait, the code streams' parsing, nvImageCodec's
+    decode calls, the wait for the decoder's stream, the crop's dispatch, and `decode_rows` as a
+    whole (the rest of it: the plan and the uploads)."""
     # pylint: disable-next=import-outside-toplevel
     from jia_jax import crop_resize, cuda_stream, gpu_decode, gpu_input, tile_ring
 

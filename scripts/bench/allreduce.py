@@ -211,9 +211,8 @@ def parse_mesh(text: str) -> tuple[int, int]:
     return node, gpu
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Runs the benchmark; returns (and writes to `--out`) the JSON document."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _add_payload_args(parser: argparse.ArgumentParser) -> None:
+    """What is reduced: strategies, payloads, wire dtypes, meshes."""
     parser.add_argument(
         "--strategies",
         type=harness.strings,
@@ -251,6 +250,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="override the model's width (tiny trees for CPU runs)",
     )
     parser.add_argument("--hybrid_crossover_mib", type=float, default=4.0)
+
+
+def _add_timing_args(parser: argparse.ArgumentParser) -> None:
+    """How each case is timed, how long the run may take, where the JSON goes."""
     parser.add_argument("--repeats", type=int, default=10, help="timed samples per case")
     parser.add_argument(
         "--min_sample_ms",
@@ -271,6 +274,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="k: each reduction's device time is (t(1 + k iterations) - t(1)) / k in one program",
     )
     parser.add_argument("--out", default="bench_allreduce.json")
+
+
+def parse_args(argv: Sequence[str] | None) -> tuple[argparse.Namespace, list[tuple[int, int]]]:
+    """The checked arguments and the meshes to measure on; exits on bad ones."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    _add_payload_args(parser)
+    _add_timing_args(parser)
     args = parser.parse_args(argv)
     unknown = set(args.strategies) - set(STRATEGIES)
     if unknown:
@@ -282,6 +292,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     meshes = [parse_mesh(m) for m in args.meshes] if args.meshes else default_meshes(devices)
     if any(node * gpu != devices for node, gpu in meshes):
         parser.error(f"every mesh must span all {devices} devices, got {args.meshes}")
+    return args, meshes
+
+
+def cases_of_args(args: argparse.Namespace, meshes: Sequence[tuple[int, int]]) -> list[Case]:
+    """The cases the arguments ask for: the model tree (if any), then the flat buffers."""
     tree = None
     if args.tree_model:
         tree = Payload(
@@ -289,26 +304,38 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             model_param_shapes(args.tree_model, args.model_width),
             tuple(int(b * MIB) for b in args.bucket_mib),
         )
-    cases = build_cases(
+    return build_cases(
         tree, [int(mib * MIB) for mib in args.sizes_mib], args.dtypes, meshes, args.strategies
     )
 
-    doc: dict[str, Any] = {"environment": harness.environment(), "args": vars(args), "results": []}
+
+def result_recorder(
+    doc: dict[str, Any], out: str, num_cases: int
+) -> Callable[[dict[str, Any]], None]:
+    """`on_result` for `run_cases`: appends the row to `doc`, rewrites `out`, prints a line."""
 
     def on_result(row: dict[str, Any]) -> None:
         doc["results"].append(row)
-        harness.write_json(args.out, doc)
+        harness.write_json(out, doc)
         status = (
             f"{row['time_s'] * 1e6:.1f} us, {row['busbw_gbps']:.2f} GB/s"
             if "time_s" in row
             else row.get("error") or row.get("skipped")
         )
         print(
-            f"[{len(doc['results'])}/{len(cases)}] {row['dtype']} {row['mesh']} {row['payload']} "
+            f"[{len(doc['results'])}/{num_cases}] {row['dtype']} {row['mesh']} {row['payload']} "
             f"{row['strategy']} bucket={row['bucket_bytes']}: {status}",
             flush=True,
         )
 
+    return on_result
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Runs the benchmark; returns (and writes to `--out`) the JSON document."""
+    args, meshes = parse_args(argv)
+    cases = cases_of_args(args, meshes)
+    doc: dict[str, Any] = {"environment": harness.environment(), "args": vars(args), "results": []}
     run_cases(
         cases,
         int(args.hybrid_crossover_mib * MIB),
@@ -316,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         args.min_sample_ms / 1e3,
         args.budget_s,
         args.extra_iterations,
-        on_result,
+        result_recorder(doc, args.out, len(cases)),
     )
     env = doc["environment"]
     print(

@@ -187,7 +187,8 @@ def _has_tensorflow() -> bool:
     return True
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command-line arguments: dataset, rows to measure, timing, output."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_dir", default="/tmp/jia_bench_data")
     parser.add_argument("--num_images", type=int, default=2000)
@@ -210,13 +211,12 @@ def main() -> None:
         "--worker_threads", type=int, nargs="+", default=[2], help="threads per worker process"
     )
     parser.add_argument("--out", default="bench_input.json")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    with_tf = "tf.data" in args.loaders and _has_tensorflow()
-    dataset = prepare(args.data_dir, args.num_images, "array_record")
-    if with_tf:
-        prepare(args.data_dir, args.num_images, "tfrecord")
-    common = {k: getattr(args, k) for k in ("data_dir", "batch", "image_size", "warmup", "seconds")}
+
+def row_configs(args: argparse.Namespace, with_tf: bool) -> list[dict]:
+    """One configuration per table row: for each core count, the grain rows of each output,
+    then the tf.data row where `with_tf`."""
     configs = []
     for cores in args.cores:
         for output in args.outputs:
@@ -237,6 +237,11 @@ def main() -> None:
                 {"loader": "tf.data", "cores": cores, "threads": cores, "workers": 0}
                 | {"output": "bf16", "image_dtype": "bfloat16"}
             )
+    return configs
+
+
+def measure_each(configs: list[dict], common: dict) -> list[dict]:
+    """The result row of each configuration (with `common` added), each measured by `_measure`."""
     # A fresh (non-daemon, so grain may start workers) process per measurement: pinning and
     # thread pools do not leak between rows.
     context = multiprocessing.get_context("spawn")
@@ -254,8 +259,11 @@ def main() -> None:
         process.join()
         if process.exitcode:
             raise RuntimeError(f"Measuring {config} failed with exit code {process.exitcode}.")
+    return results
 
-    cpu = platform.processor() or platform.machine()
+
+def print_table(dataset: dict, args: argparse.Namespace, cpu: str, results: list[dict]) -> None:
+    """Prints the dataset and machine line, then one line per result row."""
     print(
         f"{dataset['images']} JPEGs of {_WIDTH}x{_HEIGHT}, {dataset['mean_kb']:.0f} KB mean; "
         f"batch {args.batch}, {args.image_size}px; {cpu}, "
@@ -267,10 +275,23 @@ def main() -> None:
     )
     for r in results:
         print(
-            f"{r['loader']:<16} {r['output']:<11} {r['cores']:>5} {r['threads']:>7} {r['workers']:>7} "
-            f"{r['images_per_s']:>8.0f} {r['images_per_s_per_core']:>10.0f} "
+            f"{r['loader']:<16} {r['output']:<11} {r['cores']:>5} {r['threads']:>7} "
+            f"{r['workers']:>7} {r['images_per_s']:>8.0f} {r['images_per_s_per_core']:>10.0f} "
             f"{r['images_per_cpu_s']:>9.0f}"
         )
+
+
+def main() -> None:
+    args = parse_args()
+    with_tf = "tf.data" in args.loaders and _has_tensorflow()
+    dataset = prepare(args.data_dir, args.num_images, "array_record")
+    if with_tf:
+        prepare(args.data_dir, args.num_images, "tfrecord")
+    common = {k: getattr(args, k) for k in ("data_dir", "batch", "image_size", "warmup", "seconds")}
+    results = measure_each(row_configs(args, with_tf), common)
+
+    cpu = platform.processor() or platform.machine()
+    print_table(dataset, args, cpu, results)
     doc = {
         "environment": {**harness.environment(), "cpu": cpu},
         "command": " ".join(sys.argv),

@@ -16,21 +16,21 @@ JSONs in docs/benchmarks/ were timed by an earlier version that drained the queu
 queued medians (what training sees); `synced_*` are the synced ones.
 
 Peers (`--strategies` may name them): `peer_ad_psum`, `peer_ad_psum_raveled` and
-`peer_concat_buckets` (`scripts/bench/peer_steps.py`) run the trainer's forward/backward and update with
-the gradient mean written as others write it, in the same run, on 1xn meshes.
+`peer_concat_buckets` (`scripts/bench/peer_steps.py`) run the trainer's forward/backward and
+update with the gradient mean written as others write it, in the same run, on 1xn meshes.
 On one host a 2x(n/2) mesh reduces over the same devices as 1xn, so the strategies that do not
 treat the node axis apart (`xla`, `flat`) run on 1xn only when both meshes are asked for.
 
-Processes: XLA reads XLA_FLAGS once, at start-up, so the measurements run in child processes of
-this script (`harness.run_children`): one with the inherited flags for all cases, then, for each `--xla_flags_variant`,
-one per model re-running that model's fastest multi-device case with those flags appended
-(`speedup_vs_default` compares the two; a variant's `efficiency` is against the default 1x1
-row). A child that dies loses only the case it was running: a new child goes on with the rest.
-Cases run in a round-robin over the models, each model's 1x1 baseline first; once a case would end
-past the budget it and the rest are recorded as skipped (`--budget_s` covers everything, of which
-`--variant_budget_s` is kept for the variants). Each child rewrites its rows to
-`<out>.default.json` / `<out>.variant<i>.json` after every case (merged into `--out` and removed
-at the end), so even a killed run leaves its measurements.
+Processes: XLA reads XLA_FLAGS once, at start-up, so the measurements run in child processes of this
+script (`harness.run_children`): one with the inherited flags for all cases, then, for each
+`--xla_flags_variant`, one per model re-running that model's fastest multi-device case with those
+flags appended (`speedup_vs_default` compares the two; a variant's `efficiency` is against the
+default 1x1 row). A child that dies loses only the case it was running: a new child goes on with the
+rest. Cases run in a round-robin over the models, each model's 1x1 baseline first; once a case would
+end past the budget it and the rest are recorded as skipped (`--budget_s` covers everything, of
+which `--variant_budget_s` is kept for the variants). Each child rewrites its rows to
+`<out>.default.json` / `<out>.variant<i>.json` after every case (merged into `--out` and removed at
+the end), so even a killed run leaves its measurements.
 
 Run from the repository root. On 4 GPUs the default list (14 cases) is estimated at about 6
 minutes, mostly compiles (ResNet-50 30-60 s each, AlexNet-BN 10-20 s), `--quick` (6 cases) at
@@ -245,8 +245,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join([header, *(format_row(r) for r in rows)])
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _add_case_args(parser: argparse.ArgumentParser) -> None:
+    """Which cases: models, meshes, strategies, bucket sizes."""
     parser.add_argument("--models", type=harness.strings, default=["resnet50", "alexnet_bn"])
     parser.add_argument(
         "--meshes",
@@ -263,6 +263,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=[16.0],
         help="comm.bucket_bytes values (MiB) for the bucketing strategies",
     )
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    """Overrides of the model's config: batch, image size, model, dtypes, crossover."""
     parser.add_argument(
         "--per_device_batch",
         type=int,
@@ -281,6 +285,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="comm.hybrid_crossover_bytes in MiB (default: the config's)",
     )
+
+
+def _add_timing_args(parser: argparse.ArgumentParser) -> None:
+    """How each case is timed and how long the run and its children may take."""
     parser.add_argument("--steps", type=int, default=20, help="timed steps per case")
     parser.add_argument("--warmup_steps", type=int, default=3)
     parser.add_argument(
@@ -308,6 +316,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=120,
         help="a child still running this long after its deadline is killed",
     )
+
+
+def _add_run_args(parser: argparse.ArgumentParser) -> None:
+    """XLA-flag variants, the quick preset, the output, and the hidden child-process spec."""
     parser.add_argument(
         "--xla_flags_variant",
         action="append",
@@ -321,6 +333,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default="bench_step.json")
     parser.add_argument("--worker_spec", help=argparse.SUPPRESS)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The arguments, `--quick` applied; exits on unknown meshes or strategies."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    _add_case_args(parser)
+    _add_config_args(parser)
+    _add_timing_args(parser)
+    _add_run_args(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.meshes, args.strategies = ["1x1", "1xn"], ["xla", "hierarchical"]

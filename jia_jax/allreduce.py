@@ -208,21 +208,6 @@ def reduce_gradients(
       The mean over all devices, same structure, shapes and dtypes as `grads`, identical on every
       device.
     """
-    check_strategy(strategy)
-    for leaf in jax.tree_util.tree_leaves(grads):
-        if not jnp.issubdtype(leaf.dtype, jnp.inexact):
-            raise TypeError(f"reduce_gradients averages floating-point leaves, got {leaf.dtype}.")
-
-    plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order)
-    axes = (node_axis, gpu_axis)
-    reduced = send(grads, plan, strategy, hybrid_crossover_bytes, axes)
-    if overlap:
-        reduced = hold_until_all_reduced(reduced)
-    return receive(reduced, plan, axes)
-
-
-def check_strategy(strategy: str) -> None:
-    """Raises `ValueError` unless `strategy` is one `send` runs."""
     if strategy == "xla":
         raise ValueError(
             "comm.strategy='xla' leaves the all-reduce to XLA; the step must not call "
@@ -232,19 +217,14 @@ def check_strategy(strategy: str) -> None:
         raise ValueError(
             f"Unknown comm.strategy {strategy!r}; expected 'xla' or one of {STRATEGIES}."
         )
+    for leaf in jax.tree_util.tree_leaves(grads):
+        if not jnp.issubdtype(leaf.dtype, jnp.inexact):
+            raise TypeError(f"reduce_gradients averages floating-point leaves, got {leaf.dtype}.")
 
-
-def send(
-    grads: Any,
-    plan: BucketPlan,
-    strategy: str,
-    hybrid_crossover_bytes: int,
-    axes: tuple[str, str],
-) -> list[jax.Array]:
-    """`grads`' buckets, each summed over the mesh `axes` (node, gpu) by `strategy`'s collective;
-    `receive` turns the sums into the mean."""
-    devices = jax.lax.axis_size(axes)
-    if divide_before_sum(plan.wire_dtype):
+    plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order)
+    devices = jax.lax.axis_size((node_axis, gpu_axis))
+    divide_first = divide_before_sum(plan.wire_dtype)
+    if divide_first:
         # fp16's range is small: divide in fp32 before the cast, so the sum on the wire is bounded
         # by the largest per-device gradient; with a loss scale, summing first can overflow to inf
         # (a false overflow that skips the step) once many devices add up. Pre-dividing can only
@@ -260,18 +240,15 @@ def send(
             strategy == "hybrid" and nbytes < hybrid_crossover_bytes
         )
         reduce = _hierarchical_sum if hierarchical else _flat_sum
-        reduced.append(reduce(flat, *axes))
-    return reduced
+        reduced.append(reduce(flat, node_axis, gpu_axis))
 
-
-def receive(reduced: list[jax.Array], plan: BucketPlan, axes: tuple[str, str]) -> Any:
-    """The mean over the mesh `axes` from `send`'s summed buckets, as the tree `plan` was made
-    for (its shapes and dtypes)."""
-    # fp32 and bf16 share fp32's exponent range, so their sums cannot overflow where the
-    # gradients did not: they are divided here, where the division fuses into the slices'
-    # consumers (no pass of its own).
-    divided = divide_before_sum(plan.wire_dtype)
-    return unpack(reduced, plan, scale=None if divided else 1.0 / jax.lax.axis_size(axes))
+    if overlap:
+        reduced = hold_until_all_reduced(reduced)
+    # The plan was made from `grads`' own dtypes, so `unpack` restores them. fp32 and bf16 share
+    # fp32's exponent range, so their sums cannot overflow where the gradients did not: they are
+    # divided here, where the division fuses into the slices' consumers (no pass of its own).
+    scale = None if divide_first else 1.0 / devices
+    return unpack(reduced, plan, scale=scale)
 
 
 def pmean_packed(tree: Any, axes: tuple[str, ...]) -> Any:

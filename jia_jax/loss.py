@@ -27,16 +27,6 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float =
     return -jnp.sum(terms, axis=-1)
 
 
-def batch_loss(logits: jax.Array, labels: jax.Array, label_smoothing: float) -> jax.Array:
-    """The training objective of a batch: its mean `cross_entropy` (fp32 scalar)."""
-    return jnp.mean(cross_entropy(logits, labels, label_smoothing))
-
-
-def train_metrics(loss: jax.Array, logits: jax.Array, labels: jax.Array) -> dict[str, jax.Array]:
-    """What a train step reports of its batch: the loss and the top-1 accuracy."""
-    return {"loss": loss, "top1": jnp.mean(topk_correct(logits, labels, 1))}
-
-
 def topk_correct(logits: jax.Array, labels: jax.Array, k: int) -> jax.Array:
     """Per-example 1.0 where the label is among the k largest logits, else 0.0 (fp32).
 

@@ -109,20 +109,14 @@ def local_grads_fn(model: nn.Module, compute: jnp.dtype, smoothing: float) -> Ca
                 mutable=["batch_stats"],
                 rngs={"dropout": key},
             )
-            loss = loss_lib.batch_loss(logits, batch["label"], smoothing)
+            loss = jnp.mean(loss_lib.cross_entropy(logits, batch["label"], smoothing))
             return loss * scale, (loss, logits, new_vars["batch_stats"])
 
         g, (loss, logits, new_stats) = jax.grad(scaled_loss, has_aux=True)(low_params)
-        metrics = loss_lib.train_metrics(loss, logits, batch["label"])
+        metrics = {"loss": loss, "top1": jnp.mean(loss_lib.topk_correct(logits, batch["label"], 1))}
         return g, new_stats, metrics
 
     return grads
-
-
-def one_pass(microbatch: int, per_device_batch: int) -> bool:
-    """Whether a device's batch runs as one forward/backward (`microbatch_size` 0 or not smaller
-    than the batch) rather than as accumulated microbatches."""
-    return not microbatch or microbatch >= per_device_batch
 
 
 def accumulate_microbatches(grads_fn: Callable, microbatch: int, num_devices: int) -> Callable:
@@ -136,7 +130,7 @@ def accumulate_microbatches(grads_fn: Callable, microbatch: int, num_devices: in
 
     def accumulated(low_params, batch_stats, scale, batch, key):
         per_device_batch = batch["label"].shape[0]
-        if one_pass(microbatch, per_device_batch):
+        if not microbatch or microbatch >= per_device_batch:
             return grads_fn(low_params, batch_stats, scale, batch, key)
         if per_device_batch % microbatch:
             raise ValueError(
@@ -182,8 +176,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
         mesh.devices.size,
     )
     xla_reduces = comm.strategy == "xla"
-    if not xla_reduces:
-        grads_fn = _reduced_grads_fn(comm, model, image_shape, grads_fn)
+    leaf_order = None if xla_reduces else call_order.backward_leaf_order(model, image_shape)
 
     def per_device(params, batch_stats, scale, batch, key):
         batch = dict(batch)
@@ -199,6 +192,17 @@ def _per_device_step(model, config, comm, mesh, image_shape):
             # Hand per-device values out stacked along a device axis; their mean is written as
             # array code outside, so XLA chooses and combines the collectives itself.
             return jax.tree.map(lambda x: x[None], (grads, new_stats, metrics))
+        grads = allreduce.reduce_gradients(
+            grads,
+            strategy=comm.strategy,
+            bucket_bytes=comm.bucket_bytes,
+            wire_dtype=comm.dtype,
+            hybrid_crossover_bytes=comm.hybrid_crossover_bytes,
+            node_axis=mesh_lib.NODE_AXIS,
+            gpu_axis=mesh_lib.GPU_AXIS,
+            leaf_order=leaf_order,
+            overlap=comm.overlap,
+        )
         # Keep the running BN averages identical on every device (cheap: a few KB).
         new_stats, metrics = allreduce.pmean_packed((new_stats, metrics), mesh_lib.BATCH_AXES)
         return grads, new_stats, metrics
@@ -211,30 +215,6 @@ def _per_device_step(model, config, comm, mesh, image_shape):
         out_specs=(reduced, reduced, reduced),
         check_vma=False,
     )
-
-
-def _reduced_grads_fn(comm, model, image_shape, grads_fn):
-    """`grads_fn` with its gradients averaged over the mesh by `comm`'s own strategy, bucketed
-    in backward's order (`call_order.backward_leaf_order`); with several microbatches the
-    gradients leave the accumulation loop all at once and are reduced after it."""
-    order = call_order.backward_leaf_order(model, image_shape)
-
-    def reduced(low_params, batch_stats, scale, batch, key):
-        grads, new_stats, metrics = grads_fn(low_params, batch_stats, scale, batch, key)
-        grads = allreduce.reduce_gradients(
-            grads,
-            strategy=comm.strategy,
-            bucket_bytes=comm.bucket_bytes,
-            wire_dtype=comm.dtype,
-            hybrid_crossover_bytes=comm.hybrid_crossover_bytes,
-            node_axis=mesh_lib.NODE_AXIS,
-            gpu_axis=mesh_lib.GPU_AXIS,
-            leaf_order=order,
-            overlap=comm.overlap,
-        )
-        return grads, new_stats, metrics
-
-    return reduced
 
 
 def resolve_comm(

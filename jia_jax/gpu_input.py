@@ -6,11 +6,11 @@ the batch, the rows the batch sharding gives it: the decoder writes their tiles 
 in the device's memory (jia_jax/gpu_decode.py), taken from the device's ring of tile arrays
 (jia_jax/tile_ring.py), and one jitted program crops, resizes and flips them into uint8
 [rows, S, S, 3] there (jia_jax/crop_resize.py). The array goes back to the ring, to be reused
-once that program has finished, so decoding overlaps the train steps instead of waiting for
-them. The train and eval steps normalise the images, as they do the CPU path's. The per-device
-images become the global batch with `jax.make_array_from_single_device_arrays`: no pixel
-crosses the host. A thread runs this two batches ahead of the trainer, with one thread per
-device for the decoding.
+once that program has finished, so a batch does not wait for a fresh array's zeros, which XLA
+writes behind the train steps already queued. The train and eval steps normalise the images,
+as they do the CPU path's. The per-device images become the global batch with
+`jax.make_array_from_single_device_arrays`: no pixel crosses the host. A thread runs this two
+batches ahead of the trainer, with one thread per device for the decoding.
 
 An example the decoder refuses (a CMYK or PNG record, bytes that do not decode) is the CPU path's
 example for that slot, decoded and resized with Pillow on the host and uploaded: the same

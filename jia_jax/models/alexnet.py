@@ -155,8 +155,8 @@ class AlexNetBN(nn.Module):
             x = dense(fc_width, name=name)(x)
             x = norm(name=f"{name}_bn")(x, relu=True)
             if self.dropout_rate > 0:
-                # Named: its mask is drawn from its name, so a run resumed from a checkpoint of
-                # an earlier version draws the masks that run would have.
+                # Named: its mask is drawn from its name, so the name must stay for a resumed
+                # run to draw the masks it would have drawn.
                 x = nn.Dropout(
                     self.dropout_rate, deterministic=not train, name=f"{name}_dropout"
                 )(x)

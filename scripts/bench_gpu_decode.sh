@@ -58,11 +58,11 @@ CUDA_VISIBLE_DEVICES=0 taskset -c "$first" python3 -m scripts.bench.train_input 
   --out="$runs/profiled.json" >"$runs/profiled.log" 2>&1 || echo "profiled run failed"
 python3 - "$runs/profiled.json" "$OUT/gpu_decode_profile.json" <<'PY' || echo "profile summary failed"
 import json, re, sys
-from scripts.bench import profile_trace
+from scripts.bench import harness, profile_trace
 run = json.load(open(sys.argv[1]))["results"][0]
 workdir = re.search(r"--workdir=(\S+)", run["command"])[1]
 kernels = profile_trace.load_kernels(f"{workdir}/profile/process_0")
-doc = {"run": run, "devices": {
+doc = {"environment": harness.environment(), "run": run, "devices": {
     device: {"per_step": profile_trace.summarize(k, 5), "top": profile_trace.top_kernels(k, 5)}
     for device, k in kernels.items()}}
 json.dump(doc, open(sys.argv[2], "w"), indent=1)

@@ -7,6 +7,7 @@ No timing is asserted, only that every requested case is measured and that the d
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 
@@ -402,6 +403,13 @@ def _cpu_processes(monkeypatch, devices: int) -> None:
 
 def test_bench_hosts_rates_emulated_hosts_against_one_device(tmp_path, monkeypatch):
     _cpu_processes(monkeypatch, 2)
+    # Another checkout whose digits config seeds differently: its row must run its own files.
+    before = tmp_path / "before"
+    for name in ("jia_jax", "configs", "scripts"):
+        shutil.copytree(os.path.join(harness.REPO, name), before / name)
+    digits = before / "configs" / "digits.py"
+    text = digits.read_text().replace("    return config", "    config.seed = 5\n    return config")
+    digits.write_text(text)
     out = tmp_path / "hosts.json"
     doc = bench_hosts.main(
         [
@@ -409,6 +417,8 @@ def test_bench_hosts_rates_emulated_hosts_against_one_device(tmp_path, monkeypat
             "--gpus_per_host=2",
             "--batches=2",
             "--strategies=flat",
+            "--row_variant=--config.seed=5",
+            f"--row_variant=source={before}",
             "--steps=6",
             "--log_every=2",
             "--tiny",
@@ -416,12 +426,27 @@ def test_bench_hosts_rates_emulated_hosts_against_one_device(tmp_path, monkeypat
         ]
     )
     assert json.loads(out.read_text()) == doc
-    one, flat = doc["results"]
-    assert "error" not in flat, flat["error"]
+    one, flat, seeded, other_source = doc["results"]
+    for row in (flat, seeded, other_source):
+        assert "error" not in row, row["error"]
     assert (one["hosts"], flat["hosts"], flat["strategy"]) == (1, 2, "flat")
     # Efficiency against 4 x the one-device rate of the same run.
     assert flat["efficiency"] == pytest.approx(flat["images_per_s"] / (4 * one["images_per_s"]))
     assert "--hosts 2 2" in flat["command"] and doc["environment"]["backend"] == "cpu"
+    # The override reached the trainer, and the other checkout's config was the one that ran.
+    assert seeded["overrides"] == ["--config.seed=5"] and other_source["source"] == str(before)
+    assert seeded["loss"] == pytest.approx(other_source["loss"], rel=1e-3)
+    # Another seed, another initialisation: 6.729 against 6.693 after 6 steps when written.
+    assert abs(seeded["loss"] - flat["loss"]) > 1e-2, (seeded["loss"], flat["loss"])
+    assert "| 2x2 | default seed=5 | - | 2 |" in render_benchmarks.hosts_table(doc)
+    assert "| 2x2 | default (trainer of before) | - | 2 |" in render_benchmarks.hosts_table(doc)
+
+
+def test_bench_hosts_row_variant_says_what_is_wrong():
+    with pytest.raises(SystemExit):
+        bench_hosts.main(["--row_variant=watch_peers=false"])
+    with pytest.raises(ValueError, match="no jia_jax/main.py under source=/nonexistent"):
+        bench_hosts.parse_row_variant("source=/nonexistent")
 
 
 def test_bench_hosts_takes_the_median_after_the_compile_interval():

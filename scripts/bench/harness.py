@@ -202,12 +202,15 @@ def close_record(path: str, doc: dict[str, Any]) -> None:
 
 
 def run_logged(
-    command: Sequence[str], env: dict[str, str] | None = None, timeout: float | None = None
+    command: Sequence[str],
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+    cwd: str | None = None,
 ) -> tuple[int, str]:
-    """Runs `command` from the repository root: its exit status and its output (stdout, stderr)."""
+    """Runs `command` from `cwd` (the repository root by default): its exit status and output."""
     proc = subprocess.run(
         list(command),
-        cwd=REPO,
+        cwd=cwd or REPO,
         env=env,
         capture_output=True,
         text=True,

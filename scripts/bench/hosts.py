@@ -9,7 +9,13 @@ training sees): the median over the logged intervals after the first (which hold
 
   weak-scaling efficiency = images/s on hosts x gpus / (hosts x gpus x images/s on one GPU)
 
-`--xla_flags_variant` adds a row of the config's own strategy with those XLA flags appended.
+`--xla_flags_variant` adds a row of the config's own strategy with those XLA flags appended;
+`--row_variant` one with config overrides appended and/or the trainer run from another checkout
+(`source=DIR`: a directory holding that commit's `jia_jax/`, `configs/` and `scripts/`, e.g.
+`git worktree add DIR COMMIT`), for a change's before and after in one run:
+
+  python -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches=256 \
+      --row_variant=--config.distributed.watch_peers=false --row_variant=source=/tmp/before
 With `--profile_strategies`, those rows also trace `--profile_steps` steps after the timed ones
 (`config.profile`) and report, per GPU and step, the NCCL time no compute kernel overlaps
 (`exposed_comm_ms`) and the time no kernel runs (`idle_ms`), averaged over the GPUs.
@@ -67,8 +73,8 @@ def trainer_args(args: argparse.Namespace, batch: int, devices: int, strategy: s
     return out
 
 
-def run(command: list[str], env: dict[str, str]) -> str:
-    returncode, log = harness.run_logged(command, env)
+def run(command: list[str], env: dict[str, str], cwd: str | None = None) -> str:
+    returncode, log = harness.run_logged(command, env, cwd=cwd)
     if returncode:
         raise RuntimeError(f"{' '.join(command)} exited {returncode}:\n{log[-3000:]}")
     return log
@@ -90,9 +96,34 @@ def profile_figures(workdir: str) -> dict[str, float]:
     return {"exposed_comm_ms": mean_ms("collective_exposed_us"), "idle_ms": mean_ms("idle_us")}
 
 
-def host_row(args: argparse.Namespace, batch: int, strategy: str, env: dict[str, str]) -> dict:
+def parse_row_variant(spec: str) -> dict[str, Any]:
+    """`--row_variant`'s space-separated items: `source=DIR` and `--config.*` overrides."""
+    row: dict[str, Any] = {"overrides": []}
+    for item in spec.split():
+        if item.startswith("source="):
+            row["source"] = os.path.abspath(item.split("=", 1)[1])
+            if not os.path.isfile(os.path.join(row["source"], "jia_jax", "main.py")):
+                raise ValueError(f"--row_variant {spec!r}: no jia_jax/main.py under {item}")
+        elif item.startswith("--config."):
+            row["overrides"].append(item)
+        else:
+            raise ValueError(
+                f"--row_variant {spec!r}: {item!r} is neither source=DIR nor --config.*"
+            )
+    return row
+
+
+def host_row(
+    args: argparse.Namespace,
+    batch: int,
+    strategy: str,
+    env: dict[str, str],
+    variant: dict[str, Any] | None = None,
+) -> dict:
+    """One row on `--hosts` x `--gpus_per_host` GPUs; `variant` as `parse_row_variant` gives."""
+    variant = variant or {"overrides": []}
     devices = args.hosts * args.gpus_per_host
-    overrides = trainer_args(args, batch, devices, strategy)
+    overrides = trainer_args(args, batch, devices, strategy) + variant["overrides"]
     profiled = args.profile_steps and strategy in args.profile_strategies
     if profiled:
         overrides += [
@@ -111,7 +142,7 @@ def host_row(args: argparse.Namespace, batch: int, strategy: str, env: dict[str,
             workdir,
             *rest,
         ]
-        log = run(command, env)
+        log = run(command, env, variant.get("source"))
         rate, loss = steady_rate(log.split("profile of steps")[0] if profiled else log)
         row = {"command": " ".join(command), "images_per_s": rate, "loss": loss}
         if profiled:
@@ -160,9 +191,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         default=[],
         help="XLA flags appended for one more row of the config's default strategy (repeatable)",
     )
+    parser.add_argument(
+        "--row_variant",
+        action="append",
+        default=[],
+        help="one more row of the config's default strategy: space-separated --config.* "
+        "overrides and/or source=DIR, the trainer of another checkout (repeatable)",
+    )
     parser.add_argument("--tiny", action="store_true", help="configs/digits.py's tiny ResNet (CPU)")
     parser.add_argument("--out", default="bench_hosts.json")
     args = parser.parse_args(argv)
+    try:
+        variants = [parse_row_variant(spec) for spec in args.row_variant]
+    except ValueError as e:
+        parser.error(str(e))
     env = dict(os.environ)
     devices = args.hosts * args.gpus_per_host
     # The environment comes last (harness.close_record).
@@ -180,18 +222,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             }
         )
         harness.write_json(args.out, doc)
-        plans = [(s, "") for s in args.strategies] + [(DEFAULT, f) for f in args.xla_flags_variant]
-        for strategy, flags in plans:
+        plans = (
+            [(s, "", None) for s in args.strategies]
+            + [(DEFAULT, f, None) for f in args.xla_flags_variant]
+            + [(DEFAULT, "", v) for v in variants]
+        )
+        for strategy, flags, variant in plans:
             row = {
                 "hosts": args.hosts,
                 "gpus_per_host": args.gpus_per_host,
                 "strategy": strategy,
                 "per_device_batch": batch,
                 "xla_flags": flags,
+                **(variant or {}),
             }
             row_env = {**env, "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {flags}".strip()}
             try:
-                row.update(host_row(args, batch, strategy, row_env))
+                row.update(host_row(args, batch, strategy, row_env, variant))
                 row["efficiency"] = row["images_per_s"] / (devices * base["images_per_s"])
             except (RuntimeError, ValueError) as e:
                 row["error"] = str(e)[-3000:]

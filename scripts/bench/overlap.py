@@ -15,10 +15,10 @@ Variants (`VARIANTS`): the default config (`overlap`: each bucket's all-reduce a
 backward, `allreduce.hold_until_all_reduced`), no overlap, other bucket sizes, the other
 strategies (`hierarchical`, `hybrid`, `xla`, `auto`), the overlap compiled with XLA's
 latency-hiding scheduler (also without its memory limit) and/or combining capped at the bucket
-size, the overlap and the peer with JAX's profile-guided latency estimator (`overlap_pgle`,
-`peer_pgle`), and `peer`: the trainer's forward/backward and update with a plain reduction after
-backward (`peer_steps`' `peer_wire_buckets`: leaves concatenated into buckets of the config's
-size in its wire dtype, one psum each).
+size (`overlap_lhs_nolimit_cap`: all three), the overlap and the peer with JAX's profile-guided
+latency estimator (`overlap_pgle`, `peer_pgle`), and `peer`: the trainer's forward/backward and
+update with a plain reduction after backward (`peer_steps`' `peer_wire_buckets`: leaves
+concatenated into buckets of the config's size in its wire dtype, one psum each).
 
   efficiency = images/s on the layout / (its GPUs x images/s of 1x1 at the same batch)
 
@@ -74,6 +74,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The latency-hiding scheduler without its memory limit (by default 95% of 80% of the GPU's
     # memory): whether that limit is what keeps the weight gradients, hence the buckets, late.
     "overlap_lhs_nolimit": {"xla": {**_LHS, "xla_gpu_memory_limit_slop_factor": 10_000}},
+    "overlap_lhs_nolimit_cap": {
+        "xla": {**_LHS, **_CAP, "xla_gpu_memory_limit_slop_factor": 10_000}
+    },
     "overlap_64mib": {"comm.bucket_bytes": 64 * MIB},
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.
     "hierarchical": {"comm.strategy": "hierarchical"},

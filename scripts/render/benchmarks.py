@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 from typing import Any
 
@@ -396,6 +397,14 @@ def link_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _hosts_strategy(row: dict[str, Any]) -> str:
+    """A hosts row's strategy with its `--row_variant`: overrides, and the checkout it ran."""
+    parts = [row["strategy"]] + [o.removeprefix("--config.") for o in row.get("overrides", [])]
+    if "source" in row:
+        parts.append(f"(trainer of {os.path.basename(row['source'].rstrip('/'))})")
+    return " ".join(parts)
+
+
 def hosts_table(doc: dict[str, Any]) -> str:
     """The trainer across emulated hosts against one GPU, same run (scripts/bench/hosts.py)."""
     lines = [
@@ -409,16 +418,17 @@ def hosts_table(doc: dict[str, Any]) -> str:
     for r in doc["results"]:
         flags = r.get("xla_flags") or ""
         flags = "SOL latency estimator, 2 GPUs/node" if "sol_latency" in flags else flags or "-"
+        strategy = _hosts_strategy(r)
         if "error" in r:
             lines.append(
-                f"| {r['hosts']}x{r['gpus_per_host']} | {r['strategy']} | {flags} | "
+                f"| {r['hosts']}x{r['gpus_per_host']} | {strategy} | {flags} | "
                 f"{r['per_device_batch']} | failed | | | |"
             )
             continue
         exposed = f"{r['exposed_comm_ms']:.1f}" if "exposed_comm_ms" in r else "-"
         idle = f"{r['idle_ms']:.1f}" if "idle_ms" in r else "-"
         lines.append(
-            f"| {r['hosts']}x{r['gpus_per_host']} | {r['strategy']} | {flags} | "
+            f"| {r['hosts']}x{r['gpus_per_host']} | {strategy} | {flags} | "
             f"{r['per_device_batch']} | {r['images_per_s']:.0f} | {r['efficiency']:.3f} | "
             f"{exposed} | {idle} |"
         )

@@ -59,16 +59,24 @@ def _bn_inputs(shape, dtype, param_dtype, seed=0):
     }
 
 
+class _FlaxBatchNormAct(nn.BatchNorm):
+    """The reference: flax's own BatchNorm (two-pass variance), then + residual, then the ReLU."""
+
+    @nn.compact
+    def __call__(self, x, residual=None, *, relu=False):
+        y = super().__call__(x)
+        y = y if residual is None else residual() + y
+        return nn.relu(y) if relu else y
+
+
 def _run_bn(fused, train, data, relu, residual, dtype, param_dtype):
-    """Output, updated batch_stats and the gradients ({scale, bias}, x[, residual]) for dy."""
-    module = layers.BatchNormAct(
-        use_running_average=not train,
-        momentum=MOMENTUM,
-        epsilon=EPS,
-        dtype=dtype,
-        param_dtype=param_dtype,
-        fused=fused,
-    )
+    """Output, updated batch_stats and the gradients ({scale, bias}, x[, residual]) for dy, of
+    the fused (True) or plain (False) layers, or of flax's own ("flax")."""
+    kwargs = {"momentum": MOMENTUM, "epsilon": EPS, "dtype": dtype, "param_dtype": param_dtype}
+    if fused == "flax":
+        module = _FlaxBatchNormAct(not train, use_fast_variance=False, **kwargs)
+    else:
+        module = layers.BatchNormAct(not train, fused=fused, **kwargs)
     # Running averages in fp32 as the models' (float64 in the float64 tests).
     stats_dtype = jnp.promote_types(param_dtype, jnp.float32)
     stats = {k: jnp.asarray(data[k], stats_dtype) for k in ("mean", "var")}
@@ -125,19 +133,20 @@ def test_fused_bn_float64_matches_flax_and_numpy(x64, train, relu, residual):
     """
     data = _bn_inputs((4, 5, 5, 3), jnp.float64, jnp.float64)
     args = (train, data, relu, residual, jnp.float64, jnp.float64)
-    y, stats, grads = _run_bn(True, *args)
-    y_flax, stats_flax, grads_flax = _run_bn(False, *args)
+    y_flax, stats_flax, grads_flax = _run_bn("flax", *args)
     y_ref, _, _, stats_ref = _reference_bn(data, train, relu, residual)
-
-    assert y.dtype == jnp.float64
-    _assert_trees_close(y, y_ref, atol=1e-10)
     _assert_trees_close(y_flax, y_ref, atol=1e-10)
-    assert stats.keys() == stats_flax.keys() == {"mean", "var"}
-    _assert_trees_close(stats, stats_flax, atol=1e-10)
-    _assert_trees_close(stats, stats_ref, atol=1e-10)
-    # Gradients: flax's come from autodiff, ours from the hand-written backward.
-    assert jax.tree.structure(grads) == jax.tree.structure(grads_flax)
-    _assert_trees_close(grads, grads_flax, atol=1e-10)
+    _assert_trees_close(stats_flax, stats_ref, atol=1e-10)
+    # The fused layer (hand-written backward) and the plain one (shifted one-pass statistics,
+    # autodiff) against flax's own BatchNorm: the same function, the same gradients.
+    for fused in (True, False):
+        y, stats, grads = _run_bn(fused, *args)
+        assert y.dtype == jnp.float64
+        _assert_trees_close(y, y_ref, atol=1e-10)
+        assert stats.keys() == stats_flax.keys() == {"mean", "var"}
+        _assert_trees_close(stats, stats_flax, atol=1e-10)
+        assert jax.tree.structure(grads) == jax.tree.structure(grads_flax)
+        _assert_trees_close(grads, grads_flax, atol=1e-10)
     if relu:  # the ReLU clips some outputs, not all: the mask is exercised
         assert 0 < np.mean(y_ref == 0) < 1
 
@@ -152,7 +161,7 @@ def test_fused_bn_bf16_within_bf16_rounding_of_float64(train, relu, residual, pa
 
     The output and the input gradient are each rounded to bf16 once, from an fp32 expression:
     |y - y64| <= 2^-8 |y64| + slack * max|y64|, slack the fp32 error before that rounding, chiefly
-    of the 288-value statistics, whose cancellation factor the shift of `fused_bn._moments` keeps
+    of the 288-value statistics, whose cancellation factor the shift of `fused_bn.moments` keeps
     to kappa = 1 + (K - mean)^2 / var <~ 10 (K a sample, within ~3 std of the mean): worst case
     288 * 2^-24 * 10 ~ 2e-4, with randomly signed roundings sqrt(288) * 2^-24 * 10 ~ 1e-5, so
     slack = 1e-4. Statistics reduced in bf16, or the plain layers' second bf16 rounding (BN
@@ -174,9 +183,9 @@ def test_fused_bn_bf16_within_bf16_rounding_of_float64(train, relu, residual, pa
     assert np.all(err <= BF16_U * np.abs(y_ref) + slack * np.abs(y_ref).max())
     _assert_trees_close(stats, stats_ref, atol=1e-5)  # fp32 rounding of O(1) values
 
-    # Reference gradients: autodiff of the plain layers in float64 on the same inputs.
+    # Reference gradients: autodiff of flax's own BatchNorm in float64 on the same inputs.
     with jax.enable_x64(True):
-        ref = _run_bn(False, train, data, relu, residual, jnp.float64, jnp.float64)[2]
+        ref = _run_bn("flax", train, data, relu, residual, jnp.float64, jnp.float64)[2]
     (d_params, dx, *d_res), (ref_params, ref_dx, *_ref_res) = grads, ref
     ref_dx = np.asarray(ref_dx)
     err = np.abs(np.asarray(dx, np.float64) - ref_dx)

@@ -13,7 +13,7 @@ Semantics are flax's `nn.BatchNorm` (force_float32_reductions) followed by ``nn.
 y)``: statistics, normalisation and the running averages in at least fp32, output in the compute
 dtype. The differences are rounding only: the add and the ReLU happen before the single cast to
 the compute dtype, where the plain layers round the BN output first and the sum again; and the
-one-pass variance is shifted (`_moments`), more accurate than flax's for offset channels.
+one-pass variance is shifted (`moments`), more accurate than flax's for offset channels.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _apply(
     return z.astype(dtype)
 
 
-def _moments(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+def moments(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Per-channel (last axis) mean and biased variance, both from one pass over ``x``.
 
     Shifted one-pass form (Chan, Golub & LeVeque 1983): with K = the first sample of each channel,
@@ -63,15 +63,19 @@ def _moments(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     of the output. With the shift the factor becomes 1 + (K - mean)^2 / var, whose expectation is
     2 for any mean, since K is a sample of the same channel; the bf16 input itself is exact in
     fp32, so the statistics are accurate to fp32 rounding whatever the channel's offset.
+
+    Differentiable: the shift is held constant (it cancels from both results), so autodiff gives
+    d mean/dx = 1/n and d var/dx = 2 (x - mean) / n with no gradient pass into the sample K.
     """
     cdt = _stats_dtype(x)
     axes = tuple(range(x.ndim - 1))
     n = math.prod(x.shape[:-1])
     xf = x.astype(cdt)
-    d = xf - xf[(0,) * len(axes)]
+    shift = lax.stop_gradient(xf[(0,) * len(axes)])
+    d = xf - shift
     mean_d = jnp.sum(d, axes) / n
     var = jnp.maximum(jnp.sum(d * d, axes) / n - mean_d * mean_d, 0.0)
-    return xf[(0,) * len(axes)] + mean_d, var
+    return shift + mean_d, var
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
@@ -90,7 +94,7 @@ def _train(
 
 def _train_fwd(x, scale, bias, residual, has_residual, epsilon, relu, dtype):
     del has_residual
-    mean, var = _moments(x)
+    mean, var = moments(x)
     rstd = lax.rsqrt(var + epsilon)
     y = _apply(x, mean, rstd * scale.astype(mean.dtype), bias, residual, relu, dtype)
     return (y, mean, var), (x, scale, mean, rstd, y if relu else None)

@@ -23,10 +23,13 @@ class BatchNormAct(nn.BatchNorm):
     `nn.BatchNorm`'s, so a checkpoint of either runs the other. Fused supports what the models use:
     the last axis as features, scale and bias, per-device statistics (no ``axis_name``).
 
-    The batch variance is two-pass, E[(x - E[x])^2] (flax's ``use_fast_variance=False``), or
-    shifted in the fused path (`fused_bn._moments`): flax's default E[x^2] - E[x]^2 loses
-    relative accuracy ~ 2^-24 * mean^2 / var in fp32, O(1) for a channel whose mean is ~4,000
-    standard deviations from zero (unnormalised inputs, a bias before the BN, drift in training).
+    The batch statistics are one pass, shifted by a sample of each channel (`fused_bn.moments`),
+    in the plain and the fused path alike: flax's E[x^2] - E[x]^2 loses relative accuracy
+    ~ 2^-24 * mean^2 / var in fp32, O(1) for a channel whose mean is ~4,000 standard deviations
+    from zero (unnormalised inputs, a bias before the BN, drift in training); flax's two-pass form
+    (``use_fast_variance=False``) is accurate but cost ResNet-50's plain step 9% on one H100
+    (docs/benchmarks.md). Statistics across devices (``axis_name``; each device's shift differs,
+    so their one-pass sums do not add up) and other axes take flax's own, two-pass.
     """
 
     fused: bool = False
@@ -48,17 +51,20 @@ class BatchNormAct(nn.BatchNorm):
         """
         if self.fused:
             return self._fused(x, None if residual is None else residual(), relu)
-        y = super().__call__(x)
+        y = self._plain(x) if self._one_pass_plain(x) else super().__call__(x)
         if residual is not None:
             y = residual() + y
         return nn.relu(y) if relu else y
 
-    def _fused(self, x: jax.Array, residual: jax.Array | None, relu: bool) -> jax.Array:
-        if self.axis_name is not None or self.axis not in (-1, x.ndim - 1):
-            raise ValueError(
-                "fused BatchNorm computes per-device statistics over all axes but the last; "
-                f"got axis_name={self.axis_name!r}, axis={self.axis}: set model.fused_bn=False."
-            )
+    @nn.nowrap
+    def _one_pass_plain(self, x: jax.Array) -> bool:
+        """Whether `_plain` applies: per-device statistics of the last axis, scale and bias."""
+        last = self.axis in (-1, x.ndim - 1)
+        return self.axis_name is None and last and self.use_scale and self.use_bias
+
+    @nn.nowrap
+    def _variables(self, x: jax.Array):
+        """nn.BatchNorm's variables (running mean and var, scale, bias) and the output dtype."""
         shape = (x.shape[-1],)
         stats_dtype = jnp.float32 if self.force_float32_reductions else self.param_dtype
         ra_mean = self.variable("batch_stats", "mean", lambda: jnp.zeros(shape, stats_dtype))
@@ -66,15 +72,41 @@ class BatchNormAct(nn.BatchNorm):
         scale = self.param("scale", self.scale_init, shape, self.param_dtype)
         bias = self.param("bias", self.bias_init, shape, self.param_dtype)
         dtype = nn.dtypes.canonicalize_dtype(x, scale, bias, dtype=self.dtype)
+        return ra_mean, ra_var, scale, bias, dtype
+
+    @nn.nowrap
+    def _update_averages(self, ra_mean, ra_var, mean: jax.Array, var: jax.Array) -> None:
+        if not self.is_initializing():  # as nn.BatchNorm: init leaves the running averages alone
+            ra_mean.value = self.momentum * ra_mean.value + (1 - self.momentum) * mean
+            ra_var.value = self.momentum * ra_var.value + (1 - self.momentum) * var
+
+    def _plain(self, x: jax.Array) -> jax.Array:
+        """nn.BatchNorm with per-device one-pass shifted statistics, differentiated by autodiff."""
+        ra_mean, ra_var, scale, bias, dtype = self._variables(x)
+        if self.use_running_average:
+            mean, var = ra_mean.value, ra_var.value
+        else:
+            mean, var = fused_bn.moments(x)
+            self._update_averages(ra_mean, ra_var, *map(jax.lax.stop_gradient, (mean, var)))
+        # nn.BatchNorm's normalisation: in the statistics' dtype (fp32), one cast to dtype.
+        cdt = jnp.promote_types(x.dtype, mean.dtype)
+        mul = jax.lax.rsqrt(var.astype(cdt) + self.epsilon) * scale.astype(cdt)
+        return ((x.astype(cdt) - mean.astype(cdt)) * mul + bias.astype(cdt)).astype(dtype)
+
+    def _fused(self, x: jax.Array, residual: jax.Array | None, relu: bool) -> jax.Array:
+        if self.axis_name is not None or self.axis not in (-1, x.ndim - 1):
+            raise ValueError(
+                "fused BatchNorm computes per-device statistics over all axes but the last; "
+                f"got axis_name={self.axis_name!r}, axis={self.axis}: set model.fused_bn=False."
+            )
+        ra_mean, ra_var, scale, bias, dtype = self._variables(x)
         kwargs = {"epsilon": self.epsilon, "relu": relu, "dtype": dtype}
         if self.use_running_average:
             return fused_bn.batch_norm_eval(
                 x, scale, bias, residual, mean=ra_mean.value, var=ra_var.value, **kwargs
             )
         y, mean, var = fused_bn.batch_norm_train(x, scale, bias, residual, **kwargs)
-        if not self.is_initializing():  # as nn.BatchNorm: init leaves the running averages alone
-            ra_mean.value = self.momentum * ra_mean.value + (1 - self.momentum) * mean
-            ra_var.value = self.momentum * ra_var.value + (1 - self.momentum) * var
+        self._update_averages(ra_mean, ra_var, mean, var)
         return y
 
 

@@ -712,3 +712,95 @@ def test_overlap_answers_agree_with_the_json():
             f"without) and {on64['eff']:.3f} at 64 ({off64['eff']:.3f} without)",
         ],
     )
+
+
+def test_bn_variance_answers_agree_with_the_json():
+    doc = load("bench_bn_variance_1xH100.json")
+    rates = {
+        (run["call"], run["statistics"], r["model"], "no_fused_bn" in str(r.get("model_options"))):
+        (r["images_per_s"], r["synced_images_per_s"])
+        for run in doc["runs"]
+        for r in run["doc"]["results"]
+    }
+
+    def ratio(call, statistics, model, plain, synced=False):
+        base = rates[call, "flax one-pass", model, plain][synced]
+        return f"{rates[call, statistics, model, plain][synced] / base:.3f}"
+
+    # The fused rows of call 2: the same code (the fused layer's own statistics) in both runs.
+    fused_synced = rates[2, "shifted one-pass", "resnet50", False][1]
+    fused_synced /= rates[2, "flax one-pass", "resnet50", False][1]
+    assert_quoted(
+        _section("## One GPU"),
+        [
+            f"the two-pass form kept {ratio(1, 'flax two-pass', 'resnet50', True)} of the plain "
+            f"ResNet-50 step's rate and {ratio(1, 'flax two-pass', 'alexnet_bn', False)} of "
+            f"AlexNet-BN's (queued); the shifted one-pass form keeps "
+            f"{ratio(2, 'shifted one-pass', 'resnet50', True)} and "
+            f"{ratio(2, 'shifted one-pass', 'alexnet_bn', False)} queued, "
+            f"{ratio(2, 'shifted one-pass', 'resnet50', True, True)} and "
+            f"{ratio(2, 'shifted one-pass', 'alexnet_bn', False, True)} synced",
+            f"one ran at {fused_synced:.3f} of the other's rate synced",
+        ],
+    )
+
+
+def test_peer_watch_cost_answers_agree_with_the_json():
+    rows = load("bench_hosts_heartbeat_2xH200.json")["results"]
+    eff = {("source" in r, bool(r.get("overrides"))): r["efficiency"] for r in rows[1:]}
+    assert rows[0]["hosts"] == 1 and all(r["hosts"] == 2 for r in rows[1:])
+    overrides = [r["overrides"] for r in rows if r.get("overrides")]
+    assert overrides == [["--config.distributed.watch_peers=false"]] * 2
+    assert_quoted(
+        read("README.md"),
+        [f"kept {eff[False, False]:.3f} of two GPUs' rate with it and {eff[False, True]:.3f}"],
+    )
+    assert_quoted(
+        _section("## Across hosts"),
+        [
+            f"Today's trainer keeps {eff[False, False]:.3f} of two single GPUs with the watch and "
+            f"{eff[False, True]:.3f} without it",
+            f"The earlier trainer kept {eff[True, False]:.3f} with its watch and "
+            f"{eff[True, True]:.3f} without",
+        ],
+    )
+
+
+def test_lhs_without_memory_limit_answers_agree_with_the_json():
+    first = _overlap_rows("bench_overlap_nolimit_2xH200.json")
+    second = _overlap_rows("bench_overlap_nolimit_cap_2xH200.json")
+
+    def places(row):
+        return [(c["start_index"], c["done_index"]) for c in row["schedule"]]
+
+    for batch in (256, 64):
+        # The scheduler without its memory limit placed every collective as the default did.
+        assert places(first["2x1", "overlap_lhs_nolimit", batch]) == places(
+            first["2x1", "overlap", batch]
+        )
+        # With the cap, four gradient buckets; the one started after the last convolution is
+        # the smallest.
+        buckets = [
+            c for c in first["2x1", "overlap_lhs_nolimit_cap", batch]["schedule"]
+            if "bf16" in c["shape"]
+        ]
+        last = [c for c in buckets if c["convolutions_before_start"] == c["convolutions"]]
+        assert len(buckets) == 4 and len(last) == 1 and "bf16[3219520]" in last[0]["shape"]
+    e1 = {k[1:]: r["eff"] for k, r in first.items()}
+    e2 = {k: r["eff"] for k, r in second.items()}
+    assert_quoted(
+        _section("## Across hosts"),
+        [
+            f"the plain peer kept {e1['peer', 256]:.3f} and {e1['peer', 64]:.3f}) it kept "
+            f"{e1['overlap_lhs_nolimit_cap', 256]:.3f} of two GPUs at 256 images per GPU and "
+            f"{e1['overlap_lhs_nolimit_cap', 64]:.3f} at 64 against the default's "
+            f"{e1['overlap', 256]:.3f} and {e1['overlap', 64]:.3f}",
+            f"{e2['2x1', 'overlap_lhs_nolimit_cap', 256]:.3f} and "
+            f"{e2['2x1', 'overlap_lhs_nolimit_cap', 64]:.3f} against "
+            f"{e2['2x1', 'overlap', 256]:.3f} and {e2['2x1', 'overlap', 64]:.3f}, while one "
+            f"process driving both GPUs kept {e2['1x2', 'overlap_lhs_nolimit_cap', 256]:.3f} and "
+            f"{e2['1x2', 'overlap_lhs_nolimit_cap', 64]:.3f} against "
+            f"{e2['1x2', 'overlap', 256]:.3f} and {e2['1x2', 'overlap', 64]:.3f}",
+            f"the plain peer kept {e2['2x1', 'peer', 256]:.3f} at 256 in the second call",
+        ],
+    )

@@ -337,6 +337,47 @@ def peers_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def bn_variance_table(doc: dict[str, Any]) -> str:
+    """The trainer's one-GPU rate with each form of the BatchNorm statistics: `scripts.bench.peers`
+    runs from checkouts that differ only in that form, each against flax's one-pass in its call."""
+    from scripts.bench.peers import variant  # pylint: disable=import-outside-toplevel
+
+    lines = [
+        f"One-GPU step by BatchNorm statistics ({_environment(doc['runs'][0]['doc'])}; synthetic "
+        "data, bf16, 256 images; queued = one step in flight ahead; rates against flax's "
+        "one-pass E[x^2] - E[x]^2 in the same call):",
+        "",
+        "| call | model | layers | statistics | images/s queued | images/s synced | "
+        "queued vs one-pass | synced vs one-pass |",
+        "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+
+    def key(run: dict[str, Any], r: dict[str, Any]) -> tuple:
+        return run["call"], r["model"], variant(r)
+
+    one_pass = {
+        key(run, r): r for run in doc["runs"] if run["statistics"] == ONE_PASS
+        for r in run["doc"]["results"]
+    }
+    for run in doc["runs"]:
+        for r in run["doc"]["results"]:
+            base = one_pass[key(run, r)]
+            fused = r["model"] == "resnet50" and "no_fused_bn" not in variant(r)
+            # The fused layers keep their own statistics in every checkout: a noise reference.
+            layers, statistics = ("fused", FUSED) if fused else ("plain", run["statistics"])
+            lines.append(
+                f"| {run['call']} | {r['model']} | {layers} | {statistics} | "
+                f"{r['images_per_s']:.0f} | {r['synced_images_per_s']:.0f} | "
+                f"{r['images_per_s'] / base['images_per_s']:.3f} | "
+                f"{r['synced_images_per_s'] / base['synced_images_per_s']:.3f} |"
+            )
+    return "\n".join(lines)
+
+
+ONE_PASS = "flax one-pass"
+FUSED = "its own (shifted one-pass)"
+
+
 def breakdown_table(path: str) -> str:
     """A profile's device time per step by what the kernels do (profile_trace.fusion_breakdown)."""
     with gzip.open(path, "rt") as f:
@@ -525,6 +566,8 @@ def table(path: str) -> str:
         doc = json.load(f)
     if "log" in doc:
         return killed_table(path, doc)
+    if "runs" in doc and "statistics" in doc["runs"][0]:
+        return bn_variance_table(doc)
     first = (doc.get("results") or [{}])[0]
     if "layout" in first:
         return overlap_table(doc)

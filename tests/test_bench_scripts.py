@@ -524,19 +524,22 @@ def test_model_options_turn_model_fields_on_and_off_and_name_a_missing_one():
 def test_overlap_schedule_reads_each_collective_of_the_entry_computation():
     # A scheduled entry computation as XLA prints it: a convolution, an asynchronous all-reduce
     # with a convolution between its start and done, a synchronous one, another convolution.
+    # The second reads the first convolution through a fusion that XLA put after the second.
     from scripts.bench import overlap as bench_overlap
 
-    conv = 'custom-call(p), custom_call_target="__cudnn$convForward"'
+    conv = 'custom-call(%p), custom_call_target="__cudnn$convForward"'
     hlo = "\n".join(
         [
             "HloModule m, is_scheduled=true",
             "",
             "ENTRY %main (p: f32[4]) -> f32[4] {",
+            "  %p = f32[4]{0} parameter(0)",
             f"  %c0 = f32[4]{{0}} {conv}",
             "  %s = ((bf16[8]{0}), bf16[8]{0}) all-reduce-start(%c0), to_apply=%add",
             f"  %c1 = f32[4]{{0}} {conv}",
             "  %d = bf16[8]{0} all-reduce-done(%s)",
-            '  %s2 = ((f32[2]{0}), f32[2]{0}) all-reduce-start(%c1), backend_config={"is_sync":true}',
+            "  %f = f32[2]{0} fusion(f32[4]{0} %c0, %p), kind=kLoop, calls=%fused",
+            '  %s2 = ((f32[2]{0}), f32[2]{0}) all-reduce-start(%f), backend_config={"is_sync":true}',
             "  %d2 = f32[2]{0} all-reduce-done(%s2)",
             f"  ROOT %c2 = f32[4]{{0}} {conv}",
             "}",
@@ -545,11 +548,16 @@ def test_overlap_schedule_reads_each_collective_of_the_entry_computation():
     )
     first, second = bench_overlap.schedule(hlo)
     # Positions count the lines of the entry computation, its header line being 0.
-    assert (first["start_index"], first["done_index"]) == (2, 4)
+    assert (first["start_index"], first["done_index"]) == (3, 5)
     assert first["convolutions_before_start"] == 1 and first["convolutions_between"] == 1
     assert not first["sync"] and second["sync"]
     assert second["convolutions_before_start"] == 2 and second["convolutions_between"] == 0
     assert first["convolutions"] == 3 and first["shape"].startswith("((bf16[8]")
+    # Both could have started after the first convolution: the second waited for the schedule.
+    assert first["convolutions_until_ready"] == second["convolutions_until_ready"] == 1
+    row = {"layout": "2x1", "variant": "v", "per_device_batch": 2, "schedule": [first]}
+    doc = {"results": [row]}
+    assert "| v | 2 | bf16[8] | 1 | 1 | 1 | 3 |" in render_benchmarks.overlap_schedule_table(doc)
 
 
 def test_emulated_hosts_timeout_counts_from_the_start_for_every_process():

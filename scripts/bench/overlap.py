@@ -98,33 +98,70 @@ _ROW = "OVERLAP_ROW "
 def schedule(hlo: str) -> list[dict[str, Any]]:
     """Each collective of the optimized entry computation, in schedule order: its operand bytes'
     shape, its position (line of the entry computation, the header being 0), the convolutions
-    scheduled before its start and between its start and done, and
-    whether XLA runs it synchronously (`is_sync`)."""
+    scheduled before its start and between its start and done, whether XLA runs it synchronously
+    (`is_sync`), and `convolutions_until_ready`: the convolutions scheduled up to the last one its
+    operands depend on (a start later than that waited for the scheduler, not for its data)."""
     entry = hlo.split("\nENTRY", 1)[1].split("\n}\n", 1)[0].splitlines()
     convs = [i for i, line in enumerate(entry) if "custom_call_target=\"__cudnn$conv" in line]
+    graph = _operand_graph(entry)
     out, open_starts = [], {}
     for i, line in enumerate(entry):
-        m = re.match(r"\s*(?:ROOT )?(\S+) = (.+?) ([\w-]+)\((.*?)\)", line)
+        m = _INSTRUCTION.match(line)
         if not m or not m.group(3).startswith(("all-reduce", "reduce-scatter", "all-gather")):
             continue
         name, shape, op, operands = m.groups()
+        ready = _last_conv_ancestor(graph, name, set(convs))
         if op.endswith("-start"):
-            open_starts[name] = (i, shape, "\"is_sync\":true" in line)
+            open_starts[name] = (i, shape, "\"is_sync\":true" in line, ready)
         elif op.endswith("-done"):
-            start, shape, sync = open_starts.pop(operands.split(",")[0].strip(), (i, shape, True))
-            out.append(_collective(op[: -len("-done")], shape, start, i, sync, convs, len(entry)))
+            start, shape, sync, ready = open_starts.pop(
+                operands.split(",")[0].strip(), (i, shape, True, ready)
+            )
+            out.append(
+                _collective(op[: -len("-done")], shape, start, i, sync, convs, len(entry), ready)
+            )
         else:
-            out.append(_collective(op, shape, i, i, True, convs, len(entry)))
+            out.append(_collective(op, shape, i, i, True, convs, len(entry), ready))
     return sorted(out, key=lambda c: c["start_index"])
 
 
-def _collective(op, shape, start, done, sync, convs, length) -> dict[str, Any]:
+_INSTRUCTION = re.compile(r"\s*(?:ROOT )?(\S+) = (.+?) ([\w-]+)\((.*?)\)")
+
+
+def _operand_graph(entry: Sequence[str]) -> dict[str, tuple[int, list[str]]]:
+    """Each instruction of the entry computation: its line and the names of its operands."""
+    graph = {}
+    for i, line in enumerate(entry):
+        m = _INSTRUCTION.match(line)
+        if m:
+            # Names with or without XLA's '%'; other tokens (types, numbers) are not in the graph.
+            graph[m.group(1)] = (i, re.findall(r"%?[\w.\-]+", m.group(4)))
+    return graph
+
+
+def _last_conv_ancestor(graph, name: str, convs: set[int]) -> int:
+    """The line of the last convolution that `name` depends on, -1 for none."""
+    seen, todo, last = set(), list(graph[name][1]), -1
+    while todo:
+        operand = todo.pop()
+        if operand in seen or operand not in graph:
+            continue
+        seen.add(operand)
+        line, operands = graph[operand]
+        if line in convs:
+            last = max(last, line)
+        todo.extend(operands)
+    return last
+
+
+def _collective(op, shape, start, done, sync, convs, length, ready) -> dict[str, Any]:
     return {
         "op": op,
         "shape": shape[:80],
         "start_index": start,
         "done_index": done,
         "instructions": length,
+        "convolutions_until_ready": sum(c <= ready for c in convs),
         "convolutions_before_start": sum(c < start for c in convs),
         "convolutions_between": sum(start < c < done for c in convs),
         "convolutions": len(convs),

@@ -16,6 +16,7 @@ training sees): the median over the logged intervals after the first (which hold
 
   python -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches=256 \
       --row_variant=--config.distributed.watch_peers=false --row_variant=source=/tmp/before
+
 With `--profile_strategies`, those rows also trace `--profile_steps` steps after the timed ones
 (`config.profile`) and report, per GPU and step, the NCCL time no compute kernel overlaps
 (`exposed_comm_ms`) and the time no kernel runs (`idle_ms`), averaged over the GPUs.

@@ -560,6 +560,18 @@ def test_overlap_schedule_reads_each_collective_of_the_entry_computation():
     assert "| v | 2 | bf16[8] | 1 | 1 | 1 | 3 |" in render_benchmarks.overlap_schedule_table(doc)
 
 
+def test_overlap_variants_xla_options_are_known_to_this_compiler():
+    # An unknown or unsettable option fails a variant's compile on the GPU machine, in its row.
+    from scripts.bench import overlap as bench_overlap
+
+    lowered = jax.jit(lambda x: 2 * x).lower(jax.numpy.ones(3))
+    for name, variant in bench_overlap.VARIANTS.items():
+        if "xla" in variant:
+            lowered.compile(variant["xla"])  # raises INVALID_ARGUMENT otherwise
+    with pytest.raises(Exception, match="xla_gpu_no_such_option"):
+        lowered.compile({"xla_gpu_no_such_option": True})
+
+
 def test_emulated_hosts_timeout_counts_from_the_start_for_every_process():
     """A run's limit is one deadline: the second process is not given a fresh timeout after the
     first is killed (two 2 s waits made a layout overrun its benchmark's budget)."""

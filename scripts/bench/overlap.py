@@ -15,10 +15,12 @@ Variants (`VARIANTS`): the default config (`overlap`: each bucket's all-reduce a
 backward, `allreduce.hold_until_all_reduced`), no overlap, other bucket sizes, the other
 strategies (`hierarchical`, `hybrid`, `xla`, `auto`), the overlap compiled with XLA's
 latency-hiding scheduler (also without its memory limit) and/or combining capped at the bucket
-size (`overlap_lhs_nolimit_cap`: all three), the overlap and the peer with JAX's profile-guided
-latency estimator (`overlap_pgle`, `peer_pgle`), and `peer`: the trainer's forward/backward and
-update with a plain reduction after backward (`peer_steps`' `peer_wire_buckets`: leaves
-concatenated into buckets of the config's size in its wire dtype, one psum each).
+size (`overlap_lhs_nolimit_cap`: all three), XLA's speed-of-light latency estimator off
+(`overlap_nosol`), the overlap and the peer with JAX's
+profile-guided latency estimator (`overlap_pgle`, `peer_pgle`), and `peer`: the trainer's
+forward/backward and update with a plain reduction after backward (`peer_steps`'
+`peer_wire_buckets`: leaves concatenated into buckets of the config's size in its wire dtype, one
+psum each).
 
   efficiency = images/s on the layout / (its GPUs x images/s of 1x1 at the same batch)
 
@@ -77,6 +79,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "overlap_lhs_nolimit_cap": {
         "xla": {**_LHS, **_CAP, "xla_gpu_memory_limit_slop_factor": 10_000}
     },
+    # XLA's speed-of-light latency estimator off (enabled, it turns the latency-hiding scheduler
+    # on for modules it supports, on Hopper and later): whether this XLA enables it by default,
+    # as the LHS flag leaving the schedule unchanged suggests. (Its link options are a map that
+    # compile options cannot set: give them in XLA_FLAGS, as `scripts.bench.hosts` can.)
+    "overlap_nosol": {"xla": {"xla_gpu_enable_analytical_sol_latency_estimator": False}},
     "overlap_64mib": {"comm.bucket_bytes": 64 * MIB},
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.
     "hierarchical": {"comm.strategy": "hierarchical"},

@@ -15,8 +15,8 @@ Variants (`VARIANTS`): the default config (`overlap`: each bucket's all-reduce a
 backward, `allreduce.hold_until_all_reduced`), no overlap, other bucket sizes, the other
 strategies (`hierarchical`, `hybrid`, `xla`, `auto`), the overlap compiled with XLA's
 latency-hiding scheduler (also without its memory limit) and/or combining capped at the bucket
-size (`overlap_lhs_nolimit_cap`: all three), XLA's speed-of-light latency estimator off
-(`overlap_nosol`), the overlap and the peer with JAX's
+size (`overlap_lhs_nolimit_cap`: all three), XLA's speed-of-light latency estimator off, also
+with the cap (`overlap_nosol`, `overlap_nosol_cap`), the overlap and the peer with JAX's
 profile-guided latency estimator (`overlap_pgle`, `peer_pgle`), and `peer`: the trainer's
 forward/backward and update with a plain reduction after backward (`peer_steps`'
 `peer_wire_buckets`: leaves concatenated into buckets of the config's size in its wire dtype, one
@@ -61,6 +61,7 @@ _CAP = {  # XLA combines collectives no further than the config's 16 MiB buckets
     f"xla_gpu_{kind}_combine_threshold_bytes": 16 * MIB
     for kind in ("all_reduce", "reduce_scatter", "all_gather")
 }
+_NO_SOL = {"xla_gpu_enable_analytical_sol_latency_estimator": False}
 # name -> config overrides, XLA options for the step's compilation under "xla", and "pgle" (the
 # peer's reduction is chosen by name: `peer*`).
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -81,9 +82,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     },
     # XLA's speed-of-light latency estimator off (enabled, it turns the latency-hiding scheduler
     # on for modules it supports, on Hopper and later): whether this XLA enables it by default,
-    # as the LHS flag leaving the schedule unchanged suggests. (Its link options are a map that
-    # compile options cannot set: give them in XLA_FLAGS, as `scripts.bench.hosts` can.)
-    "overlap_nosol": {"xla": {"xla_gpu_enable_analytical_sol_latency_estimator": False}},
+    # as the LHS flag leaving the schedule unchanged suggests; without the LHS, XLA issues each
+    # all-reduce right after its operand, so with the cap every bucket could leave on its own.
+    # (The estimator's link options are a map that compile options cannot set: XLA_FLAGS can.)
+    "overlap_nosol": {"xla": _NO_SOL},
+    "overlap_nosol_cap": {"xla": {**_NO_SOL, **_CAP}},
     "overlap_64mib": {"comm.bucket_bytes": 64 * MIB},
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.
     "hierarchical": {"comm.strategy": "hierarchical"},

@@ -88,10 +88,11 @@ class BatchNormAct(nn.BatchNorm):
         else:
             mean, var = fused_bn.moments(x)
             self._update_averages(ra_mean, ra_var, *map(jax.lax.stop_gradient, (mean, var)))
-        # nn.BatchNorm's normalisation: in the statistics' dtype (fp32), one cast to dtype.
-        cdt = jnp.promote_types(x.dtype, mean.dtype)
-        mul = jax.lax.rsqrt(var.astype(cdt) + self.epsilon) * scale.astype(cdt)
-        return ((x.astype(cdt) - mean.astype(cdt)) * mul + bias.astype(cdt)).astype(dtype)
+        # nn.BatchNorm's normalisation (in the statistics' dtype, one cast to dtype): elementwise
+        # given the statistics, so autodiff carries the batch statistics' gradient through them.
+        return fused_bn.batch_norm_eval(
+            x, scale, bias, mean=mean, var=var, epsilon=self.epsilon, relu=False, dtype=dtype
+        )
 
     def _fused(self, x: jax.Array, residual: jax.Array | None, relu: bool) -> jax.Array:
         if self.axis_name is not None or self.axis not in (-1, x.ndim - 1):

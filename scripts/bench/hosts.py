@@ -122,7 +122,7 @@ def host_row(
     variant: dict[str, Any] | None = None,
 ) -> dict:
     """One row on `--hosts` x `--gpus_per_host` GPUs; `variant` as `parse_row_variant` gives."""
-    variant = variant or {"overrides": []}
+    variant = variant or parse_row_variant("")
     devices = args.hosts * args.gpus_per_host
     overrides = trainer_args(args, batch, devices, strategy) + variant["overrides"]
     profiled = args.profile_steps and strategy in args.profile_strategies

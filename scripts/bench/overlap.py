@@ -113,23 +113,27 @@ def schedule(hlo: str) -> list[dict[str, Any]]:
     operands depend on (a start later than that waited for the scheduler, not for its data)."""
     entry = hlo.split("\nENTRY", 1)[1].split("\n}\n", 1)[0].splitlines()
     convs = [i for i, line in enumerate(entry) if "custom_call_target=\"__cudnn$conv" in line]
-    graph = _operand_graph(entry)
+    graph, conv_lines = _operand_graph(entry), set(convs)
     out, open_starts = [], {}
     for i, line in enumerate(entry):
         m = _INSTRUCTION.match(line)
         if not m or not m.group(3).startswith(("all-reduce", "reduce-scatter", "all-gather")):
             continue
         name, shape, op, operands = m.groups()
-        ready = _last_conv_ancestor(graph, name, set(convs))
-        if op.endswith("-start"):
-            open_starts[name] = (i, shape, "\"is_sync\":true" in line, ready)
-        elif op.endswith("-done"):
-            start, shape, sync, ready = open_starts.pop(
-                operands.split(",")[0].strip(), (i, shape, True, ready)
+        if op.endswith("-done"):
+            # A done's operand is its start, which holds the collective's place and data; one
+            # whose start was not read counts as synchronous where the done is.
+            found = open_starts.pop(operands.split(",")[0].strip(), None)
+            start, shape, sync, ready = found or (
+                i, shape, True, _last_conv_ancestor(graph, name, conv_lines)
             )
             out.append(
                 _collective(op[: -len("-done")], shape, start, i, sync, convs, len(entry), ready)
             )
+            continue
+        ready = _last_conv_ancestor(graph, name, conv_lines)
+        if op.endswith("-start"):
+            open_starts[name] = (i, shape, "\"is_sync\":true" in line, ready)
         else:
             out.append(_collective(op, shape, i, i, True, convs, len(entry), ready))
     return sorted(out, key=lambda c: c["start_index"])

@@ -337,6 +337,11 @@ def peers_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# bn_variance_table's baseline runs, and what the fused layers' rows compute in every run.
+ONE_PASS = "flax one-pass"
+FUSED = "its own (shifted one-pass)"
+
+
 def bn_variance_table(doc: dict[str, Any]) -> str:
     """The trainer's one-GPU rate with each form of the BatchNorm statistics: `scripts.bench.peers`
     runs from checkouts that differ only in that form, each against flax's one-pass in its call."""
@@ -372,10 +377,6 @@ def bn_variance_table(doc: dict[str, Any]) -> str:
                 f"{r['synced_images_per_s'] / base['synced_images_per_s']:.3f} |"
             )
     return "\n".join(lines)
-
-
-ONE_PASS = "flax one-pass"
-FUSED = "its own (shifted one-pass)"
 
 
 def breakdown_table(path: str) -> str:

@@ -62,6 +62,7 @@ _CAP = {  # XLA combines collectives no further than the config's 16 MiB buckets
     for kind in ("all_reduce", "reduce_scatter", "all_gather")
 }
 _NO_SOL = {"xla_gpu_enable_analytical_sol_latency_estimator": False}
+_OVERLAP_4 = {"xla_gpu_experimental_parallel_collective_overlap_limit": 4}
 # name -> config overrides, XLA options for the step's compilation under "xla", and "pgle" (the
 # peer's reduction is chosen by name: `peer*`).
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -87,6 +88,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # (The estimator's link options are a map that compile options cannot set: XLA_FLAGS can.)
     "overlap_nosol": {"xla": _NO_SOL},
     "overlap_nosol_cap": {"xla": {**_NO_SOL, **_CAP}},
+    # With the estimator off and the cap, each bucket starts as soon as it is packed, but its done
+    # sits right before the next bucket's start, so the compute stream waits for each bucket in
+    # turn (bench_overlap_nosol_4xH200.json): more than one all-reduce in flight, with the
+    # latency-hiding scheduler (whose async tracker allows one by default) left as XLA sets it, or
+    # on explicitly.
+    "overlap_nosol_cap_ol4": {"xla": {**_NO_SOL, **_CAP, **_OVERLAP_4}},
+    "overlap_nosol_cap_lhs_ol4": {"xla": {**_NO_SOL, **_CAP, **_OVERLAP_4, **_LHS}},
     "overlap_64mib": {"comm.bucket_bytes": 64 * MIB},
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.
     "hierarchical": {"comm.strategy": "hierarchical"},

@@ -817,3 +817,111 @@ def test_lhs_without_memory_limit_answers_agree_with_the_json():
             f"the plain peer kept {e2['2x1', 'peer', 256]:.3f} at 256 in the second call",
         ],
     )
+
+
+def _link_4xh200() -> dict:
+    """(NCCL setting, MiB per GPU) -> row of the 4x H200 link file."""
+    rows = load("bench_link_4xH200.json")["results"]
+    return {(r["variant"], r["size_bytes"] / (1 << 20)): r for r in rows}
+
+
+def test_link_4xh200_answers_agree_with_the_json():
+    link = _link_4xh200()
+    big, small = link["hosts_sockets_4x4", 97.5], link["hosts_sockets_4x4", 4.0]
+    assert_quoted(
+        _section("## Across hosts"),
+        [
+            f"reaches {big['node']['bus_gb_s']:.2f} GB/s at 97.5 MiB and "
+            f"{small['node']['bus_gb_s']:.2f} at 4 MiB",
+            f"reaches {big['both']['bus_gb_s']:.2f} GB/s of bus bandwidth: it moves its 97.5 MiB "
+            f"in {big['both']['time_s'] * 1e3:.1f} ms, half the {big['node']['time_s'] * 1e3:.1f} ms",
+        ],
+    )
+    assert 0.45 < big["both"]["time_s"] / big["node"]["time_s"] < 0.55  # "half"
+
+
+def test_plans_2x2_answers_agree_with_the_json():
+    eff = {}
+    for batch in (256, 64):
+        rows = _overlap_rows(f"bench_plans_2x2_{batch}_4xH200.json")
+        eff.update({(v, b): r["eff"] for (layout, v, b), r in rows.items() if layout == "2x2"})
+    link = _link_4xh200()["hosts_sockets_4x4", 97.5]
+
+    def pair(variant: str) -> str:
+        return f"{eff[variant, 256]:.3f}, {eff[variant, 64]:.3f}"
+
+    best = {b: max(e for (v, bb), e in eff.items() if bb == b) for b in (256, 64)}
+    # The default ties the best row; 64 MiB and hierarchical lose at both batches.
+    assert all(best[b] - eff["overlap", b] < 0.01 for b in (256, 64))
+    assert all(eff[v, b] < eff["overlap", b] - 0.05 for v in ("overlap_64mib", "hierarchical")
+               for b in (256, 64))
+    assert_quoted(
+        _section("## Across hosts"),
+        [
+            f"keeps {eff['overlap', 256]:.3f} of four GPUs at 256 images per GPU and "
+            f"{eff['overlap', 64]:.3f} at 64",
+            f"`hybrid` ties it ({pair('hybrid')}), and so do 4 MiB buckets ({pair('overlap_4mib')})",
+            f"64 MiB buckets lose ({pair('overlap_64mib')})",
+            f"`hierarchical` loses ({pair('hierarchical')})",
+            f"a pair moved {link['node']['bus_gb_s']:.2f} GB/s where the ring over all four GPUs "
+            f"moved {link['both']['bus_gb_s']:.2f}",
+            f"XLA's own all-reduces keep {eff['xla', 256]:.3f} and {eff['xla', 64]:.3f}, the plain "
+            f"peer {eff['peer', 256]:.3f} and {eff['peer', 64]:.3f}",
+            f"kept {eff['auto', 256]:.3f} and {eff['auto', 64]:.3f}",
+        ],
+    )
+
+
+def test_four_gpus_in_one_process_answers_agree_with_the_json():
+    eff = {}
+    for batch in (256, 64):
+        for r in load(f"bench_step_peers_4xH200_{batch}.json")["results"]:
+            if "efficiency" in r and r["devices"] == 4:
+                eff[r["strategy"], batch] = r["efficiency"]
+    assert ("peer_concat_buckets", 256) not in eff  # skipped: budget
+    assert_quoted(
+        _section("## Across hosts"),
+        [
+            f"default keeps {eff['flat', 256]:.3f} at 256 and {eff['flat', 64]:.3f} at 64, XLA's "
+            f"all-reduces {eff['xla', 256]:.3f} and {eff['xla', 64]:.3f}, and the peer that "
+            f"concatenates 16 MiB buckets {eff['peer_concat_buckets', 64]:.3f} at 64",
+        ],
+    )
+
+
+def test_speed_of_light_estimator_answers_agree_with_the_json():
+    rows = _overlap_rows("bench_overlap_nosol_4xH200.json")
+    e = {k: r["eff"] for k, r in rows.items()}
+    for batch in (256, 64):
+        buckets = [c for c in rows["2x1", "overlap_nosol_cap", batch]["schedule"]
+                   if "bf16" in c["shape"]]
+        # Each bucket starts where it is ready, and each done is right before the next start.
+        assert all(c["convolutions_before_start"] - c["convolutions_until_ready"] <= 2
+                   for c in buckets)
+        assert all(b["start_index"] == a["done_index"] + 1 for a, b in zip(buckets, buckets[1:]))
+        assert (len(buckets), buckets[0]["convolutions_before_start"]) == (4, 61)
+        assert buckets[0]["convolutions"] == 158
+        # The estimator changes where XLA starts the first (merged) bucket.
+        first = [rows["2x1", v, batch]["schedule"][0]["convolutions_before_start"]
+                 for v in ("overlap", "overlap_nosol")]
+        assert first[0] - first[1] > 20
+    one_ms = 64 / rows["1x1", "overlap", 64]["images_per_s"] * 1e3
+    link = _link_4xh200()["hosts_sockets_4x4", 97.5]
+    grads = 25_557_032 * 2  # ResNet-50's parameters in bf16
+    scale = grads / link["size_bytes"] * 1e3
+
+    def two(variant: str, layout: str = "2x1") -> str:
+        return f"{e[layout, variant, 256]:.3f} and {e[layout, variant, 64]:.3f}"
+
+    assert_quoted(
+        _section("## Across hosts"),
+        [
+            f"loses: {two('overlap_nosol')} of two GPUs at 256 and 64 images per GPU as 2 × 1, "
+            f"against the default's {two('overlap')}",
+            f"It kept {two('overlap_nosol_cap')} as 2 × 1 and {two('overlap_nosol_cap', '2x2')} as "
+            f"2 × 2, against the default's {two('overlap')}, and {two('overlap', '2x2')}",
+            f"the one-GPU step took {one_ms:.1f} ms here, so {one_ms / 0.85 - one_ms:.1f} ms a step",
+            f"the {grads / 1e6:.1f} MB of bf16 gradients take {link['both']['time_s'] * scale:.1f} ms",
+            f"and {link['node']['time_s'] * scale:.1f} ms at that of one pair",
+        ],
+    )

@@ -20,7 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.name = "alexnet_bn"
     # The step options were measured on ResNet-50 only (configs/default.py): AlexNet-BN keeps
     # the plain layers until they are measured on it.
-    config.model.fused_bn = config.model.space_to_depth_stem = False
+    config.model.space_to_depth_stem = False
     config.model.sliced_max_pool = False
     config.global_batch_size = 65536
     config.eval_batch_size = 4096

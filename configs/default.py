@@ -14,16 +14,15 @@ def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.seed = 0
 
-    # `name` picks the architecture; the other fields are passed to its constructor. `fused_bn`,
+    # `name` picks the architecture; the other fields are passed to its constructor.
     # `space_to_depth_stem` and `sliced_max_pool` compute the same function in fewer memory
-    # passes or kernels (the model docstrings say how). On one GPU the stem and the max-pool each
-    # made the ResNet-50 step 2-3% faster at 256 and 64 images; the fused BatchNorm's gain was
-    # against a two-pass variance, and beside today's one-pass plain layers it gave 0.99 of their
-    # rate at 256 images (docs/benchmarks.md, "One GPU").
+    # passes or kernels (the model docstrings say how). On one GPU each alone made the ResNet-50
+    # step 2-3% faster at 256 and 64 images, against plain layers with a two-pass BatchNorm
+    # variance; with both, beside today's one-pass layers, the step ran at 1.004 and 1.012 of a
+    # plain flax step (docs/benchmarks.md, "One GPU").
     config.model = ml_collections.ConfigDict(
         {
             "name": "resnet50",
-            "fused_bn": True,
             "space_to_depth_stem": True,
             "sliced_max_pool": True,
         }

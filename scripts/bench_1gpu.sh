@@ -28,9 +28,9 @@ case "$1" in
     python3 -m scripts.bench.peers --models=resnet50,alexnet_bn --batches=256,64 \
       --variant_models=resnet50 --variant_batches=64 \
       --xla_flags_variant=--xla_gpu_enable_command_buffer=+CONVOLUTION \
-      --model_options=no_space_to_depth_stem,no_fused_bn,no_sliced_max_pool \
-      --model_options=no_fused_bn --model_options=no_space_to_depth_stem \
-      --model_options=no_sliced_max_pool --budget_s=420 --out="$OUT/bench_peers.json"
+      --model_options=no_space_to_depth_stem,no_sliced_max_pool \
+      --model_options=no_space_to_depth_stem --model_options=no_sliced_max_pool \
+      --budget_s=420 --out="$OUT/bench_peers.json"
     python3 -m scripts.bench.profile_step --steps=5 --trace_steps=3 --out="$OUT/profile_1gpu.json" \
       --cases=resnet50:1x1:xla:256,resnet50:1x1:xla:64
     python3 -m scripts.render "$OUT/profile_1gpu.json.kernels.json.gz" "$OUT/bench_peers.json"

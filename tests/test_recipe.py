@@ -92,15 +92,15 @@ def test_same_recipe_on_another_device_count_is_a_change():
         )
 
 
-def test_fused_model_options_are_free_on_resume():
+def test_model_options_are_free_on_resume():
     """A checkpoint from before the options existed resumes with them on (same function)."""
     config = default.get_config()
     current = recipe.of_run(config.to_json(), num_devices=8)
-    options = ("fused_bn", "space_to_depth_stem", "sliced_max_pool")
+    options = ("space_to_depth_stem", "sliced_max_pool")
     for option in options:
         del config.model[option]
     meta = {"step": 5, "seed": 0, "config": config.to_json(), "num_devices": 8}
-    assert current["model.fused_bn"] is True  # the default
+    assert current["model.sliced_max_pool"] is True  # the default
     recipe.check_resume(meta, current, allow_change=False, step=5, directory="/c")
     current["model.bn_momentum"] = 0.99  # other model fields stay compared
     with pytest.raises(recipe.ConfigChangedError, match="model.bn_momentum"):
@@ -124,3 +124,21 @@ def test_retired_fields_of_an_older_checkpoint_resume_as_absent():
             {**meta, "config": json.dumps(old)}, current, allow_change=False, step=5,
             directory="/ckpt",
         )
+
+
+@pytest.mark.parametrize("fused_bn", [True, False])
+def test_checkpoint_with_the_retired_fused_bn_resumes_on_todays_config(fused_bn):
+    """`model.fused_bn` was on in the default config (off in AlexNet-BN's) until it was removed:
+    such a checkpoint resumes on today's config, which has no such field, without
+    `allow_config_change`, and it is not listed beside a change that does stop the run."""
+    config = default.get_config()
+    assert "fused_bn" not in config.model
+    old = json.loads(config.to_json())
+    old["model"]["fused_bn"] = fused_bn
+    meta = {"step": 5, "seed": 0, "config": json.dumps(old), "num_devices": 8}
+    current = recipe.of_run(config.to_json(), num_devices=8)
+    recipe.check_resume(meta, current, allow_change=False, step=5, directory="/ckpt")
+    current["seed"] = 1
+    with pytest.raises(recipe.ConfigChangedError) as info:
+        recipe.check_resume(meta, current, allow_change=False, step=5, directory="/ckpt")
+    assert re.findall(r"\n  (.*)", str(info.value)) == ["seed: 0 -> 1"]

@@ -84,9 +84,6 @@ class AlexNetBN(nn.Module):
         stride-2 max-pools pad by 1 (output ceil(H/2)), so an 8x8 image reaches pool5 as 1x1.
         Whatever pool5's size, an adaptive average pool brings it to 6x6 (the identity at
         224x224 with the standard stem), so fc6 keeps its 9216*width/96-wide input.
-      fused_bn: Every BatchNorm, with the ReLU that follows it, as one op with a hand-written
-        backward (`fused_bn.py`) written for fewer memory passes: the same function and
-        parameters; used only with per-device statistics (``bn_axis_name`` None).
       space_to_depth_stem: conv1 (11x11, stride 4) computed as a 3x3 stride-1 conv on the 4x4
         space-to-depth input of 48 channels (`space_to_depth.py`): the same function and the
         same 11x11x3 kernel parameter. No effect with ``small_inputs`` (its conv1 has stride 1).
@@ -103,7 +100,6 @@ class AlexNetBN(nn.Module):
     bn_axis_name: str | None = None
     dropout_rate: float = 0.0
     small_inputs: bool = False
-    fused_bn: bool = False
     space_to_depth_stem: bool = False
     sliced_max_pool: bool = False
 

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jax.nn.initializers import Initializer
 
-from jia_jax.models import fused_bn
+from jia_jax.models import batch_norm_ops
 from jia_jax.models import max_pool as sliced
 from jia_jax.models.space_to_depth import SpaceToDepthConv
 
@@ -18,21 +18,16 @@ from jia_jax.models.space_to_depth import SpaceToDepthConv
 class BatchNormAct(nn.BatchNorm):
     """flax BatchNorm, then ``+ residual``, then an optional ReLU.
 
-    With ``fused`` the three run as `fused_bn.batch_norm_train` / `batch_norm_eval` (a hand-written
-    backward written for fewer memory passes) on variables of the same names, shapes and dtypes as
-    `nn.BatchNorm`'s, so a checkpoint of either runs the other. Fused supports what the models use:
-    the last axis as features, scale and bias, per-device statistics (no ``axis_name``).
-
-    The batch statistics are one pass, shifted by a sample of each channel (`fused_bn.moments`),
-    in the plain and the fused path alike: flax's E[x^2] - E[x]^2 loses relative accuracy
+    The batch statistics are one pass, shifted by a sample of each channel
+    (`batch_norm_ops.moments`): flax's E[x^2] - E[x]^2 loses relative accuracy
     ~ 2^-24 * mean^2 / var in fp32, O(1) for a channel whose mean is ~4,000 standard deviations
     from zero (unnormalised inputs, a bias before the BN, drift in training); flax's two-pass form
     (``use_fast_variance=False``) is accurate but cost ResNet-50's plain step 9% on one H100
     (docs/benchmarks.md). Statistics across devices (``axis_name``; each device's shift differs,
-    so their one-pass sums do not add up) and other axes take flax's own, two-pass.
+    so their one-pass sums do not add up) and other axes take flax's own, two-pass. Either way
+    the variables are `nn.BatchNorm`'s (names, shapes, dtypes), and autodiff gives the backward.
     """
 
-    fused: bool = False
     use_fast_variance: bool = False
 
     @nn.compact
@@ -46,11 +41,9 @@ class BatchNormAct(nn.BatchNorm):
         """``relu(residual() + bn(x))``, the ReLU only if ``relu``, the add only with a residual.
 
         ``residual`` is a function (a ResNet shortcut, itself maybe a conv + BN), called after
-        the plain BatchNorm, so the submodules are called in the order of the plain net, which
-        `call_order` turns into the all-reduce's buckets; the fused op needs it before.
+        this BatchNorm, so the submodules are called in the order of the plain net, which
+        `call_order` turns into the all-reduce's buckets.
         """
-        if self.fused:
-            return self._fused(x, None if residual is None else residual(), relu)
         y = self._plain(x) if self._one_pass_plain(x) else super().__call__(x)
         if residual is not None:
             y = residual() + y
@@ -86,37 +79,20 @@ class BatchNormAct(nn.BatchNorm):
         if self.use_running_average:
             mean, var = ra_mean.value, ra_var.value
         else:
-            mean, var = fused_bn.moments(x)
+            mean, var = batch_norm_ops.moments(x)
             self._update_averages(ra_mean, ra_var, *map(jax.lax.stop_gradient, (mean, var)))
         # nn.BatchNorm's normalisation (in the statistics' dtype, one cast to dtype): elementwise
         # given the statistics, so autodiff carries the batch statistics' gradient through them.
-        return fused_bn.batch_norm_eval(
-            x, scale, bias, mean=mean, var=var, epsilon=self.epsilon, relu=False, dtype=dtype
+        return batch_norm_ops.batch_norm_eval(
+            x, scale, bias, mean=mean, var=var, epsilon=self.epsilon, dtype=dtype
         )
-
-    def _fused(self, x: jax.Array, residual: jax.Array | None, relu: bool) -> jax.Array:
-        if self.axis_name is not None or self.axis not in (-1, x.ndim - 1):
-            raise ValueError(
-                "fused BatchNorm computes per-device statistics over all axes but the last; "
-                f"got axis_name={self.axis_name!r}, axis={self.axis}: set model.fused_bn=False."
-            )
-        ra_mean, ra_var, scale, bias, dtype = self._variables(x)
-        kwargs = {"epsilon": self.epsilon, "relu": relu, "dtype": dtype}
-        if self.use_running_average:
-            return fused_bn.batch_norm_eval(
-                x, scale, bias, residual, mean=ra_mean.value, var=ra_var.value, **kwargs
-            )
-        y, mean, var = fused_bn.batch_norm_train(x, scale, bias, residual, **kwargs)
-        self._update_averages(ra_mean, ra_var, mean, var)
-        return y
 
 
 def batch_norm(model: nn.Module, train: bool) -> Callable[..., BatchNormAct]:
-    """`BatchNormAct` configured from `model`'s `bn_*`, `fused_bn`, `dtype` and `param_dtype` fields
-    (`fused_bn` only where the statistics are per device).
+    """`BatchNormAct` configured from `model`'s `bn_*`, `dtype` and `param_dtype` fields.
 
     flax BatchNorm (force_float32_reductions=True) computes mean/var, the running averages and the
-    normalisation itself in fp32; `dtype` only sets the dtype of its output. The fused one too.
+    normalisation itself in fp32; `dtype` only sets the dtype of its output.
     """
     return functools.partial(
         BatchNormAct,
@@ -126,8 +102,6 @@ def batch_norm(model: nn.Module, train: bool) -> Callable[..., BatchNormAct]:
         dtype=model.dtype,
         param_dtype=model.param_dtype,
         axis_name=model.bn_axis_name,
-        # The fused op computes per-device statistics: with an axis name, the plain layers.
-        fused=model.fused_bn and model.bn_axis_name is None,
     )
 
 

@@ -110,9 +110,6 @@ class ResNet(nn.Module):
         (per-device) batch, as Goyal et al.
       small_inputs: Stem for 8x8..32x32 images: one 3x3 stride-1 conv and no max-pool, instead
         of the 7x7 stride-2 conv and 3x3 stride-2 max-pool sized for 224x224.
-      fused_bn: Every BatchNorm, with the ReLU and the residual add that follow it, as one op
-        with a hand-written backward (`fused_bn.py`) written for fewer memory passes: the same
-        function and parameters; used only with per-device statistics (``bn_axis_name`` None).
       space_to_depth_stem: The 7x7/2 stem conv computed as a 4x4 stride-1 conv on the 2x2
         space-to-depth input of 12 channels (`space_to_depth.py`): the same function and the
         same 7x7x3 kernel parameter. No effect with ``small_inputs`` (its stem has stride 1).
@@ -131,7 +128,6 @@ class ResNet(nn.Module):
     bn_epsilon: float = 1e-5
     bn_axis_name: str | None = None
     small_inputs: bool = False
-    fused_bn: bool = False
     space_to_depth_stem: bool = False
     sliced_max_pool: bool = False
 

@@ -11,9 +11,10 @@ Rows per model (`--models`) and per-device batch (`--batches`), one after anothe
     momentum, `torch.compile` of the model.
 
 Trainer variants, on the models of `--variant_models` (default: all): each `--model_options`
-(repeatable; comma-separated `model.*` options turned on, e.g. `fused_bn`, or off with `no_`,
-e.g. `no_fused_bn,no_sliced_max_pool`) at every batch, and each `--xla_flags_variant`
-(repeatable; appended to XLA_FLAGS, e.g. command buffers) at `--variant_batches` (default: all).
+(repeatable; comma-separated `model.*` options turned on, e.g. `sliced_max_pool`, or off with
+`no_`, e.g. `no_space_to_depth_stem,no_sliced_max_pool`) at every batch, and each
+`--xla_flags_variant` (repeatable; appended to XLA_FLAGS, e.g. command buffers) at
+`--variant_batches` (default: all).
 Their rows carry `model_options` / `xla_flags` and `speedup_vs_trainer`, their queued images/s
 over the default trainer row's.
 
@@ -320,7 +321,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--model_options",
         action="append",
         default=[],
-        help="repeatable: trainer rows with these model.* options on (or off: no_fused_bn,...)",
+        help="repeatable: trainer rows with these model.* options on (off: no_sliced_max_pool,...)",
     )
     parser.add_argument(
         "--xla_flags_variant",

@@ -276,7 +276,9 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--model_width", type=int, default=None, help="model.width override")
     parser.add_argument("--small_inputs", action="store_true", help="model.small_inputs=True")
-    parser.add_argument("--model_options", type=harness.strings, default=[], help="e.g. fused_bn")
+    parser.add_argument(
+        "--model_options", type=harness.strings, default=[], help="e.g. sliced_max_pool"
+    )
     parser.add_argument("--compute_dtype", default="bfloat16")
     parser.add_argument("--comm_dtype", default=None, help="comm.dtype (default: the config's)")
     parser.add_argument(

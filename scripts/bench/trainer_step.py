@@ -60,7 +60,7 @@ def make_config(
         config.model.width = model_width
     if small_inputs:
         config.model.small_inputs = True
-    for option in model_options:  # e.g. fused_bn, or no_fused_bn to turn it off
+    for option in model_options:  # e.g. sliced_max_pool, or no_sliced_max_pool to turn it off
         name = option.removeprefix("no_")
         if name not in config.model:
             raise ValueError(f"--model_options: the config has no model.{name}")

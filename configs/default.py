@@ -117,6 +117,11 @@ def get_config() -> ml_collections.ConfigDict:
     # Explicit strategies: each bucket's collective runs while backward computes the buckets after
     # it (`allreduce.hold_until_all_reduced`; docs/benchmarks.md, "Across hosts"). Same mean.
     config.comm.overlap = True
+    # The links `comm.strategy='auto'` plans for (jia_jax/comm_model.py, `network_model`) when
+    # the run spans processes: "" the calibration's default fabric (a published 400 Gb/s
+    # InfiniBand), a fabric name of jia_jax/comm_calibration.json, or "emulated": processes that
+    # are hosts emulated on one machine (scripts/launch_local.sh --hosts passes it). Same mean.
+    config.comm.network = ""
 
     # A jax.profiler trace of `steps` steps from `first_step` (-1: none) in
     # <workdir>/profile/process_<i>, for TensorBoard's profile plugin or scripts/bench/hosts.py.

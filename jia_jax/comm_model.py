@@ -15,19 +15,31 @@ reduce-scatter or all-gather `launch + (n-1) alpha + (n-1)/n B / beta` (Thakur e
 of NCCL's own tuning model). Across nodes a flat ring makes `2(node-1)` of its steps over the
 network and is limited by the slower of NVLink and the node's NIC bandwidth; NCCL may also run a
 tree, `launch + 2((gpu-1) alpha_intra + ceil(log2 node) alpha_inter) + 2 B / beta`, and takes the
-faster (`algorithms`). Compute comes from a measured step time on one device, and
-`overlap` (a measured fraction of the communication hidden behind backward) reduces what is
-exposed:
+faster (`algorithms`). The network level is `inter` as the `gpu` concurrent all-reduces of
+`hierarchical` share it, and `flat_inter` (where measured apart, else `inter`) as one flat
+all-reduce over every GPU uses it: NCCL's sockets between hosts emulated on one machine carry a
+4-GPU ring faster per node than two concurrent 2-GPU rings (`scripts/bench/link.py`).
 
-    step = compute + (1 - overlap) * communication + step_overhead.
+Backward fills the buckets one after another, and with `comm.overlap` each bucket's all-reduce runs
+while backward computes the layers below it; only the bucket backward fills last (the stem side)
+necessarily runs after backward. So a plan's exposed communication is
+
+    exposed = t(last bucket) + (1 - overlap) * sum(t(other buckets))
+
+where `overlap` is the measured fraction of the earlier buckets' time hidden behind backward
+(`CommModel.overlap`); without `comm.overlap` (and for 'xla') every bucket is exposed, `exposed =
+sum(t)`. Compute comes from a measured step time on one device:
+
+    step = compute + exposed + step_overhead.
 
 `resolve` turns `comm.strategy='auto'` and `comm.bucket_bytes` / `comm.hybrid_crossover_bytes`
-= -1 (`AUTO_BYTES`) into the plan with the least predicted communication; `predict_strategies`
-gives every strategy's plan and `auto`'s choice for one mesh. The calibration (fitted by
-`scripts/calibrate_comm.py` from `docs/benchmarks/*.json`) is package data,
+= -1 (`AUTO_BYTES`) into the plan with the least predicted exposed communication;
+`predict_strategies` gives every strategy's plan and `auto`'s choice for one mesh. The calibration
+(fitted by `scripts/calibrate_comm.py` from `docs/benchmarks/*.json`) is package data,
 `jia_jax/comm_calibration.json`: `load_model` reads a cluster's links from it (the intra-node fit
-and a published fabric), `load_emulated_hosts` the two levels fitted on one machine split into
-hosts (`scripts/bench/link.py`). Pure Python: no JAX needed.
+and a published fabric), `load_emulated_hosts` the levels fitted on one machine split into hosts
+(`scripts/bench/link.py`), and `network_model` picks one of them by `comm.network`'s name. Pure
+Python: no JAX needed.
 """
 
 from __future__ import annotations
@@ -51,6 +63,9 @@ BUCKET_GRID = tuple(MIB << k for k in range(10))
 WIRE_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 ALGORITHMS = ("ring", "tree")
 CALIBRATION_FILE = "comm_calibration.json"
+# `comm.network` naming the links fitted on one machine split into hosts (`load_emulated_hosts`);
+# "" names the calibration's default fabric.
+EMULATED = "emulated"
 # Two predicted times closer than this (relative) are a tie; ties go to the simpler plan.
 _TIE = 1e-9
 # `resolve` takes a more complex strategy (hierarchical over flat, hybrid over hierarchical) only
@@ -73,11 +88,15 @@ class CommModel:
 
     Attributes:
       intra: the level inside a node (NVLink, PCIe).
-      inter: the level across nodes (the network), per GPU.
+      inter: the level across nodes (the network), per GPU, when every GPU of a node runs its own
+        all-reduce across nodes at once (`hierarchical`'s middle stage).
       launch_s: fixed cost of one collective.
       algorithms: all-reduce algorithms the collective library may pick from ("ring", "tree").
-      overlap: fraction of the communication hidden behind backward (measured; 0 = none).
+      overlap: fraction of the time of the buckets before the last that backward hides, with
+        `comm.overlap` (measured; 0 = none).
       step_overhead_s: fixed cost per multi-device step beyond compute and gradient reduction.
+      flat_inter: the network as one flat all-reduce over every GPU uses it (per GPU: the node's
+        share / GPUs per node), where measured apart from `inter`; None: `inter`.
     """
 
     intra: Link
@@ -86,6 +105,7 @@ class CommModel:
     algorithms: tuple[str, ...] = ALGORITHMS
     overlap: float = 0.0
     step_overhead_s: float = 0.0
+    flat_inter: Link | None = None
 
     def __post_init__(self):
         unknown = set(self.algorithms) - set(ALGORITHMS)
@@ -96,11 +116,16 @@ class CommModel:
 
     def single_host(self) -> CommModel:
         """The same model with the node axis on the intra-node link (a 2-D mesh on one host)."""
-        return dataclasses.replace(self, inter=self.intra)
+        return dataclasses.replace(self, inter=self.intra, flat_inter=None)
 
 
 def allreduce_s(nbytes: float, node: int, gpu: int, model: CommModel) -> float:
-    """One all-reduce of `nbytes` per GPU over `node` x `gpu` GPUs (the fastest algorithm)."""
+    """One flat all-reduce of `nbytes` per GPU over `node` x `gpu` GPUs (the fastest algorithm)."""
+    return _allreduce_s(nbytes, node, gpu, model, model.flat_inter or model.inter)
+
+
+def _allreduce_s(nbytes: float, node: int, gpu: int, model: CommModel, net: Link) -> float:
+    """`allreduce_s` with the network level `net`."""
     n = node * gpu
     if n == 1:
         return 0.0
@@ -108,13 +133,13 @@ def allreduce_s(nbytes: float, node: int, gpu: int, model: CommModel) -> float:
     # the network (gpu x per-GPU rate) bounds it, as NVLink does inside.
     bw = model.intra.beta_bytes_per_s
     if node > 1:
-        bw = min(bw, gpu * model.inter.beta_bytes_per_s)
+        bw = min(bw, gpu * net.beta_bytes_per_s)
     inter_steps = 2 * (node - 1)
-    latency = (2 * (n - 1) - inter_steps) * model.intra.alpha_s + inter_steps * model.inter.alpha_s
+    latency = (2 * (n - 1) - inter_steps) * model.intra.alpha_s + inter_steps * net.alpha_s
     times = [model.launch_s + latency + 2 * (n - 1) / n * nbytes / bw]
     if "tree" in model.algorithms and node > 1:
         depth = math.ceil(math.log2(node))
-        tree_latency = 2 * ((gpu - 1) * model.intra.alpha_s + depth * model.inter.alpha_s)
+        tree_latency = 2 * ((gpu - 1) * model.intra.alpha_s + depth * net.alpha_s)
         times.append(model.launch_s + tree_latency + 2 * nbytes / bw)
     return min(times)
 
@@ -130,12 +155,12 @@ def scatter_or_gather_s(nbytes: float, n: int, link: Link, launch_s: float) -> f
 def hierarchical_s(nbytes: float, node: int, gpu: int, model: CommModel) -> float:
     """Reduce-scatter over `gpu`, all-reduce of 1/gpu of the bytes over `node`, all-gather over
     `gpu`. The `gpu` all-reduces across nodes run at once and share each node's NICs, so each
-    gets one GPU's share (`allreduce_s` with one GPU per node). Where a level has one member,
+    gets one GPU's share of `model.inter` (one GPU per node). Where a level has one member,
     `allreduce._hierarchical_sum` runs one all-reduce over the other level instead."""
     if node == 1 or gpu == 1:
         return allreduce_s(nbytes, node, gpu, model)
     inside = 2 * scatter_or_gather_s(nbytes, gpu, model.intra, model.launch_s)
-    return inside + allreduce_s(nbytes / gpu, node, 1, model)
+    return inside + _allreduce_s(nbytes / gpu, node, 1, model, model.inter)
 
 
 def bucket_elements(leaf_sizes: Sequence[int], bucket_bytes: int, itemsize: int) -> list[int]:
@@ -171,6 +196,27 @@ def bucket_s(
     return allreduce_s(elements * itemsize, node, gpu, model)
 
 
+def bucket_times(
+    strategy: str,
+    buckets: Sequence[int],
+    itemsize: int,
+    crossover_bytes: int,
+    node: int,
+    gpu: int,
+    model: CommModel,
+) -> list[float]:
+    """Time to reduce each of `buckets` (elements each, in backward order) with a strategy."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}.")
+    times = []
+    for elements in buckets:
+        hierarchical = strategy == "hierarchical" or (
+            strategy == "hybrid" and elements * itemsize < crossover_bytes
+        )
+        times.append(bucket_s(elements, itemsize, hierarchical, node, gpu, model))
+    return times
+
+
 def plan_s(
     strategy: str,
     buckets: Sequence[int],
@@ -181,15 +227,15 @@ def plan_s(
     model: CommModel,
 ) -> float:
     """Time to reduce `buckets` (elements each) one after another with a strategy."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}.")
-    total = 0.0
-    for elements in buckets:
-        hierarchical = strategy == "hierarchical" or (
-            strategy == "hybrid" and elements * itemsize < crossover_bytes
-        )
-        total += bucket_s(elements, itemsize, hierarchical, node, gpu, model)
-    return total
+    return sum(bucket_times(strategy, buckets, itemsize, crossover_bytes, node, gpu, model))
+
+
+def exposed_s(times: Sequence[float], overlap: float) -> float:
+    """Communication not hidden by backward: the last bucket's time (backward fills it last, so it
+    starts after backward) and `1 - overlap` of the others'. `overlap=0` gives the total."""
+    if not times:
+        return 0.0
+    return times[-1] + (1.0 - overlap) * sum(times[:-1])
 
 
 def xla_s(nbytes: float, num_allreduces: int, node: int, gpu: int, model: CommModel) -> float:
@@ -200,19 +246,20 @@ def xla_s(nbytes: float, num_allreduces: int, node: int, gpu: int, model: CommMo
     return num_allreduces * allreduce_s(nbytes / num_allreduces, node, gpu, model)
 
 
-def step_s(compute_s: float, comm_s: float, model: CommModel, devices: int) -> float:
-    """Predicted step time: compute, the communication not hidden by backward, fixed overhead."""
+def step_s(compute_s: float, exposed: float, model: CommModel, devices: int) -> float:
+    """Predicted step time: compute, the exposed communication (`exposed_s`), fixed overhead."""
     if devices == 1:
         return compute_s
-    return compute_s + (1.0 - model.overlap) * comm_s + model.step_overhead_s
+    return compute_s + exposed + model.step_overhead_s
 
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """A resolved communication plan and its predicted cost.
 
-    `comm_s` is the predicted reduction time per step (None for 'xla', which the model does not
-    plan); `step_s` is compute + exposed communication (None without a compute time).
+    `comm_s` is the predicted reduction time per step and `exposed_s` the part of it backward does
+    not hide (`exposed_s()`; both None for 'xla', which the model does not plan); `step_s` is
+    compute + exposed communication + overhead (None without a compute time).
     """
 
     strategy: str
@@ -221,10 +268,13 @@ class Plan:
     comm_s: float | None
     step_s: float | None = None
     buckets: int | None = None
+    exposed_s: float | None = None
 
     def summary(self) -> str:
         """One log line."""
-        comm = "not modelled" if self.comm_s is None else f"{self.comm_s * 1e3:.3f} ms/step"
+        comm = "not modelled"
+        if self.comm_s is not None:
+            comm = f"{self.comm_s * 1e3:.3f} ms/step, {self.exposed_s * 1e3:.3f} ms exposed"
         step = "" if self.step_s is None else f", step {self.step_s * 1e3:.2f} ms"
         return (
             f"comm plan: {self.strategy}, bucket {self.bucket_bytes / MIB:g} MiB"
@@ -278,23 +328,59 @@ def load_model(
 def load_emulated_hosts(
     calibration: Mapping[str, Any] | str | None = None, setting: str | None = None
 ) -> CommModel:
-    """The two-level model of hosts emulated on one machine: both links and the launch cost as
+    """The two-level model of hosts emulated on one machine: the links and the launch cost as
     `scripts/calibrate_comm.py` fitted them for one NCCL setting (default: the calibration's
-    `default_emulated`, the setting of `scripts/launch_local.sh --hosts`); NCCL may run a ring or
-    a tree; overlap and step overhead as in `load_model`."""
+    `default_emulated`, the setting of `scripts/launch_local.sh --hosts`), `flat_inter` where the
+    fit has it; NCCL may run a ring or a tree; overlap and step overhead as in `load_model`."""
     calibration = _read(calibration)
     fits = calibration["emulated_hosts"]
     name = setting or calibration["default_emulated"]
     if name not in fits:
         raise ValueError(f"No emulated-host fit {name!r}; the calibration has {sorted(fits)}.")
     fit = fits[name]
+    flat = fit.get("flat_inter")
     return CommModel(
         intra=Link(fit["intra"]["alpha_s"], fit["intra"]["beta_bytes_per_s"]),
         inter=Link(fit["inter"]["alpha_s"], fit["inter"]["beta_bytes_per_s"]),
         launch_s=fit["launch_s"],
         overlap=calibration["overlap"]["value"],
         step_overhead_s=calibration["step_overhead_s"]["value"],
+        flat_inter=None if flat is None else Link(flat["alpha_s"], flat["beta_bytes_per_s"]),
     )
+
+
+def network_names(calibration: Mapping[str, Any] | str | None = None) -> tuple[str, ...]:
+    """The values `comm.network` may take: "" (the default fabric), `EMULATED`, each fabric."""
+    return ("", EMULATED, *sorted(_read(calibration)["fabrics"]))
+
+
+def network_model(
+    network: str,
+    calibration: Mapping[str, Any] | str | None = None,
+    single_host: bool = False,
+) -> CommModel:
+    """The links `comm.network` names: "" the calibration's default fabric, `EMULATED` the hosts
+    emulated on one machine (`load_emulated_hosts`), else a fabric of the calibration. With
+    `single_host` (every device in one process) there is no network: NVLink carries both levels,
+    whatever the name (which is still checked).
+
+    Raises:
+      ValueError: `network` is none of `network_names`.
+    """
+    calibration = _read(calibration)
+    allowed = network_names(calibration)
+    if network not in allowed:
+        raise ValueError(
+            f"comm.network={network!r} is not one of {allowed}: '' is the calibration's default "
+            f"fabric ({calibration['default_fabric']!r}), {EMULATED!r} the links fitted on one "
+            "machine split into hosts (scripts/launch_local.sh --hosts), the others published "
+            "fabrics."
+        )
+    if single_host:
+        return load_model(calibration, single_host=True)
+    if network == EMULATED:
+        return load_emulated_hosts(calibration)
+    return load_model(calibration, fabric=network or None)
 
 
 def _candidates(requested: Any, auto: Any, grid: Sequence[Any]) -> tuple[Any, ...]:
@@ -312,7 +398,9 @@ def resolve(
     single_host: bool = False,
 ) -> Plan:
     """Resolves `comm.strategy='auto'` and `comm.bucket_bytes` / `comm.hybrid_crossover_bytes`
-    = `AUTO_BYTES` (-1) to the plan with the least predicted communication; explicit values win.
+    = `AUTO_BYTES` (-1) to the plan with the least predicted exposed communication (`exposed_s`:
+    with `comm.overlap`, the last bucket and `1 - model.overlap` of the others; without, all of
+    them); explicit values win.
 
     Candidates: strategies flat, hierarchical, hybrid; buckets `BUCKET_GRID`; crossovers 0 and
     `BUCKET_GRID`. Within a strategy ties go to the smaller bucket and crossover; a later strategy
@@ -321,7 +409,7 @@ def resolve(
 
     Args:
       comm: the config's `comm` block (`strategy`, `bucket_bytes`, `dtype`,
-        `hybrid_crossover_bytes`).
+        `hybrid_crossover_bytes`, and `overlap`, True where absent as in the config).
       node, gpu: the mesh shape.
       leaf_sizes: element count of every gradient leaf, in the order backward produces them.
       compute_s: measured step time on one device at this per-device batch, for `Plan.step_s`.
@@ -335,7 +423,9 @@ def resolve(
         order = call_order.backward_leaf_order(model, image_shape)
         plan = comm_model.resolve(
             config.comm, node=mesh.shape["node"], gpu=mesh.shape["gpu"],
-            leaf_sizes=[leaves[i].size for i in order], single_host=jax.process_count() == 1)
+            leaf_sizes=[leaves[i].size for i in order],
+            model=comm_model.network_model(
+                config.comm.network, single_host=jax.process_count() == 1))
         with config.unlocked():
             config.comm.strategy = plan.strategy
             config.comm.bucket_bytes = plan.bucket_bytes
@@ -354,24 +444,29 @@ def resolve(
     if node * gpu == 1:
         # Nothing crosses a link; keep explicit values and the cheapest code path.
         strategy = "xla" if comm.strategy == AUTO else comm.strategy
-        return Plan(strategy, max(buckets), max(crossovers), 0.0, compute_s, None)
+        return Plan(strategy, max(buckets), max(crossovers), 0.0, compute_s, None, 0.0)
     if strategies == ("xla",):
         # XLA's own collectives are not planned here; the bucket fields are then unused.
         return Plan("xla", max(buckets), max(crossovers), None, None, None)
+    # Without `comm.overlap` every bucket waits where it starts: all of it is exposed.
+    overlap = model.overlap if getattr(comm, "overlap", True) else 0.0
 
     best: dict[str, Plan] = {}  # per strategy: its fastest bucket (and crossover)
     for strategy in strategies:
         for bucket in buckets:
             elements = bucket_elements(leaf_sizes, bucket, itemsize)
             for crossover in crossovers if strategy == "hybrid" else crossovers[:1]:
-                t = plan_s(strategy, elements, itemsize, crossover, node, gpu, model)
-                if strategy not in best or t < best[strategy].comm_s * (1 - _TIE):
-                    best[strategy] = Plan(strategy, bucket, crossover, t, None, len(elements))
+                times = bucket_times(strategy, elements, itemsize, crossover, node, gpu, model)
+                t = exposed_s(times, overlap)
+                if strategy not in best or t < best[strategy].exposed_s * (1 - _TIE):
+                    best[strategy] = Plan(
+                        strategy, bucket, crossover, sum(times), None, len(elements), t
+                    )
     plan = best[strategies[0]]
     for strategy in strategies[1:]:
-        if best[strategy].comm_s < plan.comm_s * (1 - SIMPLER_MARGIN):
+        if best[strategy].exposed_s < plan.exposed_s * (1 - SIMPLER_MARGIN):
             plan = best[strategy]
-    step = None if compute_s is None else step_s(compute_s, plan.comm_s, model, node * gpu)
+    step = None if compute_s is None else step_s(compute_s, plan.exposed_s, model, node * gpu)
     return dataclasses.replace(plan, step_s=step)
 
 
@@ -385,11 +480,13 @@ def predict_strategies(
     bucket_bytes: int,
     hybrid_crossover_bytes: int,
     compute_s: float | None = None,
+    overlap: bool = True,
 ) -> dict[str, Plan]:
     """Each strategy's predicted plan on a `node` x `gpu` mesh, the trainer's gradients packed
     into `bucket_bytes` buckets of `dtype` (hybrid: hierarchical below the crossover), and
     'auto': what `resolve` picks with strategy, buckets and crossover all on auto (as
-    `scripts/bench/step.py` runs it). `compute_s` (the one-device step) adds `Plan.step_s`."""
+    `scripts/bench/step.py` runs it), all with `comm.overlap=overlap`. `compute_s` (the
+    one-device step) adds `Plan.step_s`."""
     plans = {}
     for strategy in (*STRATEGIES, AUTO):
         auto = strategy == AUTO
@@ -398,6 +495,7 @@ def predict_strategies(
             bucket_bytes=AUTO_BYTES if auto else bucket_bytes,
             hybrid_crossover_bytes=AUTO_BYTES if auto else hybrid_crossover_bytes,
             dtype=dtype,
+            overlap=overlap,
         )
         plans[strategy] = resolve(
             comm, node=node, gpu=gpu, leaf_sizes=leaf_sizes, compute_s=compute_s, model=model

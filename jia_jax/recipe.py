@@ -27,7 +27,8 @@ from absl import logging
 #   order of fp32 additions). The device count itself is compared (``num_devices``): it sets the
 #   per-device BatchNorm batch.
 # - `comm` strategy, buckets and crossover may change: every strategy computes the same mean (up
-#   to summation order). `comm.dtype`, the precision on the wire, is compared.
+#   to summation order); so may `comm.network`, which only picks the plan. `comm.dtype`, the
+#   precision on the wire, is compared.
 # - `model.space_to_depth_stem` / `model.sliced_max_pool` may change (or be absent, in
 #   checkpoints from before they existed): the same function on the same variables, another
 #   summation order (tests/test_fused_layers.py).
@@ -51,6 +52,7 @@ FREE_ON_RESUME = (
     "comm.bucket_bytes",
     "comm.hybrid_crossover_bytes",
     "comm.overlap",
+    "comm.network",
     "model.space_to_depth_stem",
     "model.sliced_max_pool",
     # When to give up (on bad records, on overflowing fp16 steps): never what a step computes.

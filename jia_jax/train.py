@@ -227,8 +227,9 @@ def resolve_comm(
     """`comm` with `strategy='auto'` and `bucket_bytes` / `hybrid_crossover_bytes` = -1 chosen.
 
     The communication model (`jia_jax.comm_model`, calibrated on this repo's benchmarks) picks
-    the plan with the least predicted reduction time for this mesh, gradient tree and wire
-    dtype; the choice is logged. Explicit values are kept.
+    the plan with the least predicted exposed reduction time for this mesh, gradient tree and
+    wire dtype, over the links `comm.network` names (one process: NVLink only); the choice is
+    logged. Explicit values are kept.
     """
     automatic = (
         comm.strategy == comm_model.AUTO
@@ -244,7 +245,9 @@ def resolve_comm(
         node=mesh.shape[mesh_lib.NODE_AXIS],
         gpu=mesh.shape[mesh_lib.GPU_AXIS],
         leaf_sizes=[math.prod(leaves[i].shape) for i in order],
-        single_host=jax.process_count() == 1,
+        model=comm_model.network_model(
+            comm.get("network", ""), single_host=jax.process_count() == 1
+        ),
     )
     logging.info("%s", plan.summary())
     resolved = ml_collections.ConfigDict(comm.to_dict())
@@ -333,6 +336,7 @@ def make_train_step(
     known = ("xla", comm_model.AUTO, *allreduce.STRATEGIES)
     if config.comm.strategy not in known:
         raise ValueError(f"comm.strategy={config.comm.strategy!r} is not one of {known}.")
+    comm_model.network_model(config.comm.get("network", ""))  # a bad name fails here, not later
     update = update_fn(tx, learning_rate, config)
     built = {}  # per image shape: (comm, shard_mapped step); shapes are known when tracing
 

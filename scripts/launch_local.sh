@@ -16,6 +16,8 @@
 # or shared memory between them, only its network transport: here TCP sockets on loopback, a
 # 19-57 Gbit/s network between NVLink islands (docs/benchmarks.md, "Across hosts", measures it).
 # The socket settings are the fastest measured there; any NCCL_* variable already set wins.
+# Unless the caller names one, the trainers get --config.comm.network=emulated: the links
+# `comm.strategy=auto` plans for are then the ones fitted on such a machine, not a real network's.
 #
 # SIGTERM or SIGINT (Ctrl-C) to the launcher reaches every trainer once: each saves a checkpoint
 # and exits 0, and the launcher exits when all have. The trainers run in process groups of their
@@ -38,10 +40,15 @@ if [ -z "$platform" ]; then
 fi
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 network=()
+links=()
 if [ "$hosts" = 1 ]; then
   network=(NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}" NCCL_NET="${NCCL_NET:-Socket}"
     NCCL_IB_DISABLE="${NCCL_IB_DISABLE:-1}" NCCL_SOCKET_NTHREADS="${NCCL_SOCKET_NTHREADS:-4}"
     NCCL_NSOCKS_PERTHREAD="${NCCL_NSOCKS_PERTHREAD:-4}")
+  links=(--config.comm.network=emulated)
+  for arg in "$@"; do
+    case "$arg" in --config.comm.network | --config.comm.network=*) links=() ;; esac
+  done
 fi
 pids=()
 forward() { kill -s "$1" "${pids[@]}" 2>/dev/null || true; }
@@ -60,7 +67,7 @@ for ((i = 0; i < procs; i++)); do
   env "${env_vars[@]}" python3 -m jia_jax.main --config="$config" --workdir="$workdir" \
     --config.distributed.coordinator_address="127.0.0.1:${port}" \
     --config.distributed.num_processes="$procs" --config.distributed.process_id="$i" \
-    --config.mesh.node="$procs" --config.mesh.gpu="$devices" "$@" &
+    --config.mesh.node="$procs" --config.mesh.gpu="$devices" ${links[@]+"${links[@]}"} "$@" &
   pids+=($!)
 done
 status=0

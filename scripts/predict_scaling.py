@@ -6,7 +6,8 @@ validated by `scripts/validate_comm.py`), the published link figures it records 
 and the paper's results (`PAPER`). `python -m scripts.render scaling:<table>` prints the tables of
 docs/scaling.md; this draws its picture:
 
-  python -m scripts.calibrate_comm docs/benchmarks/*.json
+  python -m scripts.calibrate_comm docs/benchmarks/*.json \
+      --overlap_row='docs/benchmarks/bench_plans_2x2_256_4xH200.json#results[1]'
   python -m scripts.predict_scaling
 
 Needs JAX (CPU is enough) for the models' parameter shapes, and matplotlib for the plot.

@@ -89,6 +89,34 @@ def test_hosts_gives_each_process_its_own_gpus_host_id_and_the_socket_network(tm
     assert len({flag(r, "config.distributed.coordinator_address") for r in started}) == 1
 
 
+def test_hosts_plans_auto_for_the_emulated_links_unless_the_caller_names_a_network(tmp_path):
+    started = launch(
+        tmp_path, "--hosts", "2", "1", "configs/digits.py", "/tmp/w", "--config.total_steps=3",
+        env={"JIA_JAX_PLATFORM": "gpu"},
+    )
+    for record in started:
+        assert flag(record, "config.comm.network") == "emulated"
+        assert record["argv"][-1] == "--config.total_steps=3"  # the caller's flags come last
+    for i, mine in enumerate(
+        (["--config.comm.network=ndr400_per_node"], ["--config.comm.network", "ndr400_per_node"])
+    ):
+        records = tmp_path / f"caller_{i}"
+        records.mkdir()
+        started = launch(
+            records, "--hosts", "2", "1", "configs/digits.py", "/tmp/w", *mine,
+            env={"JIA_JAX_PLATFORM": "gpu"},
+        )
+        for record in started:
+            named = [a for a in record["argv"] if a.startswith("--config.comm.network")]
+            assert named == mine[:1], record["argv"]
+            assert record["argv"][-len(mine):] == mine
+    # Processes of one host: no network to plan for.
+    records = tmp_path / "one_host"
+    records.mkdir()
+    for record in launch(records, "2", "1", "configs/digits.py", "/tmp/w"):
+        assert not any("comm.network" in a for a in record["argv"])
+
+
 def test_hosts_keeps_the_callers_nccl_settings(tmp_path):
     # A user's measured settings (or NVLink multicast kept off by the machine) are not overridden.
     mine = {"NCCL_SOCKET_NTHREADS": "8", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_NVLS_ENABLE": "0"}

@@ -48,6 +48,7 @@ def test_resnet50_64k_config_runs_on_cpu_with_small_overrides(tmp_path):
         ("global_batch_size", 60),
         ("mesh.node", 3),
         ("comm.strategy", "ring"),
+        ("comm.network", "carrier_pigeon"),
         ("precision.compute", "float8"),
         ("optimizer.name", "adam"),
         ("optimizer.decay", "step"),

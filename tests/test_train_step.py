@@ -184,6 +184,43 @@ def test_auto_communication_plan_trains_like_an_explicit_one():
     assert _tree_max_abs_diff(explicit.params, chosen.params) < 1e-5
 
 
+def test_resolve_comm_plans_for_the_network_the_config_names(monkeypatch):
+    # resolve_comm hands `comm_model.resolve` the links of `comm.network` when the run spans
+    # processes (here pretended), NVLink only in one process; an unknown name fails clearly.
+    from jia_jax import comm_model
+
+    mesh = mesh_lib.create_mesh(2, 4)
+    config = tiny_config("auto")
+    config.comm.bucket_bytes = config.comm.hybrid_crossover_bytes = -1
+    model, state, _ = build(config, mesh)
+    seen = []
+    resolve = comm_model.resolve
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["model"])
+        return resolve(*args, **kwargs)
+
+    monkeypatch.setattr(comm_model, "resolve", spy)
+    for processes, network, want in [
+        (2, "emulated", comm_model.load_emulated_hosts()),
+        (2, "", comm_model.load_model()),
+        (2, "ndr400_per_node", comm_model.load_model(fabric="ndr400_per_node")),
+        (1, "emulated", comm_model.load_model(single_host=True)),
+    ]:
+        monkeypatch.setattr(jax, "process_count", lambda n=processes: n)
+        config.comm.network = network
+        comm = train.resolve_comm(config.comm, model, mesh, state.params, (16, 16, 1))
+        assert seen[-1] == want, (processes, network)
+        assert comm.network == network and comm.strategy in allreduce.STRATEGIES
+    assert comm_model.load_emulated_hosts() != comm_model.load_model()  # the cases differ
+    config.comm.network = "carrier_pigeon"
+    with pytest.raises(ValueError, match="comm.network='carrier_pigeon' is not one of"):
+        train.resolve_comm(config.comm, model, mesh, state.params, (16, 16, 1))
+    with pytest.raises(ValueError, match="carrier_pigeon"):  # explicit strategies: at build
+        config.comm.strategy = "flat"
+        train.make_train_step(model, None, None, config, mesh)
+
+
 def _smoothed_cross_entropy_f64(logits: np.ndarray, labels: np.ndarray, smoothing: float):
     """Mean over examples of -sum_c t_c log softmax(z)_c, t = (1 - s) onehot + s / C, in float64."""
     z = np.asarray(logits, np.float64)

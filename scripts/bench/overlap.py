@@ -229,6 +229,10 @@ def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, g
         per_device_batch_override=batch,
         **(dict(image_size=32, model_width=8, small_inputs=True) if args.tiny else {}),
     )
+    if processes > 1:
+        # Every process is a host of its own to NCCL (`emulated_hosts.run`), as with
+        # `scripts/launch_local.sh --hosts`: 'auto' plans for the links fitted on such a machine.
+        config.comm.network = "emulated"
     for key, value in VARIANTS[variant].items():
         if key not in _NOT_CONFIG:
             section, field = key.split(".")

@@ -120,6 +120,50 @@ def not_validated() -> str:
     return table(["reason", "rows", "which"], body, right=(1,))
 
 
+def emulated_links() -> str:
+    """The links of hosts emulated on one machine (the launcher's NCCL setting), fitted on the
+    link benchmark's sizes: each level's alpha and beta and each size's fit error."""
+    cal = inputs()[0]
+    fit = cal["emulated_hosts"][cal["default_emulated"]]
+    body = []
+    for level, what in (
+        ("intra", "`gpu` axis: NVLink inside a process"),
+        ("inter", "`node` axis: the GPU pairs across hosts at once (hierarchical)"),
+        ("flat_inter", "both axes: one ring over every GPU (flat)"),
+    ):
+        link = fit[level]
+        errors = ", ".join(
+            f"{r['payload_bytes'] / cc.MIB:g} MiB {pct(r['fitted_s'] / r['measured_s'] - 1)}"
+            for r in link["rows"]
+        )
+        beta = f"{link['beta_bytes_per_s'] / 1e9:.3g}"
+        body.append((level, what, f"{link['alpha_s'] * 1e6:.1f}", beta, errors))
+    header = ["level", "what", "alpha us", "beta GB/s per GPU", "fitted vs measured"]
+    return table(header, body, right=(2, 3))
+
+
+def emulated_plans() -> str:
+    """The trainer's step across emulated hosts, every plan measured against the model's
+    prediction (compute: the one-GPU step of the same call)."""
+    body = []
+    for e in inputs()[0]["plans"]:
+        file, index = e["row"].split("#")
+        body.append((
+            f"`{os.path.basename(file)}` {index}",
+            e["variant"],
+            e["per_device_batch"],
+            e["strategy"],
+            f"{e['bucket_bytes'] / cc.MIB:g}",
+            "yes" if e["overlap"] else "no",
+            ms(e["measured_s"]),
+            ms(e["predicted_s"]),
+            "fitted" if e["fitted"] else pct(e["error"]),
+        ))
+    header = ["row", "variant", "per GPU", "strategy", "bucket MiB", "overlap", "measured ms"]
+    header += ["predicted ms", "error"]
+    return table(header, body, right=(2, 4, 6, 7, 8))
+
+
 def auto() -> str:
     """What `comm_model.resolve` picks on one host and across nodes."""
     body = [
@@ -227,6 +271,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "links": links,
     "held_out": held_out,
     "not_validated": not_validated,
+    "emulated_links": emulated_links,
+    "emulated_plans": emulated_plans,
     "auto": auto,
     "weak_scaling_resnet50": functools.partial(weak_scaling, "resnet50"),
     "weak_scaling_alexnet_bn": functools.partial(weak_scaling, "alexnet_bn"),

@@ -288,6 +288,8 @@ def fit_ring(
     if fitted["inv_beta"] <= 0:
         raise ValueError("The fit found no bandwidth term; the rows need at least two sizes.")
     return fitted["launch"], fitted["alpha"], fitted["inv_beta"]
+
+
 def fit_intra(rows: Sequence[Row]) -> dict[str, Any]:
     """Fits launch, alpha and 1/beta of `t = launch + steps alpha + volume / beta` (see module)."""
     if not rows:

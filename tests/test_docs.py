@@ -833,7 +833,8 @@ def test_link_4xh200_answers_agree_with_the_json():
             f"reaches {big['node']['bus_gb_s']:.2f} GB/s at 97.5 MiB and "
             f"{small['node']['bus_gb_s']:.2f} at 4 MiB",
             f"reaches {big['both']['bus_gb_s']:.2f} GB/s of bus bandwidth: it moves its 97.5 MiB "
-            f"in {big['both']['time_s'] * 1e3:.1f} ms, half the {big['node']['time_s'] * 1e3:.1f} ms",
+            f"in {big['both']['time_s'] * 1e3:.1f} ms, half the "
+            f"{big['node']['time_s'] * 1e3:.1f} ms",
         ],
     )
     assert 0.45 < big["both"]["time_s"] / big["node"]["time_s"] < 0.55  # "half"
@@ -859,7 +860,8 @@ def test_plans_2x2_answers_agree_with_the_json():
         [
             f"keeps {eff['overlap', 256]:.3f} of four GPUs at 256 images per GPU and "
             f"{eff['overlap', 64]:.3f} at 64",
-            f"`hybrid` ties it ({pair('hybrid')}), and so do 4 MiB buckets ({pair('overlap_4mib')})",
+            f"`hybrid` ties it ({pair('hybrid')}), and so do 4 MiB buckets "
+            f"({pair('overlap_4mib')})",
             f"64 MiB buckets lose ({pair('overlap_64mib')})",
             f"`hierarchical` loses ({pair('hierarchical')})",
             f"a pair moved {link['node']['bus_gb_s']:.2f} GB/s where the ring over all four GPUs "
@@ -917,10 +919,13 @@ def test_speed_of_light_estimator_answers_agree_with_the_json():
         [
             f"loses: {two('overlap_nosol')} of two GPUs at 256 and 64 images per GPU as 2 × 1, "
             f"against the default's {two('overlap')}",
-            f"It kept {two('overlap_nosol_cap')} as 2 × 1 and {two('overlap_nosol_cap', '2x2')} as "
+            f"It kept {two('overlap_nosol_cap')} as 2 × 1 and "
+            f"{two('overlap_nosol_cap', '2x2')} as "
             f"2 × 2, against the default's {two('overlap')}, and {two('overlap', '2x2')}",
-            f"the one-GPU step took {one_ms:.1f} ms here, so {one_ms / 0.85 - one_ms:.1f} ms a step",
-            f"the {grads / 1e6:.1f} MB of bf16 gradients take {link['both']['time_s'] * scale:.1f} ms",
+            f"the one-GPU step took {one_ms:.1f} ms here, so "
+            f"{one_ms / 0.85 - one_ms:.1f} ms a step",
+            f"the {grads / 1e6:.1f} MB of bf16 gradients take "
+            f"{link['both']['time_s'] * scale:.1f} ms",
             f"and {link['node']['time_s'] * scale:.1f} ms at that of one pair",
         ],
     )
@@ -972,8 +977,9 @@ def test_scaling_prose_on_emulated_hosts_quotes_the_calibration():
         read("docs/scaling.md"),
         [
             f"**Overlap** of communication with backward: {cal['overlap']['value']:.3f}, solved",
-            f"Two GPU pairs across the hosts at once get {fit['inter']['beta_bytes_per_s'] / 1e9:.2f}"
-            f" GB/s each, while one ring over all four GPUs gets "
+            f"Two GPU pairs across the hosts at once get "
+            f"{fit['inter']['beta_bytes_per_s'] / 1e9:.2f} GB/s each, while one ring over all "
+            f"four GPUs gets "
             f"{fit['flat_inter']['beta_bytes_per_s'] / 1e9:.2f} GB/s per GPU",
             f"`hierarchical` is under-predicted by {-100 * hier[0]:.1f}% at 256 and "
             f"{-100 * hier[1]:.1f}% at 64",

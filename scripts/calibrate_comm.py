@@ -493,13 +493,14 @@ class StepRow:
     hosts: int
     gpus_per_host: int
     per_device_batch: int
-    strategy: str  # as recorded: flat, hierarchical, hybrid, xla, auto or peer
+    strategy: str  # flat, hierarchical, hybrid, xla, peer, or auto (its plan not recorded)
     bucket_bytes: int | None  # None: not recorded (older runs)
     step_time_s: float
     compute_s: float | None  # the 1x1 row of the same file and batch
     nccl: dict[str, str]  # the NCCL settings beyond the loopback network
     device_kind: str
     tiny: bool  # the CPU smoke model, not ResNet-50
+    crossover_bytes: int | None = None  # hybrid's, where 'auto' resolved it; None: the config's
 
 
 def step_rows(paths: Sequence[str]) -> list[StepRow]:
@@ -517,6 +518,7 @@ def step_rows(paths: Sequence[str]) -> list[StepRow]:
         for i, r in ok:
             if r["hosts"] < 2:
                 continue
+            plan = r.get("resolved", {})  # what 'auto' resolved to, where recorded
             out.append(
                 StepRow(
                     f"{relpath(path)}#results[{i}]",
@@ -524,13 +526,14 @@ def step_rows(paths: Sequence[str]) -> list[StepRow]:
                     r["hosts"],
                     r["gpus_per_host"],
                     r["per_device_batch"],
-                    r.get("strategy", "?"),
-                    r.get("bucket_bytes"),
+                    plan.get("strategy", r.get("strategy", "?")),
+                    plan.get("bucket_bytes", r.get("bucket_bytes")),
                     r["step_time_s"],
                     one.get(r["per_device_batch"]),
                     args.get("nccl", {}),
                     doc.get("environment", {}).get("device_kind", "?"),
                     bool(args.get("tiny")),
+                    plan.get("hybrid_crossover_bytes"),
                 )
             )
     return out
@@ -590,8 +593,8 @@ def _step_setting(row: StepRow) -> str | None:
 def _step_comm(row: StepRow, strategy: str, overlaps: bool, model: Any) -> dict[str, Any]:
     """Per-bucket times, the statistics' all-reduce and the exposed time of a row's plan:
     ResNet-50's gradient leaves in backward order (the peer: reverse tree order) packed into the
-    row's buckets in the 64K config's wire dtype (hybrid: its crossover); `model` is a
-    `comm_model.CommModel`."""
+    row's buckets in the 64K config's wire dtype (hybrid: the row's crossover, else the
+    config's); `model` is a `comm_model.CommModel`."""
     from configs import resnet50_64k  # pylint: disable=import-outside-toplevel
     from jia_jax import comm_model as cm  # pylint: disable=import-outside-toplevel
     from scripts.validate_comm import model_shapes  # pylint: disable=import-outside-toplevel
@@ -602,9 +605,8 @@ def _step_comm(row: StepRow, strategy: str, overlaps: bool, model: Any) -> dict[
     sizes = shapes.tree[::-1] if row.strategy == "peer" else shapes.backward
     node, gpu = row.hosts, row.gpus_per_host
     buckets = cm.bucket_elements(sizes, row.bucket_bytes, itemsize)
-    times = cm.bucket_times(
-        strategy, buckets, itemsize, comm.hybrid_crossover_bytes, node, gpu, model
-    )
+    crossover = comm.hybrid_crossover_bytes if row.crossover_bytes is None else row.crossover_bytes
+    times = cm.bucket_times(strategy, buckets, itemsize, crossover, node, gpu, model)
     # Running BN statistics and two metrics, averaged in fp32 after backward.
     stats = cm.allreduce_s((shapes.stats + 2) * 4, node, gpu, model)
     exposed = cm.exposed_s(times, model.overlap if overlaps else 0.0) + stats

@@ -590,3 +590,22 @@ def test_emulated_hosts_timeout_counts_from_the_start_for_every_process():
     assert all(log.endswith("[killed: timeout]") for log in logs)
     assert all(code is not None and code < 0 for code in codes)  # killed, not exited
     assert elapsed < 3.5, elapsed  # one 2 s deadline, not 2 x 2 s
+
+
+def test_overlap_rows_record_the_plan_auto_resolved_to():
+    """An 'auto' row of `scripts/bench/overlap.py` names the plan its step ran (the calibration
+    predicts it as that plan); an explicit row records nothing more than its config."""
+    from jia_jax import comm_model
+    from scripts.bench import overlap as bench_overlap
+    from scripts.bench import trainer_step
+
+    tiny = dict(image_size=32, model_width=8, small_inputs=True, per_device_batch_override=2)
+    explicit = trainer_step.make_config("resnet50", "flat", 2, 2, **tiny)
+    auto = trainer_step.make_config("resnet50", "auto", 2, 2, **tiny)
+    setup = trainer_step.build_setup(auto, jax.devices())
+    params = jax.eval_shape(setup["init"]).params
+    assert bench_overlap.resolved_plan(explicit, setup, params) == {}
+    plan = bench_overlap.resolved_plan(auto, setup, params)["resolved"]
+    assert plan["strategy"] in comm_model.STRATEGIES
+    assert plan["bucket_bytes"] in comm_model.BUCKET_GRID
+    assert plan["hybrid_crossover_bytes"] in (0, *comm_model.BUCKET_GRID)

@@ -819,3 +819,24 @@ def test_network_names_the_links_and_rejects_unknown_names():
     assert all(repr(name) in message for name in cm.network_names())
     with pytest.raises(ValueError, match="carrier_pigeon"):  # checked on one host too
         cm.network_model("carrier_pigeon", single_host=True)
+
+
+def test_an_auto_row_is_predicted_as_the_plan_it_recorded(tmp_path):
+    """`scripts/bench/overlap.py` records what 'auto' resolved to (`resolved`); the calibration
+    then predicts that row as the plan itself: the same prediction as the explicit row of that
+    plan in the same call (same compute, same buckets)."""
+    src = os.path.join(calibrate_comm.REPO, "docs", "benchmarks", "bench_plans_2x2_256_4xH200.json")
+    doc = json.loads(open(src).read())
+    [auto] = [r for r in doc["results"] if r.get("variant") == "auto"]
+    auto["resolved"] = {"strategy": "flat", "bucket_bytes": 16 * MIB, "hybrid_crossover_bytes": 0}
+    path = tmp_path / "bench_plans_auto.json"
+    path.write_text(json.dumps(doc))
+    cal = json.loads(open(calibrate_comm.DEFAULT_OUT).read())
+    out = calibrate_comm.plans(calibrate_comm.step_rows([str(path)]), cal, None)
+    by_variant = {e["variant"]: e for e in out["plans"]}
+    assert "auto" in by_variant, out["plans_excluded"]
+    assert by_variant["auto"]["strategy"] == "flat"
+    assert by_variant["auto"]["predicted_s"] == pytest.approx(
+        by_variant["overlap"]["predicted_s"], **TIGHT
+    )
+    assert by_variant["auto"]["measured_s"] == auto["step_time_s"]

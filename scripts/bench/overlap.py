@@ -25,7 +25,8 @@ psum each).
   efficiency = images/s on the layout / (its GPUs x images/s of 1x1 at the same batch)
 
 Process 0 also records each collective's place in XLA's schedule (`schedule`): how many
-convolutions run between its start and its done, and whether XLA made it synchronous.
+convolutions run between its start and its done, and whether XLA made it synchronous. An `auto`
+row records the plan its step resolved to (`resolved`: strategy, bucket, crossover).
 
   python -m scripts.bench.overlap --layouts=1x1,2x1 --batches=256,64 --out=/tmp/overlap.json
 
@@ -252,6 +253,7 @@ def _measure(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
 
     step, setup, config = _build(args, variant, batch, processes, gpus)
     state = setup["init"]()
+    resolved = resolved_plan(config, setup, state.params)
     start = time.perf_counter()
     pgle = VARIANTS[variant].get("pgle", False)
     jax.config.update("jax_enable_pgle", pgle)
@@ -270,10 +272,26 @@ def _measure(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
         compile_s=time.perf_counter() - start - row.pop("timed_s"),
         strategy="peer" if variant.startswith("peer") else config.comm.strategy,
         bucket_bytes=config.comm.bucket_bytes,
+        **resolved,
     )
     if jax.process_index() == 0 and jax.default_backend() == "gpu" and not pgle:
         row["schedule"] = schedule(compiled.as_text())
     return row
+
+
+def resolved_plan(config: Any, setup: dict[str, Any], params: Any) -> dict[str, Any]:
+    """`{"resolved": strategy, bucket and crossover}` that `comm.strategy='auto'` (or a bucket or
+    crossover of -1) resolved to in the step, as `train.make_train_step` resolves them; `{}` for
+    explicit plans (the row's `strategy` and `bucket_bytes` are then the plan)."""
+    from jia_jax import train
+
+    comm = config.comm
+    if comm.strategy != "auto" and -1 not in (comm.bucket_bytes, comm.hybrid_crossover_bytes):
+        return {}
+    image_shape = setup["batch"]["image"].shape[1:]
+    plan = train.resolve_comm(comm, setup["model"], setup["mesh"], params, image_shape)
+    keys = ("strategy", "bucket_bytes", "hybrid_crossover_bytes")
+    return {"resolved": {k: plan[k] for k in keys}}
 
 
 def _timed(args, compiled, state, batch: dict[str, Any], images: int) -> dict[str, Any]:

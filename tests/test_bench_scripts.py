@@ -609,3 +609,15 @@ def test_overlap_rows_record_the_plan_auto_resolved_to():
     assert plan["strategy"] in comm_model.STRATEGIES
     assert plan["bucket_bytes"] in comm_model.BUCKET_GRID
     assert plan["hybrid_crossover_bytes"] in (0, *comm_model.BUCKET_GRID)
+
+
+def test_error_text_names_repository_files_relative_to_the_checkout():
+    from scripts.bench import harness
+
+    where = os.path.join(harness.REPO, "jia_jax", "models", "layers.py")
+    e = ValueError(f"rule attached to _plain at {where}:81 must produce " + "x" * 3000)
+    head = harness.error_text(e)
+    assert head.startswith("ValueError: rule attached to _plain at jia_jax/models/layers.py:81 ")
+    assert len(head) == 2000 and harness.REPO not in head
+    tail = harness.error_text(e, limit=10, tail=True)
+    assert tail == "x" * 10

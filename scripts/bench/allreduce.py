@@ -169,7 +169,7 @@ def run_cases(
             row["ratio"] = plain / timing["time_s"] if plain else None
         except Exception as e:  # pylint: disable=broad-except
             # One failing case (e.g. out of memory) must not lose the others.
-            row["error"] = f"{type(e).__name__}: {e}"[:2000]
+            row["error"] = harness.error_text(e)
         on_result(row)
 
 

@@ -458,7 +458,7 @@ def _measured(row: dict[str, Any], key: str, measure: Callable[[], float]) -> di
     try:
         row[key] = measure()
     except Exception as e:  # pylint: disable=broad-except
-        row["error"] = f"{type(e).__name__}: {e}"[:2000]
+        row["error"] = harness.error_text(e)
     print(row, flush=True)
     return row
 

@@ -186,6 +186,14 @@ def environment() -> dict[str, Any]:
     }
 
 
+def error_text(e: BaseException, limit: int = 2000, tail: bool = False) -> str:
+    """``Type: message`` of a case that failed, for its row: the checkout's absolute root made
+    relative (a traceback's paths name the repository's files, not the machine's), at most `limit`
+    characters, the first ones or with `tail` the last."""
+    text = f"{type(e).__name__}: {e}".replace(REPO + os.sep, "")
+    return text[-limit:] if tail else text[:limit]
+
+
 def write_json(path: str, doc: dict[str, Any]) -> None:
     """Writes `doc` to `path` atomically, so a killed run never leaves half a file."""
     tmp = f"{path}.tmp"
@@ -265,7 +273,7 @@ def worker(
                 row.update(measure(case, args, cache))
             except Exception as e:  # pylint: disable=broad-except
                 # One failing case (e.g. out of memory) must not lose the others.
-                row["error"] = f"{type(e).__name__}: {e}"[:2000]
+                row["error"] = error_text(e)
                 cache.clear()
             row["wall_s"] = time.perf_counter() - start
             wall[model] = max(wall.get(model, 0.0), row["wall_s"])

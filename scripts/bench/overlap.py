@@ -336,7 +336,7 @@ def worker(args: argparse.Namespace) -> None:
             try:
                 row = _measure(args, variant, batch, processes, gpus)
             except Exception as e:  # noqa: BLE001 - a variant XLA rejects loses only its row
-                row = {"error": f"{type(e).__name__}: {e}"[-2000:]}
+                row = {"error": harness.error_text(e, tail=True)}
             row.update(variant=variant, per_device_batch=batch, process=jax.process_index())
             print(_ROW + json.dumps(row), flush=True)
 

@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         try:
             rows.append(profile_case(case, args))
         except Exception as e:  # pylint: disable=broad-except
-            rows.append({**case, "error": f"{type(e).__name__}: {e}"[:2000]})
+            rows.append({**case, "error": harness.error_text(e)})
         # Kernel lists go to their own file: the picture is drawn from them, the summary stays small.
         all_kernels[text] = rows[-1].pop("kernels", None)
         with gzip.open(f"{args.out}.kernels.json.gz", "wt") as f:

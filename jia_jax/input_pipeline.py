@@ -162,6 +162,12 @@ def resolve_decode(choice: str) -> str:
             raise
         logging.warning("Decoding on the CPU: %s", e)
         return "cpu"
+    name, value = gpu_decode.HARDWARE_QUEUES
+    if name not in os.environ:  # CUDA started without it (jia_jax.main sets it beforehand)
+        logging.warning(
+            "%s is not set: the GPU decoder may wait behind queued train steps, many times "
+            "slower; set %s=%s before JAX starts.", name, name, value
+        )
     return "gpu"
 
 

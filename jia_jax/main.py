@@ -23,6 +23,7 @@ from jia_jax import checkpoint_restore
 from jia_jax import console
 from jia_jax import evaluate
 from jia_jax import export
+from jia_jax import gpu_decode
 from jia_jax import loop
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -147,6 +148,8 @@ def main(argv: list[str]) -> None:
             "--name=value (no spaces around '=')."
         )
     logging.get_absl_handler().addFilter(console.hide_library_info)
+    # Before JAX starts CUDA, which reads these once (every mode may decode on the GPU).
+    os.environ.update(gpu_decode.cuda_environment(_CONFIG.value.data.decode, os.environ))
     try:
         check_mode_flags(_MODE.value, _STEP.value, _EXPORT_PATH.value)
         check_workdir(_WORKDIR.value)

@@ -4,6 +4,7 @@ decoder, regions inside the image of the default one), where the pixels land, wh
 its start-up check, its checks of the array it writes into and its stream synchronisation."""
 
 import io
+import os
 import logging
 
 import jax
@@ -201,3 +202,40 @@ def test_options_reach_every_decoder_after_the_library_defaults():
     gpu_decode.NvImageCodecDecoder(jax.devices()[0], library, FakeStream(), extra)
     gpu_decode.NvImageCodecDecoder(jax.devices()[0], library, FakeStream())
     assert library.options == [f":fancy_upsampling=0 {extra}"] * 2 + [":fancy_upsampling=0"] * 2
+
+
+@pytest.mark.parametrize(
+    "decode, installed, environ, expected",
+    [
+        ("auto", True, {}, {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}),
+        ("gpu", True, {}, {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}),
+        ("cpu", True, {}, {}),  # never decodes on the GPU
+        ("auto", False, {}, {}),  # cannot: CPU-only installs keep CUDA's defaults
+        ("gpu", True, {"CUDA_DEVICE_MAX_CONNECTIONS": "4"}, {}),  # the user's value is kept
+    ],
+)
+def test_a_process_that_may_decode_on_the_gpu_gets_more_hardware_queues(
+    monkeypatch, decode, installed, environ, expected
+):
+    monkeypatch.setattr(gpu_decode, "library_installed", lambda: installed)
+    assert gpu_decode.cuda_environment(decode, environ) == expected
+
+
+def test_the_command_line_sets_the_hardware_queues_before_any_mode_runs(monkeypatch, tmp_path):
+    """jia_jax.main must set the variable before JAX starts CUDA (it is read once, then)."""
+    from absl import flags  # pylint: disable=import-outside-toplevel
+
+    from jia_jax import loop, main  # pylint: disable=import-outside-toplevel
+
+    seen = {}
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    monkeypatch.setattr(gpu_decode, "library_installed", lambda: True)
+    monkeypatch.setattr(
+        loop, "train_and_evaluate", lambda *a: seen.update(os.environ)
+    )
+    flags.FLAGS(["main", "--config=configs/digits.py", f"--workdir={tmp_path}"])
+    try:
+        main.main(["main"])
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert seen["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"

@@ -353,7 +353,7 @@ def test_bench_gpu_decode_loaded_on_cpu(tmp_path, fake_gpu):  # noqa: F811
     assert [(r["decoder_options"], r["beside_training"]) for r in rows] == [
         ("", False), ("", True), ("a:b=1", False), ("a:b=1", True)
     ]
-    assert fake_gpu.options[-1] == ":fancy_upsampling=0 a:b=1"
+    assert fake_gpu.options[-1] == ":fancy_upsampling=1 a:b=1"
     assert all(r["decode_images_per_s"] > 0 for r in rows), rows
     assert [r["train_images_per_s"] > 0 for r in rows] == [False, True, False, True], rows
     for r in rows:  # every batch's rows decoded, within which the decoder's calls ran

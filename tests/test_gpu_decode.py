@@ -194,14 +194,15 @@ def test_a_region_larger_than_a_slot_or_a_wrong_array_is_refused_before_anything
     assert library.decoded == []
 
 
-def test_options_reach_every_decoder_after_the_library_defaults():
-    # nvImageCodec replaces its default options string with the one given: the decoder keeps the
-    # default's ":fancy_upsampling=0" (what the start-up check is set for) in front of the extra.
+def test_options_reach_every_decoder_after_the_ones_that_match_pillow():
+    # nvImageCodec replaces its default options string with the one given: every decoder asks
+    # for libjpeg's interpolated chroma upsampling (Pillow's; ":fancy_upsampling=0", nvJPEG's
+    # sample repetition, put its pixels 11 levels from the CPU path's on a GPU), then the extra.
     library = FakeNvImageCodec()
     extra = "nvjpeg_hw_decoder:preallocate_batch_size=256"
     gpu_decode.NvImageCodecDecoder(jax.devices()[0], library, FakeStream(), extra)
     gpu_decode.NvImageCodecDecoder(jax.devices()[0], library, FakeStream())
-    assert library.options == [f":fancy_upsampling=0 {extra}"] * 2 + [":fancy_upsampling=0"] * 2
+    assert library.options == [f":fancy_upsampling=1 {extra}"] * 2 + [":fancy_upsampling=1"] * 2
 
 
 @pytest.mark.parametrize(

@@ -182,6 +182,9 @@ def environment() -> dict[str, Any]:
         "device_count": jax.device_count(),
         "process_count": jax.process_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        # CUDA's hardware queues (8 unless set): the GPU decoder's speed beside training
+        # depends on them (jia_jax/gpu_decode.py).
+        "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", ""),
         "host": platform.node(),
     }
 

@@ -16,10 +16,13 @@ from scripts.bench import profile_trace
 
 def _environment(doc: dict[str, Any]) -> str:
     env = doc["environment"]
-    return (
+    text = (
         f"{env['device_count']} x {env['device_kind']}, jax {env['jax_version']}, "
         f"XLA_FLAGS='{env['xla_flags']}'"
     )
+    if "cuda_device_max_connections" in env:  # recorded since it mattered (GPU decoding)
+        text += f", CUDA_DEVICE_MAX_CONNECTIONS={env['cuda_device_max_connections'] or 'unset'}"
+    return text
 
 
 def _flags(flags: str | list[str]) -> str:

@@ -943,6 +943,41 @@ def test_speed_of_light_estimator_answers_agree_with_the_json():
     )
 
 
+def test_raised_overlap_limit_answers_agree_with_the_json():
+    rows = _overlap_rows("bench_overlap_ol4_2xH200.json")
+    e = {k: r["eff"] for k, r in rows.items()}
+
+    def places(variant: str, batch: int) -> list[tuple[int, int, int]]:
+        return [(c["convolutions_until_ready"], c["convolutions_between"], c["start_index"])
+                for c in rows["2x1", variant, batch]["schedule"] if "bf16" in c["shape"]]
+
+    # The raised limit leaves the 256-image schedule exactly as the cap alone placed it.
+    assert places("overlap_nosol_cap_ol4", 256) == places("overlap_nosol_cap", 256)
+    capped = rows["2x1", "overlap_nosol_cap_ol4", 256]["schedule"]
+    ready = [c["convolutions_until_ready"] for c in capped if "bf16" in c["shape"]]
+    between = [c["convolutions_between"] for c in capped if "bf16" in c["shape"]]
+    named = rows["2x1", "overlap_nosol_cap_lhs_ol4", 256]["schedule"][0]
+    # At 64 the capped step's bucket all-reduces all ran synchronously after the last conv.
+    sync = [c for c in rows["2x1", "overlap_nosol_cap", 64]["schedule"] if "bf16" in c["shape"]]
+    assert all(c["sync"] and c["convolutions_before_start"] == 158 for c in sync)
+    variants = ("overlap", "overlap_nosol_cap", "overlap_nosol_cap_ol4",
+                "overlap_nosol_cap_lhs_ol4")
+    assert_quoted(
+        _section("## Across hosts"),
+        [
+            "after the same convolutions as without it ({}, {}, {} and {} until ready, {}, {}, "
+            "{} and {} between start and done;".format(*ready, *between),
+            f"the first after {named['convolutions_before_start']} convolutions",
+            f"the plain peer kept {e['2x1', 'peer', 256]:.3f} of two GPUs at 256, against "
+            f"{_overlap_rows('bench_overlap_nosol_4xH200.json')['2x1', 'peer', 256]['eff']:.3f} "
+            "above",
+            "at 256 the default kept {:.3f}, the cap {:.3f}, the raised limit {:.3f}, with the "
+            "scheduler named {:.3f}; at 64, {:.3f}, {:.3f}, {:.3f} and {:.3f}".format(
+                *(e["2x1", v, 256] for v in variants), *(e["2x1", v, 64] for v in variants)
+            ),
+        ],
+    )
+
 def test_default_config_quotes_the_model_options_measurement():
     rows = load("bench_peers_fused_1xH100.json")["results"]
     ratio = {r["per_device_batch"]: r["ratio_vs_faster_peer"] for r in rows

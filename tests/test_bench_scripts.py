@@ -265,6 +265,24 @@ def test_trainer_progress_reads_every_logged_interval():
     ]
 
 
+def test_trainer_progress_counts_each_step_of_several_processes_once():
+    # Both processes of scripts/launch_local.sh log each step's global rate (recorded on CPU,
+    # 2 x 4 devices): each step counts once, and the steady intervals are steps 4 and 6 alone.
+    log = "\n".join(
+        [
+            "I1127 06:38:28.360260 140225232341888 loop.py:294] step 2/6 | learning_rate 0.02333 | loss 6.869 | top1 0 | 53.4 img/s | ETA 0:00:01",
+            "I1127 06:38:28.361204 139867474795392 loop.py:294] step 2/6 | learning_rate 0.02333 | loss 6.869 | top1 0 | 52.6 img/s | ETA 0:00:01",
+            "I1127 06:38:28.911148 140225232341888 loop.py:294] step 4/6 | learning_rate 0.0125 | loss 6.776 | top1 0.125 | 57.9 img/s | ETA 0:00:01",
+            "I1127 06:38:28.916051 139867474795392 loop.py:294] step 4/6 | learning_rate 0.0125 | loss 6.776 | top1 0.125 | 57.7 img/s | ETA 0:00:01",
+            "I1127 06:38:29.518434 140225232341888 loop.py:294] step 6/6 | learning_rate 0.001675 | loss 6.709 | top1 0.125 | 52.7 img/s | ETA 0:00:00",
+            "I1127 06:38:29.525600 139867474795392 loop.py:294] step 6/6 | learning_rate 0.001675 | loss 6.709 | top1 0.125 | 52.5 img/s | ETA 0:00:00",
+        ]
+    )
+    progress = harness.trainer_progress(log)
+    assert [(p["step"], p["images_per_s"]) for p in progress] == [(2, 53.4), (4, 57.9), (6, 52.7)]
+    assert statistics.median(p["images_per_s"] for p in progress[1:]) == pytest.approx(55.3)
+
+
 def test_bench_train_input_compares_real_jpegs_with_synthetic_data(tmp_path):
     """The whole script on CPU (8 devices, 2x4) with a tiny model: both runs train and the ratio
     is their quotient."""

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The GPU-decode measurements of docs/input_pipeline.md in one call (about 8 minutes) on a host
+# The GPU-decode measurements of docs/input_pipeline.md in one call (about 10 minutes) on a host
 # with 2 GPUs and 32 or more cores, nvImageCodec installed (pip install -e ".[gpu]"); run from the
 # repository root:
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh
 # ResNet-50 64K config, bf16, on the generated JPEGs of scripts/bench/input.py: the trainer with
 # data.decode=gpu against synthetic data at 256 images per GPU on 1 GPU (16 cores, the synthetic
-# run at the same time on the other GPU and the other 16 cores) and on 2 GPUs (32 cores), and at
-# 64 per GPU on 1 GPU; the decode stage alone per GPU; and the smoke check (GPU path against CPU
-# path on the same images and parameters), first: if it fails, nothing else runs. Writes
-# $OUT/bench_gpu_decode.json (the record docs/input_pipeline.md renders),
+# run at the same time on the other GPU and the other 16 cores) and on 2 GPUs (32 cores) in one
+# process, and at 64 per GPU on 1 GPU; the GPU path alone on 2 GPUs as 2 processes of 1 GPU
+# (scripts/launch_local.sh, NCCL over NVLink; the same 32 cores and workers in all), against the
+# one-process synthetic run; the decode stage alone per GPU; and the smoke check (GPU path
+# against CPU path on the same images and parameters), first: if it fails, nothing else runs.
+# Writes $OUT/bench_gpu_decode.json (the record docs/input_pipeline.md renders),
 # $OUT/gpu_decode_smoke.json, a profile of the 1-GPU step ($OUT/gpu_decode_profile.json) and the
 # logs' tails in $OUT/bench_gpu_decode.log, and prints a summary last.
 set -uo pipefail
@@ -31,10 +33,11 @@ CUDA_VISIBLE_DEVICES=0 python3 -m scripts.bench.gpu_decode smoke --data_dir="$da
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 \
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
 
-train() {  # train GPUS CORES PER_GPU STEPS LOG_EVERY VARIANTS WORKERS NAME
+train() {  # train GPUS CORES PER_GPU STEPS LOG_EVERY VARIANTS WORKERS NAME [FLAG ...]
   CUDA_VISIBLE_DEVICES=$1 taskset -c "$2" python3 -m scripts.bench.train_input \
     --data_dir="$data" --per_gpu="$3" --steps="$4" --log_every="$5" --variants="$6" \
-    --num_workers="$7" --timeout_s=240 --out="$runs/train_$8.json" >"$runs/$8.log" 2>&1 \
+    --num_workers="$7" --timeout_s=240 --out="$runs/train_$8.json" "${@:9}" \
+    >"$runs/$8.log" 2>&1 \
     || echo "train $8 failed: see the record's log tails"
 }
 
@@ -48,6 +51,9 @@ for batch in "256 100 20" "64 200 40"; do
 done
 # 2 GPUs, 32 cores, one process (16 record-reading workers).
 train 0,1 "$both" 256 100 20 synthetic,gpu "$half" 2gpu_256
+# The GPU path on 2 GPUs as 2 processes of 1 GPU (the same 16 workers in all, 8 a process): one
+# Python process and its input threads no longer feed both GPUs.
+train 0,1 "$both" 256 100 20 gpu "$half" 2gpu_256_2proc --processes=2
 
 # Where the GPU path's step loses time: one GPU at 256, a trace of steps 60-64 summarised per
 # device (idle: no kernel runs, the host is late; busy time per kind, the decoder's kernels
@@ -82,7 +88,8 @@ if os.path.exists(record):
     for run in json.load(open(record))["runs"]:
         for r in run["results"]:
             if "error" in r:
-                print(f"failed: {run['gpus']} GPU(s), {r['variant']}: {r['log_tail'][-1:]}")
+                print(f"failed: {run['gpus']} GPU(s), {run.get('processes', 1)} process(es), "
+                      f"{r['variant']}: {r['log_tail'][-1:]}")
 smoke = os.path.join(sys.argv[1], "gpu_decode_smoke.json")
 if os.path.exists(smoke):
     s = json.load(open(smoke))

@@ -4,6 +4,7 @@ No timing is asserted, only that every requested case is measured and that the d
 (bus bandwidth, ratios, images/s, efficiency) are consistent with the measured times.
 """
 
+import argparse
 import json
 import math
 import os
@@ -265,6 +266,24 @@ def test_trainer_progress_reads_every_logged_interval():
     ]
 
 
+def test_trainer_progress_counts_each_step_of_several_processes_once():
+    # Both processes of scripts/launch_local.sh log each step's global rate (recorded on CPU,
+    # 2 x 4 devices): each step counts once, and the steady intervals are steps 4 and 6 alone.
+    log = "\n".join(
+        [
+            "I1127 06:38:28.360260 140225232341888 loop.py:294] step 2/6 | learning_rate 0.02333 | loss 6.869 | top1 0 | 53.4 img/s | ETA 0:00:01",
+            "I1127 06:38:28.361204 139867474795392 loop.py:294] step 2/6 | learning_rate 0.02333 | loss 6.869 | top1 0 | 52.6 img/s | ETA 0:00:01",
+            "I1127 06:38:28.911148 140225232341888 loop.py:294] step 4/6 | learning_rate 0.0125 | loss 6.776 | top1 0.125 | 57.9 img/s | ETA 0:00:01",
+            "I1127 06:38:28.916051 139867474795392 loop.py:294] step 4/6 | learning_rate 0.0125 | loss 6.776 | top1 0.125 | 57.7 img/s | ETA 0:00:01",
+            "I1127 06:38:29.518434 140225232341888 loop.py:294] step 6/6 | learning_rate 0.001675 | loss 6.709 | top1 0.125 | 52.7 img/s | ETA 0:00:00",
+            "I1127 06:38:29.525600 139867474795392 loop.py:294] step 6/6 | learning_rate 0.001675 | loss 6.709 | top1 0.125 | 52.5 img/s | ETA 0:00:00",
+        ]
+    )
+    progress = harness.trainer_progress(log)
+    assert [(p["step"], p["images_per_s"]) for p in progress] == [(2, 53.4), (4, 57.9), (6, 52.7)]
+    assert statistics.median(p["images_per_s"] for p in progress[1:]) == pytest.approx(55.3)
+
+
 def test_bench_train_input_compares_real_jpegs_with_synthetic_data(tmp_path):
     """The whole script on CPU (8 devices, 2x4) with a tiny model: both runs train and the ratio
     is their quotient."""
@@ -294,6 +313,46 @@ def test_bench_train_input_compares_real_jpegs_with_synthetic_data(tmp_path):
     ratio = rows["host"]["images_per_s"] / rows["synthetic"]["images_per_s"]
     assert rows["host"]["ratio_vs_synthetic"] == pytest.approx(ratio)
     assert json.loads(out.read_text())["results"][1]["variant"] == "host"
+    assert doc["processes"] == 1
+
+
+def test_bench_train_input_command_of_several_processes():
+    """With --processes the local launcher starts the trainers, each GPUs / processes of them
+    and its share of the workers; the launcher alone sets the mesh and the distributed flags."""
+    args = argparse.Namespace(
+        config="configs/resnet50_64k.py", per_gpu=256, steps=100, log_every=20, override=[],
+        data_dir="/data", num_workers=16, processes=2,
+    )
+    cmd = bench_train_input.command("gpu", args, 4, "/w")
+    assert cmd[:6] == ["bash", "scripts/launch_local.sh", "2", "2", "configs/resnet50_64k.py", "/w"]
+    assert cmd[6:] == bench_train_input.config_flags("gpu", args, 4)
+    assert "--config.global_batch_size=1024" in cmd and "--config.data.num_workers=8" in cmd
+    assert not [a for a in cmd if a.startswith(("--config.mesh.", "--config.distributed."))]
+    args.processes = 1
+    one = bench_train_input.command("gpu", args, 4, "/w")
+    assert one[1:3] == ["-m", "jia_jax.main"] and "--config.data.num_workers=16" in one
+
+
+def test_bench_train_input_rates_two_processes_once(tmp_path, monkeypatch):
+    """A real run of 2 processes of 4 CPU devices each: every step's interval counted once, the
+    rate one of the global rates the trainers logged, and GPUs that the processes do not divide
+    refused."""
+    # The benchmark counts this process's 8 devices (conftest.py): the backend starts here,
+    # before the children's device count is set.
+    assert jax.local_device_count() == 8
+    _cpu_processes(monkeypatch, 4)
+    flags = ["--config=configs/digits.py", "--override=--config.data.image_size=16", "--per_gpu=2"]
+    flags += ["--steps=6", "--log_every=2", "--variants=synthetic", f"--out={tmp_path / 'o.json'}"]
+    doc = bench_train_input.main([*flags, "--processes=2"])
+    [row] = doc["results"]
+    assert row["returncode"] == 0 and [s for s, _ in row["intervals"]] == [2, 4, 6], row
+    assert "scripts/launch_local.sh 2 4 configs/digits.py" in row["command"]
+    logged = [float(line.split(" img/s")[0].rsplit("| ", 1)[1])
+              for line in row["log_tail"] if "step 6/6" in line]
+    assert len(logged) == 2, row["log_tail"]  # each process logged the step's global rate
+    assert dict(row["intervals"])[6] in logged and doc["processes"] == 2
+    with pytest.raises(SystemExit, match="--processes=3: must divide the 8 visible GPUs"):
+        bench_train_input.main([*flags, "--processes=3"])
 
 
 def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # noqa: F811
@@ -322,9 +381,9 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     assert [(r["per_gpu"], r["gpus"]) for r in stage["results"]] == [(2, 1), (2, 8)]
     assert all(r["decode_images_per_s"] > 0 for r in stage["results"])
 
-    def train_input_run(path, variants):
+    def train_input_run(path, variants, **processes):  # records before --processes: none
         results = [{"variant": v, "images_per_s": rate} for v, rate in variants.items()]
-        doc = {"gpus": 8, "cores": 2, "args": {"per_gpu": 2}, "results": results}
+        doc = {"gpus": 8, "cores": 2, "args": {"per_gpu": 2}, "results": results, **processes}
         path.write_text(json.dumps(doc))
         return str(path)
 
@@ -338,7 +397,19 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     assert row["ratio"] == pytest.approx(0.98) and row["cores"] == 2
     assert row["decode_images_per_s"] == stage["results"][1]["decode_images_per_s"]
     table = render_benchmarks.table(str(out))
-    assert "| 8 | 2 | 2 | 980 | 1,000 | 0.980 |" in table
+    assert "| 8 | 2 | 2 | 980 | 1,000 | 0.980 |" in table and "processes" not in table
+    # The GPU path as 2 processes, against the one-process synthetic run (no 2-process one).
+    runs.append(train_input_run(tmp_path / "gpu_2proc.json", {"gpu": 1200.0}, processes=2))
+    doc = bench_gpu_decode.main(["report", f"--stage={stage_path}", "--runs", *runs, f"--out={out}"])
+    one, two = doc["results"]
+    assert (one["processes"], one["synthetic_processes"], one["ratio"]) == (1, 1, pytest.approx(0.98))
+    assert (two["processes"], two["synthetic_processes"]) == (2, 1) and "errors" not in two
+    assert two["ratio"] == pytest.approx(1.2) and two["synthetic_images_per_s"] == 1000.0
+    assert two["decode_images_per_s"] == row["decode_images_per_s"]
+    table = render_benchmarks.table(str(out))
+    assert "| GPUs | processes | CPU cores |" in table
+    assert "| 8 | 1 | 2 | 2 | 980 | 1,000 | 0.980 |" in table
+    assert "| 8 | 2 | 2 | 2 | 1,200 | 1,000 (1 process) | 1.200 |" in table
 
 
 def test_bench_gpu_decode_loaded_on_cpu(tmp_path, fake_gpu):  # noqa: F811

@@ -464,9 +464,9 @@ def _measured(row: dict[str, Any], key: str, measure: Callable[[], float]) -> di
 
 
 def report(args: argparse.Namespace) -> dict[str, Any]:
-    """One row per training configuration (GPUs, images per GPU) of the `train_input` JSONs: the
-    GPU path's images/s against synthetic data's, with the decode stage's rate beside it; the
-    runs themselves (commands, logged intervals, log tails) kept under `runs`."""
+    """One row per training configuration (GPUs, images per GPU, processes) of the `train_input`
+    JSONs: the GPU path's images/s against synthetic data's, with the decode stage's rate beside
+    it; the runs themselves (commands, logged intervals, log tails) kept under `runs`."""
     try:
         with open(args.stage) as f:
             stage = json.load(f)
@@ -482,27 +482,14 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         with open(path) as f:
             run = json.load(f)
         runs.append(run)
-        key = (run["gpus"], run["args"]["per_gpu"])
+        # Records written before train_input's --processes ran one process.
+        key = (run["gpus"], run["args"]["per_gpu"], run.get("processes", 1))
         for r in run["results"]:
             configs.setdefault(key, {})[r["variant"]] = {**r, "cores": run["cores"]}
-    rows = []
-    for (gpus, per_gpu), variants in sorted(configs.items(), key=lambda kv: (kv[0][0], -kv[0][1])):
-        synthetic, gpu = variants.get("synthetic", {}), variants.get("gpu", {})
-        row = {
-            "gpus": gpus,
-            "cores": gpu.get("cores"),
-            "per_gpu": per_gpu,
-            "decode": "gpu",
-            "images_per_s": gpu.get("images_per_s"),
-            "synthetic_images_per_s": synthetic.get("images_per_s"),
-            "decode_images_per_s": rates.get((per_gpu, gpus)),
-        }
-        if row["images_per_s"] and row["synthetic_images_per_s"]:
-            row["ratio"] = row["images_per_s"] / row["synthetic_images_per_s"]
-        failed = [r.get("error", "no run") for r in (synthetic, gpu) if not r or "error" in r]
-        if failed:
-            row["errors"] = failed
-        rows.append(row)
+    rows = [
+        _report_row(key, configs, rates.get((key[1], key[0])))
+        for key in sorted(configs, key=lambda k: (k[0], -k[1], k[2]))
+    ]
     return {
         "environment": stage.get("environment") or runs[0]["environment"],
         "command": " ".join(sys.argv),
@@ -510,6 +497,38 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         "decode_stage": stage,
         "runs": runs,
     }
+
+
+def _report_row(
+    key: tuple[int, int, int], configs: dict[tuple, dict], decode_rate: float | None
+) -> dict[str, Any]:
+    """The GPU path's row of one (GPUs, images per GPU, processes). Its synthetic baseline is
+    the run of as many processes, else of one: the step's own speed in the trainer's fastest
+    form."""
+    gpus, per_gpu, processes = key
+    synthetic_processes = next(
+        (p for p in (processes, 1) if "synthetic" in configs.get((gpus, per_gpu, p), {})),
+        processes,
+    )
+    synthetic = configs.get((gpus, per_gpu, synthetic_processes), {}).get("synthetic", {})
+    gpu = configs[key].get("gpu", {})
+    row = {
+        "gpus": gpus,
+        "processes": processes,
+        "cores": gpu.get("cores"),
+        "per_gpu": per_gpu,
+        "decode": "gpu",
+        "images_per_s": gpu.get("images_per_s"),
+        "synthetic_images_per_s": synthetic.get("images_per_s"),
+        "synthetic_processes": synthetic_processes,
+        "decode_images_per_s": decode_rate,
+    }
+    if row["images_per_s"] and row["synthetic_images_per_s"]:
+        row["ratio"] = row["images_per_s"] / row["synthetic_images_per_s"]
+    failed = [r.get("error", "no run") for r in (synthetic, gpu) if not r or "error" in r]
+    if failed:
+        row["errors"] = failed
+    return row
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

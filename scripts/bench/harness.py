@@ -232,11 +232,16 @@ def run_logged(
 
 
 def trainer_progress(log: str) -> list[dict[str, float]]:
-    """Step, loss and images/s of each progress line of a `jia_jax.main` log, in order."""
-    return [
-        {"step": int(step), "loss": float(loss), "images_per_s": float(rate)}
-        for step, loss, rate in _PROGRESS.findall(log)
-    ]
+    """Step, loss and images/s of each logged step of a `jia_jax.main` log, in order.
+
+    Every process of a multi-process run (scripts/launch_local.sh) logs each step's line, with
+    the global images/s it measured over the same steps: a step's first line counts, once.
+    """
+    steps: dict[int, dict[str, float]] = {}
+    for step, loss, rate in _PROGRESS.findall(log):
+        line = {"step": int(step), "loss": float(loss), "images_per_s": float(rate)}
+        steps.setdefault(int(step), line)
+    return list(steps.values())
 
 
 # ---------------------------------------------------------------------------------------------

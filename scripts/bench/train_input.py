@@ -1,21 +1,26 @@
 r"""Images/s of `python -m jia_jax.main` on real JPEGs against the same run on synthetic data.
 
 Each variant is one training run of the ResNet-50 64K config (bf16, `per_gpu` images per GPU, all
-visible GPUs, one process), in a child process, with checkpoints and mid-run evals off:
+visible GPUs), with checkpoints and mid-run evals off, in one child process or, with
+`--processes=P`, in P of them started by `scripts/launch_local.sh` (GPUs / P each, the host's
+first GPUs, joined by jax.distributed; NCCL between them, over NVLink where the GPUs have it):
   * `synthetic`: images made on the device (no input cost): the step's own speed;
   * `host`: the tfds dataset written by `scripts/bench/input.py` (ArrayRecord, 500x375 JPEGs),
     decoded and augmented by `data.num_workers` worker processes, uint8 to the device;
   * `gpu`: the same dataset decoded and augmented on the GPUs (`data.decode=gpu`, nvImageCodec),
     its records read by `data.num_workers` worker processes.
-The rate of a run is the median of the trainer's own logged images/s over the logging intervals
-after the first (which holds compilation and the workers' start). Writes JSON with each run's
-command, log tail and ratio to `synthetic`.
+The rate of a run is the median of the trainer's own logged images/s (the global rate, which
+every process logs: counted once) over the logging intervals after the first (which holds
+compilation and the workers' start). Writes JSON with each run's command, log tail and ratio to
+`synthetic`.
 
   python -m scripts.bench.input --data_dir=/tmp/jia_bench_data --cores 16   # writes the dataset
   python -m scripts.bench.train_input --data_dir=/tmp/jia_bench_data --num_workers=15 \
       --out=/tmp/bench_train_input.json
   python -m scripts.bench.train_input --data_dir=/tmp/jia_bench_data --variants=synthetic,gpu \
       --num_workers=4 --out=/tmp/bench_train_input_gpu.json    # needs pip install -e ".[gpu]"
+  python -m scripts.bench.train_input --data_dir=/tmp/jia_bench_data --variants=gpu \
+      --processes=2 --num_workers=16 --out=/tmp/bench_train_input_gpu_2proc.json  # 2 GPUs
 """
 
 from __future__ import annotations
@@ -35,13 +40,21 @@ DECODE = {"host": "cpu", "gpu": "gpu"}
 
 
 def command(variant: str, args: argparse.Namespace, gpus: int, workdir: str) -> list[str]:
-    """The `jia_jax.main` command line of one variant."""
+    """The trainer's command line of one variant on `gpus` GPUs: `jia_jax.main`, or with
+    `args.processes` > 1 the local launcher of that many (it sets the mesh and the processes'
+    distributed flags itself)."""
+    flags = config_flags(variant, args, gpus)
+    if args.processes == 1:
+        trainer = ["-m", "jia_jax.main", f"--config={args.config}", f"--workdir={workdir}"]
+        return [sys.executable, *trainer, *flags]
+    per_process = str(gpus // args.processes)
+    launcher = ["scripts/launch_local.sh", str(args.processes), per_process, args.config, workdir]
+    return ["bash", *launcher, *flags]
+
+
+def config_flags(variant: str, args: argparse.Namespace, gpus: int) -> list[str]:
+    """The `--config.*` flags of one variant on `gpus` GPUs in all."""
     cmd = [
-        sys.executable,
-        "-m",
-        "jia_jax.main",
-        f"--config={args.config}",
-        f"--workdir={workdir}",
         f"--config.global_batch_size={args.per_gpu * gpus}",
         f"--config.microbatch_size={args.per_gpu}",
         f"--config.total_steps={args.steps}",
@@ -58,7 +71,7 @@ def command(variant: str, args: argparse.Namespace, gpus: int, workdir: str) -> 
         "--config.data.name=jia_bench_jpeg",
         f"--config.data.decode={DECODE[variant]}",
         f"--config.data.data_dir={os.path.join(args.data_dir, 'array_record')}",
-        f"--config.data.num_workers={args.num_workers}",
+        f"--config.data.num_workers={args.num_workers // args.processes}",
         # The generated dataset has one split; the final eval reads a slice of it.
         "--config.data.eval_split=train[:10%]",
         f"--config.eval_batch_size={args.per_gpu * gpus}",
@@ -94,7 +107,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--variants", default="synthetic,host", help=f"comma-separated, of {', '.join(VARIANTS)}"
     )
-    parser.add_argument("--num_workers", type=int, default=max((os.cpu_count() or 2) - 1, 1))
+    parser.add_argument(
+        "--num_workers",
+        type=int,
+        default=max((os.cpu_count() or 2) - 1, 1),
+        help="input worker processes in all: each training process gets num_workers // processes",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="training processes (scripts/launch_local.sh), of GPUs / processes each",
+    )
     parser.add_argument("--per_gpu", type=int, default=256)
     parser.add_argument("--steps", type=int, default=240)
     parser.add_argument("--log_every", type=int, default=40)
@@ -113,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         # Not left to whatever runs in this process later (main() is also called in-process).
         os.environ.clear()
         os.environ.update(args.child_env)
+    if args.processes < 1 or gpus % args.processes:
+        sys.exit(f"--processes={args.processes}: must divide the {gpus} visible GPUs")
     environment = {**harness.environment(), "cpu_count": os.cpu_count()}
     # The cores this process (and so its children) may run on: fewer than the host's under taskset.
     cores = len(os.sched_getaffinity(0))
@@ -129,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "environment": environment,
         "command": " ".join(sys.argv),
         "gpus": gpus,
+        "processes": args.processes,
         "cores": cores,
         "args": {k: v for k, v in vars(args).items() if k != "child_env"},
         "results": rows,

@@ -235,7 +235,13 @@ def train_input_table(doc: dict[str, Any]) -> str:
 
 def gpu_decode_table(doc: dict[str, Any]) -> str:
     """The trainer with data.decode=gpu against synthetic data, and the decode stage alone
-    (scripts/bench/gpu_decode.py, scripts/bench_gpu_decode.sh)."""
+    (scripts/bench/gpu_decode.py, scripts/bench_gpu_decode.sh). A processes column where some
+    row ran several (records without the field ran one)."""
+    processes = any(r.get("processes", 1) > 1 for r in doc["results"])
+    head = ["GPUs", "CPU cores", "images per GPU", "images/s, decode=gpu", "images/s, synthetic"]
+    head += ["ratio", "decode stage images/s per GPU"]
+    if processes:
+        head.insert(1, "processes")
     lines = [
         (
             f"JPEGs decoded on the GPU ({_environment(doc)}; ResNet-50 64K config, bf16, "
@@ -244,22 +250,23 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
             "read beforehand):"
         ),
         "",
-        (
-            "| GPUs | CPU cores | images per GPU | images/s, decode=gpu | images/s, synthetic | "
-            "ratio | decode stage images/s per GPU |"
-        ),
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| {' | '.join(head)} |",
+        "|" + " ---: |" * len(head),
     ]
 
     def cell(value: float | None, fmt: str) -> str:
         return "failed" if value is None else f"{value:{fmt}}"
 
     for r in doc["results"]:
-        lines.append(
-            f"| {r['gpus']} | {r['cores']} | {r['per_gpu']} | {cell(r['images_per_s'], ',.0f')} | "
-            f"{cell(r['synthetic_images_per_s'], ',.0f')} | {cell(r.get('ratio'), '.3f')} | "
-            f"{cell(r['decode_images_per_s'], ',.0f')} |"
-        )
+        synthetic = cell(r["synthetic_images_per_s"], ",.0f")
+        if r.get("synthetic_processes", 1) != r.get("processes", 1):
+            synthetic += f" ({r['synthetic_processes']} process)"
+        cells = [str(r["gpus"]), str(r["cores"]), str(r["per_gpu"])]
+        cells += [cell(r["images_per_s"], ",.0f"), synthetic, cell(r.get("ratio"), ".3f")]
+        cells.append(cell(r["decode_images_per_s"], ",.0f"))
+        if processes:
+            cells.insert(1, str(r["processes"]))
+        lines.append(f"| {' | '.join(cells)} |")
     whole = [r for r in doc["decode_stage"]["results"] if "whole_image_decode_images_per_s" in r]
     for r in whole:
         lines.append(

@@ -50,6 +50,10 @@ def get_config() -> ml_collections.ConfigDict:
     # GPU decoding: side of the square tiles each JPEG is decoded into. 512 holds an ImageNet-sized
     # image (500 x 375) whole in one tile; a larger image takes several around its crop.
     config.data.gpu_canvas = 512
+    # GPU decoding: chroma upsampled by interpolation, as Pillow (the CPU path) does, so both
+    # paths' pixels agree to a few levels of 255; False repeats chroma samples instead (nvJPEG's
+    # faster default; up to 31 levels from the CPU path's crops, docs/input_pipeline.md).
+    config.data.gpu_fancy_upsampling = True
 
     config.global_batch_size = 256
     config.eval_batch_size = 256

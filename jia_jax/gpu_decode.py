@@ -75,12 +75,12 @@ _PROBE_LEVELS = 8.0
 # JPEG components nvImageCodec decodes here: grey and colour. CMYK/YCCK JPEGs (4) go to Pillow,
 # whose conversion to RGB is the CPU path's.
 _CHANNELS = (1, 3)
-# Options every decoder gets (a given options string replaces the library's defaults, which
-# differ between its versions): chroma upsampled by interpolation, as libjpeg-turbo (Pillow, the
-# CPU path) upsamples it. Without it nvJPEG repeats chroma samples: 11 levels of 255 from Pillow
-# at most, 1.5 on average, on a 4:2:0 JPEG of the smoke check (docs/input_pipeline.md), where
-# with it the two differed by 1 at most.
-_OPTIONS = ":fancy_upsampling=1"
+# The option every decoder gets first (a given options string replaces the library's defaults,
+# which differ between its versions): chroma upsampled by interpolation (1), as libjpeg-turbo
+# (Pillow, the CPU path) upsamples it, or by repeating samples (0), faster. Repeating put a 4:2:0
+# JPEG of the smoke check 11 levels of 255 from Pillow at most, 1.5 on average, where
+# interpolating kept it within 1 (docs/input_pipeline.md).
+_UPSAMPLING = ":fancy_upsampling={:d}"
 # Bytes at the end of a JPEG searched for its end-of-image marker (padding after it is allowed).
 _EOI_TAIL = 64
 # CUDA runs the streams of a process through CUDA_DEVICE_MAX_CONNECTIONS hardware work queues (8
@@ -153,9 +153,12 @@ def cuda_environment(decode: str, environ: Mapping[str, str]) -> dict[str, str]:
     return {name: value}
 
 
-def new_decoder(device: jax.Device, options: str = "") -> TileDecoder:
-    """The decoder the GPU path uses on `device` (tests replace this factory), with `options`
-    for nvImageCodec's decoders besides the ones it always sets (benchmarks compare some).
+def new_decoder(
+    device: jax.Device, options: str = "", fancy_upsampling: bool = True
+) -> TileDecoder:
+    """The decoder the GPU path uses on `device` (tests replace this factory): chroma upsampled
+    as Pillow does if `fancy_upsampling` (`data.gpu_fancy_upsampling`), with `options` for
+    nvImageCodec's decoders besides that one (benchmarks compare some).
 
     Raises:
       DecoderUnavailableError: no CUDA stream or no working nvImageCodec decoder on `device`.
@@ -168,7 +171,7 @@ def new_decoder(device: jax.Device, options: str = "") -> TileDecoder:
         raise DecoderUnavailableError(
             f"No CUDA stream for nvImageCodec on {device} ({e}); use --config.data.decode=cpu."
         ) from e
-    return NvImageCodecDecoder(device, nvimgcodec, stream, options)
+    return NvImageCodecDecoder(device, nvimgcodec, stream, options, fancy_upsampling)
 
 
 def _ordinal(device: jax.Device) -> int:
@@ -213,12 +216,17 @@ class NvImageCodecDecoder:
     """
 
     def __init__(
-        self, device: jax.Device, nvimgcodec: Any, stream: _Stream, options: str = ""
+        self,
+        device: jax.Device,
+        nvimgcodec: Any,
+        stream: _Stream,
+        options: str = "",
+        fancy_upsampling: bool = True,
     ) -> None:
         self._nv = nvimgcodec
         self._device = device
         self._stream = stream
-        self._options = f"{_OPTIONS} {options}".strip()
+        self._options = f"{_UPSAMPLING.format(fancy_upsampling)} {options}".strip()
         self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False)
         # One batch at a time per decoder: the train and eval streams share it.
         self._lock = threading.Lock()

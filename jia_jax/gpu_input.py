@@ -73,9 +73,16 @@ def device_rows(
     return [(device, slice(start - offset, end - offset)) for (start, end), _, device in spans]
 
 
-def device_decoders(devices: Sequence[jax.Device]) -> dict[jax.Device, DeviceDecoder]:
+def device_decoders(
+    devices: Sequence[jax.Device], fancy_upsampling: bool = True
+) -> dict[jax.Device, DeviceDecoder]:
     """A decoder (`gpu_decode.new_decoder`) and a tile ring per device."""
-    return {d: DeviceDecoder(d, gpu_decode.new_decoder(d), tile_ring.TileRing(d)) for d in devices}
+    return {
+        d: DeviceDecoder(
+            d, gpu_decode.new_decoder(d, fancy_upsampling=fancy_upsampling), tile_ring.TileRing(d)
+        )
+        for d in devices
+    }
 
 
 def decode_rows(
@@ -248,7 +255,7 @@ class GpuStreams:
         if data.gpu_canvas < 16:
             raise ValueError(f"data.gpu_canvas={data.gpu_canvas} must be at least 16.")
         devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
-        decoders = device_decoders(devices)
+        decoders = device_decoders(devices, bool(data.gpu_fancy_upsampling))
         return cls(data, sharding, global_batch, eval_batch, seed, decoders)
 
     def train(self, start_step: int) -> Iterator[Batch]:

@@ -46,6 +46,7 @@ FREE_ON_RESUME = (
     # a few levels of 255, docs/input_pipeline.md): the same examples, windows and flips.
     "data.decode",
     "data.gpu_canvas",
+    "data.gpu_fancy_upsampling",
     "distributed.*",
     "mesh.*",
     "comm.strategy",

@@ -163,8 +163,8 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(
         gpu_decode,
         "new_decoder",
-        lambda device, options="": gpu_decode.NvImageCodecDecoder(
-            device, library, FakeStream(), options
+        lambda device, options="", fancy_upsampling=True: gpu_decode.NvImageCodecDecoder(
+            device, library, FakeStream(), options, fancy_upsampling
         ),
     )
     return library

@@ -214,7 +214,7 @@ def test_decode_choice_is_checked_and_auto_falls_back_to_the_cpu(monkeypatch, ca
 def test_a_decoder_that_cannot_decode_stops_gpu_and_turns_auto_to_the_cpu(
     data_dir, mesh, monkeypatch, caplog, fake_gpu  # noqa: F811
 ):
-    def unavailable(device):
+    def unavailable(device, **_):
         raise gpu_decode.DecoderUnavailableError(f"nvImageCodec cannot decode on {device}")
 
     monkeypatch.setattr(gpu_decode, "new_decoder", unavailable)
@@ -275,3 +275,13 @@ def test_trainer_runs_and_evaluates_on_the_gpu_path(data_dir, tmp_path, fake_gpu
     results = loop.train_and_evaluate(config, str(tmp_path))
     assert results["eval/examples"] == tfds_data.NUM_EVAL
     assert np.isfinite(results["train/loss"])
+
+
+@pytest.mark.parametrize(
+    "fancy, option", [(True, ":fancy_upsampling=1"), (False, ":fancy_upsampling=0")]
+)
+def test_the_config_chooses_how_every_decoder_upsamples_chroma(
+    data_dir, mesh, fake_gpu, fancy, option  # noqa: F811
+):
+    _input(_data(data_dir), mesh, "gpu", gpu_fancy_upsampling=fancy)
+    assert fake_gpu.options and set(fake_gpu.options) == {option}

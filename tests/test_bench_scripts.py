@@ -410,6 +410,10 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     assert "| GPUs | processes | CPU cores |" in table
     assert "| 8 | 1 | 2 | 2 | 980 | 1,000 | 0.980 |" in table
     assert "| 8 | 2 | 2 | 2 | 1,200 | 1,000 (1 process) | 1.200 |" in table
+    # A one-process synthetic run with no GPU-path run beside it is only that row's baseline.
+    only = [runs[0], runs[-1]]
+    doc = bench_gpu_decode.main(["report", f"--stage={stage_path}", "--runs", *only, f"--out={out}"])
+    assert [(r["processes"], r["ratio"]) for r in doc["results"]] == [(2, pytest.approx(1.2))]
 
 
 def test_bench_gpu_decode_loaded_on_cpu(tmp_path, fake_gpu):  # noqa: F811

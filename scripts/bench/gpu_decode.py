@@ -486,9 +486,11 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         key = (run["gpus"], run["args"]["per_gpu"], run.get("processes", 1))
         for r in run["results"]:
             configs.setdefault(key, {})[r["variant"]] = {**r, "cores": run["cores"]}
+    # A configuration of synthetic runs only is another row's baseline, not a row of its own.
+    shown = [k for k, v in configs.items() if "gpu" in v or "synthetic" not in v]
     rows = [
         _report_row(key, configs, rates.get((key[1], key[0])))
-        for key in sorted(configs, key=lambda k: (k[0], -k[1], k[2]))
+        for key in sorted(shown, key=lambda k: (k[0], -k[1], k[2]))
     ]
     return {
         "environment": stage.get("environment") or runs[0]["environment"],

@@ -42,8 +42,9 @@ FREE_ON_RESUME = (
     "profile.*",
     "data.data_dir",
     "data.num_workers",
-    # Where the JPEGs are decoded changes only how pixels round (the decoders and resizes agree to
-    # a few levels of 255, docs/input_pipeline.md): the same examples, windows and flips.
+    # Where and how the JPEGs are decoded changes only the pixels' arithmetic (the decoders and
+    # resizes agree to a few levels of 255, tens with chroma samples repeated,
+    # docs/input_pipeline.md): the same examples, windows and flips.
     "data.decode",
     "data.gpu_canvas",
     "data.gpu_fancy_upsampling",

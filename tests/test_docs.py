@@ -421,8 +421,8 @@ def test_gpu_decode_prose_quotes_the_json():
             "GPUs run as two processes",
             f"the decode stage alone runs {today[1, 256, 1]['decode_images_per_s']:,.0f} images/s "
             "on one GPU",
-            "one process driving both GPUs kept {2:.3f}, where one GPU kept {0:.3f} and {1:.3f} "
-            "at 64 images per GPU".format(*now),
+            "one process driving both GPUs kept {2:.3f}, where one GPU kept {0:.3f} at 256 and "
+            "{1:.3f} at 64 images per GPU".format(*now),
             f"the decode stage fell from {rows[1, 256]['decode_images_per_s']:,.0f} to "
             f"{rows[2, 256]['decode_images_per_s']:,.0f} images/s per GPU",
             f"gave {first[0]:.3f} and {rerun[0]:.3f} at 256 on one GPU",

@@ -225,6 +225,7 @@ def test_a_process_that_may_decode_on_the_gpu_gets_more_hardware_queues(
 def test_the_command_line_sets_the_hardware_queues_before_any_mode_runs(monkeypatch, tmp_path):
     """jia_jax.main must set the variable before JAX starts CUDA (it is read once, then)."""
     from absl import flags  # pylint: disable=import-outside-toplevel
+    from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
 
     from jia_jax import loop, main  # pylint: disable=import-outside-toplevel
 
@@ -234,9 +235,15 @@ def test_the_command_line_sets_the_hardware_queues_before_any_mode_runs(monkeypa
     monkeypatch.setattr(
         loop, "train_and_evaluate", lambda *a: seen.update(os.environ)
     )
+    # Parsing absl's flags sets its logger's level and main adds a filter to its handler: both
+    # are put back, or later tests in this process lose their INFO lines.
+    absl_logger, handler = logging.getLogger("absl"), absl_logging.get_absl_handler()
+    level, filters = absl_logger.level, list(handler.filters)
     flags.FLAGS(["main", "--config=configs/digits.py", f"--workdir={tmp_path}"])
     try:
         main.main(["main"])
     finally:
         flags.FLAGS.unparse_flags()
+        absl_logger.setLevel(level)
+        handler.filters[:] = filters
     assert seen["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"

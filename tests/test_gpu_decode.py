@@ -222,6 +222,8 @@ def test_a_process_that_may_decode_on_the_gpu_gets_more_hardware_queues(
     assert gpu_decode.cuda_environment(decode, environ) == expected
 
 
+# ml_collections loads the config file with the import machinery's deprecated load_module.
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
 def test_the_command_line_sets_the_hardware_queues_before_any_mode_runs(monkeypatch, tmp_path):
     """jia_jax.main must set the variable before JAX starts CUDA (it is read once, then)."""
     from absl import flags  # pylint: disable=import-outside-toplevel

@@ -6,9 +6,10 @@
 #   scripts/launch_local.sh 2 1 configs/resnet50_64k.py /tmp/r50 --config.data.name=synthetic
 #   scripts/launch_local.sh --hosts 2 2 configs/resnet50_64k.py /tmp/r50 --config.data.name=synthetic
 #
-# With GPUs (nvidia-smi lists at least PROCESSES x DEVICES_PER_PROCESS of them) process i sees
-# GPUs i*D .. i*D+D-1 through CUDA_VISIBLE_DEVICES and NCCL joins the processes; otherwise each
-# process simulates D CPU devices and gloo joins them. JIA_JAX_PLATFORM=cpu|gpu forces one.
+# With GPUs (nvidia-smi, or the caller's CUDA_VISIBLE_DEVICES where set, lists at least
+# PROCESSES x DEVICES_PER_PROCESS of them) process i sees GPUs i*D .. i*D+D-1 of that list through
+# CUDA_VISIBLE_DEVICES and NCCL joins the processes; otherwise each process simulates D CPU
+# devices and gloo joins them. JIA_JAX_PLATFORM=cpu|gpu forces one.
 # The mesh is node=PROCESSES x gpu=DEVICES_PER_PROCESS. Exits with the first failing status.
 #
 # --hosts: each process is a host of its own to NCCL (a cluster on one machine). NCCL tells hosts
@@ -34,9 +35,25 @@ fi
 procs=$1 devices=$2 config=$3 workdir=$4
 shift 4
 platform=${JIA_JAX_PLATFORM:-}
+# The GPUs to share out: those the caller's CUDA_VISIBLE_DEVICES lists (ordinals or UUIDs) if it
+# is set, else all of the machine's.
+listed=()
+if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+  IFS=, read -r -a listed <<<"$CUDA_VISIBLE_DEVICES"
+fi
 if [ -z "$platform" ]; then
-  gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
+  if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+    gpus=${#listed[@]}
+  else
+    gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
+  fi
   if [ "$gpus" -ge $((procs * devices)) ]; then platform=gpu; else platform=cpu; fi
+fi
+if [ "$platform" = gpu ] && [ -n "${CUDA_VISIBLE_DEVICES+set}" ] &&
+  [ "${#listed[@]}" -lt $((procs * devices)) ]; then
+  echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES lists ${#listed[@]} GPU(s); $procs processes" \
+    "of $devices need $((procs * devices)): list more, or unset it to use all." >&2
+  exit 2
 fi
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 network=()
@@ -56,7 +73,11 @@ trap 'forward TERM' TERM
 trap 'forward INT' INT
 for ((i = 0; i < procs; i++)); do
   if [ "$platform" = gpu ]; then
-    visible=$(seq -s, $((i * devices)) $((i * devices + devices - 1)))
+    if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
+      visible=$(IFS=,; echo "${listed[*]:$((i * devices)):$devices}")
+    else
+      visible=$(seq -s, $((i * devices)) $((i * devices + devices - 1)))
+    fi
     env_vars=(CUDA_VISIBLE_DEVICES="$visible")
   else
     # The caller's flags are kept; the last device count given wins.

@@ -143,6 +143,27 @@ def test_without_hosts_processes_share_one_host(tmp_path):
         assert not any(k.startswith("NCCL_") for k in record["env"]), record["env"]
 
 
+def test_the_callers_visible_gpus_are_the_ones_shared_out(tmp_path):
+    # No nvidia-smi here: the caller's list alone makes this a GPU launch, of its GPUs in order.
+    env = {"CUDA_VISIBLE_DEVICES": "5,7,2,GPU-abc"}
+    started = launch(tmp_path, "2", "2", "configs/digits.py", "/tmp/w", env=env)
+    assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in started] == ["5,7", "2,GPU-abc"]
+
+
+def test_too_few_visible_gpus_for_a_gpu_launch_is_one_line(tmp_path):
+    visible = {"CUDA_VISIBLE_DEVICES": "3", "JIA_JAX_PLATFORM": "gpu"}
+    env = stand_in_env(tmp_path, _STAND_IN, visible)
+    result = subprocess.run(
+        ["bash", "scripts/launch_local.sh", "2", "1", "configs/digits.py", "/tmp/w"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+    )
+    assert result.returncode == 2 and not list((tmp_path / "records").iterdir())
+    assert result.stderr == (
+        "CUDA_VISIBLE_DEVICES=3 lists 1 GPU(s); 2 processes of 1 need 2: list more, or unset it "
+        "to use all.\n"
+    )
+
+
 def test_cpu_processes_simulate_their_devices_over_gloo(tmp_path):
     started = launch(
         tmp_path, "2", "4", "configs/digits.py", "/tmp/w", env={"JIA_JAX_PLATFORM": "cpu"}

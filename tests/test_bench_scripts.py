@@ -450,6 +450,19 @@ def test_flag_variants_rerun_the_one_device_row_of_a_one_gpu_run():
     assert bench_step.variant_row([one], "alexnet_bn") is None
 
 
+def test_a_timed_out_command_is_asked_to_stop_before_it_is_killed(monkeypatch):
+    """A launcher must get SIGTERM (it forwards it to its trainers) and time to pass it on; one
+    that ignores it is killed after the grace period; either way a 124 row, not an exception."""
+    monkeypatch.setattr(harness, "_GRACE_S", 5.0)
+    polite = "sleep 30 & trap 'echo forwarded; kill $!; exit 0' TERM; echo started; wait"
+    status, log = harness.run_logged(["bash", "-c", polite], timeout=1)
+    assert status == 124 and log.splitlines()[:2] == ["started", "forwarded"]
+    assert log.endswith("timed out after 1 s: stopped\n")
+    deaf = "trap '' TERM; echo started; exec sleep 30"  # no child left holding the pipes
+    status, log = harness.run_logged(["bash", "-c", deaf], timeout=1)
+    assert status == 124 and "forwarded" not in log and log.startswith("started")
+
+
 def test_harness_times_every_step_and_queues_one_more():
     step = jax.jit(lambda state, batch: (state + batch, {"loss": state}))
     state, synced = harness.time_steps(step, jax.numpy.zeros(()), 1.0, 3, queued=False)

@@ -212,23 +212,42 @@ def close_record(path: str, doc: dict[str, Any]) -> None:
     write_json(path, doc)
 
 
+# Seconds a timed-out command has after SIGTERM (the trainers save a checkpoint and exit).
+_GRACE_S = 60.0
+
+
 def run_logged(
     command: Sequence[str],
     env: dict[str, str] | None = None,
     timeout: float | None = None,
     cwd: str | None = None,
 ) -> tuple[int, str]:
-    """Runs `command` from `cwd` (the repository root by default): its exit status and output."""
-    proc = subprocess.run(
+    """Runs `command` from `cwd` (the repository root by default): its exit status and output.
+
+    Past `timeout` seconds it is sent SIGTERM, then SIGKILL if it still runs a minute later, and
+    the status is 124 with a last line saying so. SIGTERM first: scripts/launch_local.sh forwards
+    it to its trainers, which run in process groups of their own and would outlive a killed
+    launcher, holding the GPUs the next run needs.
+    """
+    proc = subprocess.Popen(
         list(command),
         cwd=cwd or REPO,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-        check=False,
     )
-    return proc.returncode, proc.stdout + proc.stderr
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return proc.returncode, out + err
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        return 124, f"{out}{err}\ntimed out after {timeout:g} s: stopped\n"
 
 
 def trainer_progress(log: str) -> list[dict[str, float]]:

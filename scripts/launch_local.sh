@@ -40,17 +40,16 @@ platform=${JIA_JAX_PLATFORM:-}
 listed=()
 if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
   IFS=, read -r -a listed <<<"$CUDA_VISIBLE_DEVICES"
+  gpus=${#listed[@]}
+else
+  read -r -a listed <<<"$(seq -s ' ' 0 $((procs * devices - 1)))"  # the machine's first ordinals
+  [ -n "$platform" ] || gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
 fi
 if [ -z "$platform" ]; then
-  if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
-    gpus=${#listed[@]}
-  else
-    gpus=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
-  fi
   if [ "$gpus" -ge $((procs * devices)) ]; then platform=gpu; else platform=cpu; fi
 fi
-if [ "$platform" = gpu ] && [ -n "${CUDA_VISIBLE_DEVICES+set}" ] &&
-  [ "${#listed[@]}" -lt $((procs * devices)) ]; then
+# Only the caller's list can be short: the machine's ordinals are as many as needed.
+if [ "$platform" = gpu ] && [ "${#listed[@]}" -lt $((procs * devices)) ]; then
   echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES lists ${#listed[@]} GPU(s); $procs processes" \
     "of $devices need $((procs * devices)): list more, or unset it to use all." >&2
   exit 2
@@ -73,11 +72,7 @@ trap 'forward TERM' TERM
 trap 'forward INT' INT
 for ((i = 0; i < procs; i++)); do
   if [ "$platform" = gpu ]; then
-    if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then
-      visible=$(IFS=,; echo "${listed[*]:$((i * devices)):$devices}")
-    else
-      visible=$(seq -s, $((i * devices)) $((i * devices + devices - 1)))
-    fi
+    visible=$(IFS=,; echo "${listed[*]:$((i * devices)):$devices}")
     env_vars=(CUDA_VISIBLE_DEVICES="$visible")
   else
     # The caller's flags are kept; the last device count given wins.

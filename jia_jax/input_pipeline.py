@@ -162,8 +162,8 @@ def resolve_decode(choice: str) -> str:
             raise
         logging.warning("Decoding on the CPU: %s", e)
         return "cpu"
-    name, value = gpu_decode.HARDWARE_QUEUES
-    if name not in os.environ:  # CUDA started without it (jia_jax.main sets it beforehand)
+    # What jia_jax.main would have set before CUDA started, had this process come through it.
+    for name, value in gpu_decode.cuda_environment(choice, os.environ).items():
         logging.warning(
             "%s is not set: the GPU decoder may wait behind queued train steps, many times "
             "slower; set %s=%s before JAX starts.", name, name, value

@@ -211,6 +211,21 @@ def test_decode_choice_is_checked_and_auto_falls_back_to_the_cpu(monkeypatch, ca
         input_pipeline.create_input(data, 8, 8, mesh_lib.create_mesh(2, 4), 0)
 
 
+def test_the_gpu_path_warns_where_cuda_started_without_its_hardware_queues(monkeypatch, caplog):
+    monkeypatch.setattr(gpu_decode, "available", lambda: True)
+    monkeypatch.setattr(gpu_decode, "library_installed", lambda: True)
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    with caplog.at_level(logging.WARNING):
+        assert input_pipeline.resolve_decode("auto") == "gpu"
+    assert "CUDA_DEVICE_MAX_CONNECTIONS is not set" in caplog.text
+    assert "set CUDA_DEVICE_MAX_CONNECTIONS=32 before JAX starts" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "16")  # the user's choice: no warning
+    with caplog.at_level(logging.WARNING):
+        assert input_pipeline.resolve_decode("gpu") == "gpu"
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in caplog.text
+
+
 def test_a_decoder_that_cannot_decode_stops_gpu_and_turns_auto_to_the_cpu(
     data_dir, mesh, monkeypatch, caplog, fake_gpu  # noqa: F811
 ):

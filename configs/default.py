@@ -114,6 +114,10 @@ def get_config() -> ml_collections.ConfigDict:
     # Tensor fusion threshold: 16 MiB gave the fastest ResNet-50 step on 4 GPUs (4-64 MiB were
     # within 1 ms of it).
     config.comm.bucket_bytes = 16 * MIB
+    # The first bucket's limit (0: `bucket_bytes`). Backward produces the last layers' many
+    # gradients in a burst: one larger first bucket leaves once, where smaller ones would queue
+    # behind each other on the wire (docs/benchmarks.md, "Across hosts").
+    config.comm.first_bucket_bytes = 0
     config.comm.dtype = "float32"
     # `hybrid`: buckets below this go hierarchical. Not yet measured across nodes (one host only):
     # the value follows Jia et al.'s finding that hierarchical wins for small messages.

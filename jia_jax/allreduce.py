@@ -71,7 +71,11 @@ class BucketPlan:
 
 
 def plan_buckets(
-    tree: Any, bucket_bytes: int, wire_dtype: Any, leaf_order: Sequence[int] | None = None
+    tree: Any,
+    bucket_bytes: int,
+    wire_dtype: Any,
+    leaf_order: Sequence[int] | None = None,
+    first_bucket_bytes: int = 0,
 ) -> BucketPlan:
     """Plans tensor fusion for a pytree of arrays (or `jax.ShapeDtypeStruct`s).
 
@@ -85,12 +89,16 @@ def plan_buckets(
       wire_dtype: Dtype the buckets are sent in, e.g. "float32", "bfloat16", "float16".
       leaf_order: Indices into `tree_leaves(tree)` in the order backward produces the gradients
         (`jia_jax.models.call_order.backward_leaf_order`); a permutation of all leaves.
+      first_bucket_bytes: The limit of the first bucket (the gradients backward produces first);
+        0 = `bucket_bytes`.
 
     Returns:
       The plan; it depends only on shapes, dtypes and the arguments.
     """
     if bucket_bytes < 0:
         raise ValueError(f"comm.bucket_bytes must be >= 0, got {bucket_bytes}.")
+    if first_bucket_bytes < 0:
+        raise ValueError(f"comm.first_bucket_bytes must be >= 0, got {first_bucket_bytes}.")
     wire = jnp.dtype(wire_dtype)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     shapes = tuple(tuple(int(d) for d in leaf.shape) for leaf in leaves)
@@ -103,13 +111,14 @@ def plan_buckets(
     buckets: list[tuple[Segment, ...]] = []
     current: list[Segment] = []
     used = 0  # Elements in `current`.
+    limit = first_bucket_bytes or bucket_bytes
     for i in order:
         size = math.prod(shapes[i])
         if size == 0:
             continue
-        if current and (used + size) * wire.itemsize > bucket_bytes:
+        if current and (used + size) * wire.itemsize > limit:
             buckets.append(tuple(current))
-            current, used = [], 0
+            current, used, limit = [], 0, bucket_bytes
         current.append(Segment(leaf=i, offset=used, size=size))
         used += size
     if current:
@@ -185,6 +194,7 @@ def reduce_gradients(
     gpu_axis: str = "gpu",
     leaf_order: Sequence[int] | None = None,
     overlap: bool = False,
+    first_bucket_bytes: int = 0,
 ) -> Any:
     """Averages per-device gradients over every device of the mesh.
 
@@ -203,6 +213,7 @@ def reduce_gradients(
       leaf_order: Bucketing order of the leaves, see `plan_buckets`.
       overlap: Let each bucket's collective run while backward computes the buckets after it
         (`hold_until_all_reduced`); the values are the same.
+      first_bucket_bytes: Limit of the first bucket, see `plan_buckets`.
 
     Returns:
       The mean over all devices, same structure, shapes and dtypes as `grads`, identical on every
@@ -221,7 +232,7 @@ def reduce_gradients(
         if not jnp.issubdtype(leaf.dtype, jnp.inexact):
             raise TypeError(f"reduce_gradients averages floating-point leaves, got {leaf.dtype}.")
 
-    plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order)
+    plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order, first_bucket_bytes)
     devices = jax.lax.axis_size((node_axis, gpu_axis))
     divide_first = divide_before_sum(plan.wire_dtype)
     if divide_first:

@@ -163,23 +163,27 @@ def hierarchical_s(nbytes: float, node: int, gpu: int, model: CommModel) -> floa
     return inside + _allreduce_s(nbytes / gpu, node, 1, model, model.inter)
 
 
-def bucket_elements(leaf_sizes: Sequence[int], bucket_bytes: int, itemsize: int) -> list[int]:
+def bucket_elements(
+    leaf_sizes: Sequence[int], bucket_bytes: int, itemsize: int, first_bucket_bytes: int = 0
+) -> list[int]:
     """Elements per bucket: the greedy packing of `jia_jax.allreduce.plan_buckets`.
 
     `leaf_sizes` are element counts in the order the leaves are packed (backward order). A leaf
-    joins the current bucket while the bucket stays within `bucket_bytes` (in the wire dtype);
-    a larger leaf gets a bucket of its own; empty leaves are skipped.
+    joins the current bucket while the bucket stays within `bucket_bytes` (in the wire dtype;
+    the first bucket within `first_bucket_bytes` unless 0); a larger leaf gets a bucket of its
+    own; empty leaves are skipped.
     """
-    if bucket_bytes < 0:
-        raise ValueError(f"bucket_bytes must be >= 0, got {bucket_bytes}.")
+    if bucket_bytes < 0 or first_bucket_bytes < 0:
+        raise ValueError(f"bucket sizes must be >= 0, got {bucket_bytes}, {first_bucket_bytes}.")
     buckets: list[int] = []
     used = 0
+    limit = first_bucket_bytes or bucket_bytes
     for size in leaf_sizes:
         if size == 0:
             continue
-        if used and (used + size) * itemsize > bucket_bytes:
+        if used and (used + size) * itemsize > limit:
             buckets.append(used)
-            used = 0
+            used, limit = 0, bucket_bytes
         used += size
     if used:
         buckets.append(used)
@@ -409,7 +413,8 @@ def resolve(
 
     Args:
       comm: the config's `comm` block (`strategy`, `bucket_bytes`, `dtype`,
-        `hybrid_crossover_bytes`, and `overlap`, True where absent as in the config).
+        `hybrid_crossover_bytes`, `overlap`, True where absent as in the config, and
+        `first_bucket_bytes`, 0 where absent).
       node, gpu: the mesh shape.
       leaf_sizes: element count of every gradient leaf, in the order backward produces them.
       compute_s: measured step time on one device at this per-device batch, for `Plan.step_s`.
@@ -450,11 +455,12 @@ def resolve(
         return Plan("xla", max(buckets), max(crossovers), None, None, None)
     # Without `comm.overlap` every bucket waits where it starts: all of it is exposed.
     overlap = model.overlap if getattr(comm, "overlap", True) else 0.0
+    first = getattr(comm, "first_bucket_bytes", 0)
 
     best: dict[str, Plan] = {}  # per strategy: its fastest bucket (and crossover)
     for strategy in strategies:
         for bucket in buckets:
-            elements = bucket_elements(leaf_sizes, bucket, itemsize)
+            elements = bucket_elements(leaf_sizes, bucket, itemsize, first)
             for crossover in crossovers if strategy == "hybrid" else crossovers[:1]:
                 times = bucket_times(strategy, elements, itemsize, crossover, node, gpu, model)
                 t = exposed_s(times, overlap)

@@ -26,7 +26,8 @@ from absl import logging
 #   slice of each batch, hence the same BatchNorm batches and the same mean gradient (up to the
 #   order of fp32 additions). The device count itself is compared (``num_devices``): it sets the
 #   per-device BatchNorm batch.
-# - `comm` strategy, buckets and crossover may change: every strategy computes the same mean (up
+# - `comm` strategy, buckets and crossover may change (`comm.first_bucket_bytes` may also be
+#   absent, in checkpoints from before it existed): every strategy computes the same mean (up
 #   to summation order); so may `comm.network`, which only picks the plan. `comm.dtype`, the
 #   precision on the wire, is compared.
 # - `model.space_to_depth_stem` / `model.sliced_max_pool` may change (or be absent, in
@@ -52,6 +53,7 @@ FREE_ON_RESUME = (
     "mesh.*",
     "comm.strategy",
     "comm.bucket_bytes",
+    "comm.first_bucket_bytes",
     "comm.hybrid_crossover_bytes",
     "comm.overlap",
     "comm.network",

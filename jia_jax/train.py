@@ -202,6 +202,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
             gpu_axis=mesh_lib.GPU_AXIS,
             leaf_order=leaf_order,
             overlap=comm.overlap,
+            first_bucket_bytes=comm.first_bucket_bytes,
         )
         # Keep the running BN averages identical on every device (cheap: a few KB).
         new_stats, metrics = allreduce.pmean_packed((new_stats, metrics), mesh_lib.BATCH_AXES)

@@ -501,6 +501,7 @@ class StepRow:
     device_kind: str
     tiny: bool  # the CPU smoke model, not ResNet-50
     crossover_bytes: int | None = None  # hybrid's, where 'auto' resolved it; None: the config's
+    first_bucket_bytes: int = 0  # the first bucket's limit (0: bucket_bytes; older runs: 0)
 
 
 def step_rows(paths: Sequence[str]) -> list[StepRow]:
@@ -534,6 +535,7 @@ def step_rows(paths: Sequence[str]) -> list[StepRow]:
                     doc.get("environment", {}).get("device_kind", "?"),
                     bool(args.get("tiny")),
                     plan.get("hybrid_crossover_bytes"),
+                    r.get("first_bucket_bytes", 0),
                 )
             )
     return out
@@ -604,7 +606,7 @@ def _step_comm(row: StepRow, strategy: str, overlaps: bool, model: Any) -> dict[
     shapes = model_shapes("resnet50")
     sizes = shapes.tree[::-1] if row.strategy == "peer" else shapes.backward
     node, gpu = row.hosts, row.gpus_per_host
-    buckets = cm.bucket_elements(sizes, row.bucket_bytes, itemsize)
+    buckets = cm.bucket_elements(sizes, row.bucket_bytes, itemsize, row.first_bucket_bytes)
     crossover = comm.hybrid_crossover_bytes if row.crossover_bytes is None else row.crossover_bytes
     times = cm.bucket_times(strategy, buckets, itemsize, crossover, node, gpu, model)
     # Running BN statistics and two metrics, averaged in fp32 after backward.

@@ -350,6 +350,19 @@ def test_plan_rejects_negative_bucket_bytes():
         allreduce.plan_buckets(_abstract_grads(), -1, "float32")
 
 
+def test_first_bucket_has_its_own_limit():
+    # Leaves of 3, 5, 2, 4, 6 fp32 elements packed last first (6, 4, 2, 5, 3): a 48-byte first
+    # bucket takes 6 + 4 + 2 = 12 elements, then 24-byte buckets take 5 and 3 (5 + 3 > 6).
+    tree = [jnp.zeros(n) for n in (3, 5, 2, 4, 6)]
+    plan = allreduce.plan_buckets(tree, 24, "float32", first_bucket_bytes=48)
+    assert [[s.leaf for s in b] for b in plan.buckets] == [[4, 3, 2], [1], [0]]
+    # 0 keeps one limit for every bucket: 6, then 4 + 2, 5, 3.
+    plan = allreduce.plan_buckets(tree, 24, "float32", first_bucket_bytes=0)
+    assert [[s.leaf for s in b] for b in plan.buckets] == [[4], [3, 2], [1], [0]]
+    with pytest.raises(ValueError, match="comm.first_bucket_bytes"):
+        allreduce.plan_buckets(tree, 24, "float32", first_bucket_bytes=-1)
+
+
 def test_pack_rejects_a_tree_of_another_structure():
     plan = allreduce.plan_buckets({"a": jnp.zeros(3)}, 64, "float32")
     with pytest.raises(ValueError, match="structure"):

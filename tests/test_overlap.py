@@ -10,7 +10,8 @@ from jax.sharding import PartitionSpec as P
 
 from jia_jax import allreduce
 from jia_jax import mesh as mesh_lib
-from tests.test_train import build, global_batch, tiny_config
+from jia_jax.models import call_order
+from tests.test_train import IMAGE, build, global_batch, tiny_config
 
 WIRES = ("float32", "bfloat16", "float16")
 
@@ -25,12 +26,16 @@ def _grads(rng: np.random.Generator, devices: int) -> dict[str, np.ndarray]:
 
 
 def test_overlapped_mean_equals_the_plain_one_bit_for_bit():
-    # The barrier is an identity on the reduced buckets: the same buckets summed in the same
-    # wire dtype give the same mean, to the last bit, for every strategy and wire dtype (one
-    # program for all of them: one compile).
+    # The barrier is an identity on the reduced buckets, and a larger first bucket only moves
+    # bucket boundaries: each value is summed over the same devices by the same collective in the
+    # same wire dtype, so the mean is the same to the last bit, for every strategy and wire dtype
+    # (one program for all of them: one compile). Not for `hybrid` with the larger first bucket:
+    # a bucket that grows past the crossover is summed flat instead of hierarchically, another
+    # order of the same terms (still the mean, checked below).
     mesh = mesh_lib.create_mesh(2, 4)
     stacked = _grads(np.random.default_rng(0), 8)
-    cases = [(s, w, o) for s in allreduce.STRATEGIES for w in WIRES for o in (False, True)]
+    forms = ((False, 0), (True, 0), (True, 512))  # (overlap, first_bucket_bytes)
+    cases = [(s, w, *f) for s in allreduce.STRATEGIES for w in WIRES for f in forms]
 
     def per_device(g):
         g = jax.tree.map(lambda x: x[0], g)
@@ -42,24 +47,28 @@ def test_overlapped_mean_equals_the_plain_one_bit_for_bit():
                 wire_dtype=wire,
                 hybrid_crossover_bytes=128,
                 overlap=overlap,
+                first_bucket_bytes=first,
             )
-            for strategy, wire, overlap in cases
+            for strategy, wire, overlap, first in cases
         ]
 
     fn = jax.shard_map(
         per_device, mesh=mesh, in_specs=P(mesh_lib.BATCH_AXES), out_specs=P(), check_vma=False
     )
     means = dict(zip(cases, jax.device_get(jax.jit(fn)(stacked))))
-    for strategy, wire, _ in cases[::2]:
-        plain, overlapped = means[strategy, wire, False], means[strategy, wire, True]
+    for strategy, wire, _, _ in cases[:: len(forms)]:
+        plain = means[strategy, wire, False, 0]
         u = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}[wire]
         for k in stacked:
-            np.testing.assert_array_equal(plain[k], overlapped[k])
+            for form in forms[1:] if strategy != "hybrid" else forms[1:2]:
+                np.testing.assert_array_equal(plain[k], means[strategy, wire, *form][k])
             # And it is the mean: within the wire's rounding of 8 terms (8 u of the largest
             # |term|).
             reference = np.mean(stacked[k].astype(np.float64), axis=0)
             bound = 8 * u * np.max(np.abs(stacked[k]))
-            assert np.max(np.abs(plain[k] - reference)) <= bound, (strategy, wire, k)
+            for form in forms:
+                error = np.max(np.abs(means[strategy, wire, *form][k] - reference))
+                assert error <= bound, (strategy, wire, form, k)
 
 
 def _instructions(hlo: str) -> dict[str, tuple[str, list[str]]]:
@@ -82,11 +91,12 @@ def _closure(instructions, name: str) -> set[str]:
     return seen
 
 
-def _step_hlo(overlap: bool) -> str:
+def _step_hlo(overlap: bool, first_bucket_bytes: int = 0) -> str:
     """The HLO of the tiny train step on the 2x4 mesh (`flat`, several buckets)."""
     mesh = mesh_lib.create_mesh(2, 4)
     config = tiny_config("flat")
     config.comm.overlap = overlap
+    config.comm.first_bucket_bytes = first_bucket_bytes
     _, state, step = build(config, mesh)
     batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in global_batch().items()}
     return step.lower(state, batch).as_text(dialect="hlo")
@@ -115,3 +125,28 @@ def test_each_bucket_leaves_with_its_gradients_and_is_awaited_after_all_of_them(
     # Without overlap no barrier holds the buckets (the test can fail).
     assert "opt-barrier" not in _step_hlo(False)
 
+
+
+def test_the_step_packs_its_first_bucket_to_comm_first_bucket_bytes():
+    # The trainer hands `comm.first_bucket_bytes` to the packing: the step's gradient
+    # all-reduces, in program order, have the sizes of `plan_buckets` with that first limit (and
+    # the limit changes the plan: the test can fail).
+    mesh = mesh_lib.create_mesh(2, 4)
+    config = tiny_config("flat")
+    model, state, _ = build(config, mesh)
+    order = call_order.backward_leaf_order(model, (IMAGE, IMAGE, 1))
+    first = 10 * config.comm.bucket_bytes  # takes the 9216-element kernel after the fc
+
+    def planned(first_bucket_bytes: int) -> list[int]:
+        plan = allreduce.plan_buckets(
+            state.params, config.comm.bucket_bytes, config.comm.dtype, order, first_bucket_bytes
+        )
+        return list(plan.bucket_sizes())
+
+    def compiled(first_bucket_bytes: int) -> list[int]:
+        hlo = _step_hlo(True, first_bucket_bytes)
+        sizes = re.findall(r"= \w+\[(\d+)\]\{0\} all-reduce\(", hlo)
+        return [int(n) for n in sizes[:-1]]  # the last: BatchNorm statistics and metrics
+
+    assert planned(first) != planned(0)
+    assert compiled(first) == planned(first) and compiled(0) == planned(0)

@@ -98,6 +98,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "overlap_nosol_cap_ol4": {"xla": {**_NO_SOL, **_CAP, **_OVERLAP_4}},
     "overlap_nosol_cap_lhs_ol4": {"xla": {**_NO_SOL, **_CAP, **_OVERLAP_4, **_LHS}},
     "overlap_64mib": {"comm.bucket_bytes": 64 * MIB},
+    # One larger first bucket (`comm.first_bucket_bytes`): the fc and layer4 gradients, which
+    # backward produces in a burst, leave as one all-reduce instead of two queued back to back
+    # (27 MiB: the two first 16 MiB buckets; 32 MiB also takes layer3's last block, leaving a
+    # last bucket of 0.8M elements); as XLA schedules them, and starting where they are ready.
+    "overlap_first27": {"comm.first_bucket_bytes": 27 * MIB},
+    "overlap_first32": {"comm.first_bucket_bytes": 32 * MIB},
+    "overlap_first27_nosol_cap": {"comm.first_bucket_bytes": 27 * MIB, "xla": {**_NO_SOL, **_CAP}},
+    "overlap_first32_nosol_cap": {"comm.first_bucket_bytes": 32 * MIB, "xla": {**_NO_SOL, **_CAP}},
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.
     "hierarchical": {"comm.strategy": "hierarchical"},
     "hybrid": {"comm.strategy": "hybrid"},
@@ -273,6 +281,7 @@ def _measure(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
         compile_s=time.perf_counter() - start - row.pop("timed_s"),
         strategy="peer" if variant.startswith("peer") else config.comm.strategy,
         bucket_bytes=config.comm.bucket_bytes,
+        first_bucket_bytes=config.comm.first_bucket_bytes,
         **resolved,
     )
     if jax.process_index() == 0 and jax.default_backend() == "gpu" and not pgle:

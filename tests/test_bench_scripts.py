@@ -251,6 +251,24 @@ def test_bench_peers_rates_the_trainer_and_its_variants_against_the_plain_flax_s
     assert "| alexnet_bn | 2 | trainer | sliced_max_pool |" in table and "vs trainer" in table
 
 
+def test_bench_peers_flax_step_keeps_the_plain_layers_whatever_the_defaults():
+    # The default config turns the layer options on; the peer they are measured against must
+    # not take them (it did, once they became the defaults: trainer and "plain" peer then ran
+    # the same layers).
+    args = argparse.Namespace(image_size=224, model_width=None, small_inputs=False)
+    for model in ("resnet50", "alexnet_bn"):
+        case = {"model": model, "per_device_batch": 2}
+        flax = bench_peers.case_config({**case, "kind": "flax"}, args).model
+        assert not flax.space_to_depth_stem and not flax.sliced_max_pool, model
+    trainer = bench_peers.case_config({"model": "resnet50", "per_device_batch": 2,
+                                       "kind": "trainer"}, args).model
+    assert trainer.space_to_depth_stem and trainer.sliced_max_pool  # the defaults, untouched
+    option = bench_peers.case_config({"model": "resnet50", "per_device_batch": 2,
+                                      "kind": "trainer", "model_options": ["no_sliced_max_pool"]},
+                                     args).model
+    assert option.space_to_depth_stem and not option.sliced_max_pool
+
+
 def test_trainer_progress_reads_every_logged_interval():
     # The trainer pads the step to the width of the total ("step  40/240"): every line counts.
     log = "\n".join(

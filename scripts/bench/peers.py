@@ -50,6 +50,8 @@ from typing import Any
 from scripts.bench import harness
 
 KINDS = ("trainer", "flax", "torch")
+# The model options that compute the same function in fewer passes, off for the flax peer.
+PLAIN_LAYERS = ("no_space_to_depth_stem", "no_sliced_max_pool")
 
 
 def _jax_step(case: dict[str, Any], args: argparse.Namespace, cache: dict[str, Any]):
@@ -64,18 +66,7 @@ def _jax_step(case: dict[str, Any], args: argparse.Namespace, cache: dict[str, A
     from jia_jax import train
     from scripts.bench import trainer_step
 
-    config = trainer_step.make_config(
-        case["model"],
-        "xla",
-        1,
-        1,
-        per_device_batch_override=case["per_device_batch"],
-        image_size=args.image_size,
-        model_width=args.model_width,
-        small_inputs=args.small_inputs,
-        # The peers keep the plain layers: they are what the options are measured against.
-        model_options=case.get("model_options", ()),
-    )
+    config = case_config(case, args)
     setup = trainer_step.build_setup(config, jax.devices()[:1])
     states = cache.setdefault("host_states", {})
     if case["model"] not in states:
@@ -88,6 +79,26 @@ def _jax_step(case: dict[str, Any], args: argparse.Namespace, cache: dict[str, A
         return step, state, setup["batch"]
     flax_state, plain = _plain_flax_step(setup["model"], state)
     return plain, flax_state, setup["batch"]
+
+
+def case_config(case: dict[str, Any], args: argparse.Namespace) -> Any:
+    """The model's 64K config for a case on one device: the trainer's with the case's model
+    options over the config's defaults; the plain flax step's with the plain layers, every
+    option off, whatever the defaults: they are what the options are measured against."""
+    from scripts.bench import trainer_step
+
+    options = case.get("model_options", ()) if case["kind"] == "trainer" else PLAIN_LAYERS
+    return trainer_step.make_config(
+        case["model"],
+        "xla",
+        1,
+        1,
+        per_device_batch_override=case["per_device_batch"],
+        image_size=args.image_size,
+        model_width=args.model_width,
+        small_inputs=args.small_inputs,
+        model_options=options,
+    )
 
 
 def _plain_flax_step(model, trainer_state):

@@ -10,6 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from jia_jax import allreduce
 from jia_jax import mesh as mesh_lib
+from jia_jax import train
 from jia_jax.models import call_order
 from tests.test_train import IMAGE, build, global_batch, tiny_config
 
@@ -150,3 +151,30 @@ def test_the_step_packs_its_first_bucket_to_comm_first_bucket_bytes():
 
     assert planned(first) != planned(0)
     assert compiled(first) == planned(first) and compiled(0) == planned(0)
+
+
+def test_start_when_ready_compiles_the_step_with_the_estimator_off_and_buckets_apart(monkeypatch):
+    # `comm.start_when_ready` reaches the step's jit: XLA's speed-of-light estimator (which turns
+    # the latency-hiding scheduler on) off, combining capped at the bucket size; nothing for the
+    # default, nor for 'xla' (no buckets of its own to keep apart).
+    mesh = mesh_lib.create_mesh(2, 4)
+    options = []
+    jit = jax.jit
+
+    def spy(fn, **kwargs):
+        options.append(kwargs.get("compiler_options"))
+        return jit(fn, **kwargs)
+
+    monkeypatch.setattr(train.jax, "jit", spy)
+    expected = {
+        "xla_gpu_enable_analytical_sol_latency_estimator": False,
+        "xla_gpu_all_reduce_combine_threshold_bytes": 4096,
+        "xla_gpu_reduce_scatter_combine_threshold_bytes": 4096,
+        "xla_gpu_all_gather_combine_threshold_bytes": 4096,
+    }
+    for strategy, ready, want in (("flat", True, expected), ("flat", False, None),
+                                  ("xla", True, None)):
+        config = tiny_config(strategy)
+        config.comm.start_when_ready = ready
+        model, _, _ = build(config, mesh)  # its last jit is the train step's
+        assert options[-1] == want, (strategy, ready)

@@ -106,6 +106,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "overlap_first32": {"comm.first_bucket_bytes": 32 * MIB},
     "overlap_first27_nosol_cap": {"comm.first_bucket_bytes": 27 * MIB, "xla": {**_NO_SOL, **_CAP}},
     "overlap_first32_nosol_cap": {"comm.first_bucket_bytes": 32 * MIB, "xla": {**_NO_SOL, **_CAP}},
+    # The same through the config (`comm.start_when_ready` sets those XLA options on the step).
+    "first32_ready": {"comm.first_bucket_bytes": 32 * MIB, "comm.start_when_ready": True},
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.
     "hierarchical": {"comm.strategy": "hierarchical"},
     "hybrid": {"comm.strategy": "hybrid"},

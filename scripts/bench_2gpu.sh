@@ -7,6 +7,9 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh pgle      # the default with profile-guided scheduling, and auto
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh overlap   # the overlap against none and the peer: 2 emulated
 #                                                     # hosts x 1 GPU, and one process on 2 GPUs
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh ready     # the 32 MiB first bucket started where it is
+#                                                     # ready, against the default and the peer
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh ready_trainer  # the same, the trainer itself (main)
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -69,5 +72,22 @@ case "$1" in
       --layout_variants='{"1x2": ["overlap", "no_overlap"]}' \
       --budget_s=540 --out="$OUT/bench_overlap_2gpu.json"
     ;;
-  *) echo "usage: $0 steps|comm|small|pgle|overlap" >&2; exit 2 ;;
+  ready)
+    # `comm.first_bucket_bytes` 32 MiB with `comm.start_when_ready` (docs/benchmarks.md, "Does a
+    # larger first bucket, started where it is ready, hide the wire?") against the default and
+    # the peer as 2 emulated hosts x 1 GPU, and in one process on both GPUs (NVLink).
+    python3 -m scripts.bench.overlap --layouts=1x1,2x1,1x2 --batches=256,64 \
+      --variants=overlap,first32_ready,peer \
+      --layout_variants='{"1x2": ["overlap", "first32_ready"]}' \
+      --budget_s=540 --out="$OUT/bench_overlap_ready_2gpu.json"
+    ;;
+  ready_trainer)
+    # The trainer's own logged rate (jia_jax.main through launch_local.sh --hosts 2 1), default
+    # and with the two settings, against one GPU; and the plain peer in the same call.
+    python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches=256,64 \
+      --strategies=default --profile_steps=3 --profile_strategies=default --peer \
+      --row_variant="--config.comm.first_bucket_bytes=33554432 --config.comm.start_when_ready=True" \
+      --out="$OUT/bench_hosts_ready_2gpu.json"
+    ;;
+  *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer" >&2; exit 2 ;;
 esac

@@ -555,6 +555,28 @@ def test_bench_hosts_row_variant_says_what_is_wrong():
         bench_hosts.parse_row_variant("source=/nonexistent")
 
 
+def test_bench_hosts_peer_rows_come_from_an_overlap_run_of_the_same_layout():
+    args = argparse.Namespace(hosts=2, gpus_per_host=1, batches=[256, 64], tiny=False)
+    command = bench_hosts.peer_command(args, "/tmp/p.json")
+    assert command[1:] == ["-m", "scripts.bench.overlap", "--layouts=1x1,2x1",
+                           "--batches=256,64", "--variants=peer", "--out=/tmp/p.json"]
+    overlap_doc = {"results": [
+        {"layout": "1x1", "variant": "overlap", "per_device_batch": 256, "images_per_s": 100.0,
+         "hosts": 1, "gpus_per_host": 1, "efficiency": 1.0},
+        {"layout": "2x1", "variant": "peer", "per_device_batch": 256, "images_per_s": 170.0,
+         "hosts": 2, "gpus_per_host": 1, "efficiency": 0.85, "exposed_comm_ms": 7.5,
+         "idle_ms": 0.8, "schedule": [], "timeline": {}},
+    ]}
+    [peer] = bench_hosts.peer_rows(overlap_doc)
+    assert peer == {"hosts": 2, "gpus_per_host": 1, "strategy": "peer", "timing": "in-process",
+                    "per_device_batch": 256, "images_per_s": 170.0, "efficiency": 0.85,
+                    "exposed_comm_ms": 7.5, "idle_ms": 0.8}
+    doc = {"results": [peer], "environment": {"device_kind": "cpu", "device_count": 2,
+                                              "jax_version": "0", "xla_flags": ""}}
+    assert ("| 2x1 | peer (timed in-process, against its own one-GPU step) | - | 256 | 170 | "
+            "0.850 | 7.5 | 0.8 |") in render_benchmarks.hosts_table(doc)
+
+
 def test_bench_hosts_takes_the_median_after_the_compile_interval():
     log = "\n".join(
         f"I0 loop.py] step {s:3d}/90 | learning_rate 0.1 | loss {l} | top1 0 | {r} img/s | ETA 0:00:01"

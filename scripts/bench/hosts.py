@@ -17,6 +17,10 @@ training sees): the median over the logged intervals after the first (which hold
   python -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches=256 \
       --row_variant=--config.distributed.watch_peers=false --row_variant=source=/tmp/before
 
+`--peer` adds the plain peer on the same layout (`scripts/bench/overlap.py`'s `peer`: the trainer's
+forward/backward and update with the buckets reduced after backward), timed in-process by that
+script in the same call, its efficiency against that script's one-GPU step.
+
 With `--profile_strategies`, those rows also trace `--profile_steps` steps after the timed ones
 (`config.profile`) and report, per GPU and step, the NCCL time no compute kernel overlaps
 (`exposed_comm_ms`) and the time no kernel runs (`idle_ms`), averaged over the GPUs.
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import statistics
 import sys
@@ -174,6 +179,40 @@ def one_gpu_row(args: argparse.Namespace, batch: int, env: dict[str, str]) -> di
     return {"command": " ".join(command), "images_per_s": rate, "loss": loss}
 
 
+def peer_command(args: argparse.Namespace, out: str) -> list[str]:
+    """`scripts.bench.overlap` timing the plain peer on this run's layout and one GPU."""
+    return [
+        sys.executable,
+        "-m",
+        "scripts.bench.overlap",
+        f"--layouts=1x1,{args.hosts}x{args.gpus_per_host}",
+        f"--batches={','.join(map(str, args.batches))}",
+        "--variants=peer",
+        f"--out={out}",
+        *(["--tiny"] if args.tiny else []),
+    ]
+
+
+def peer_rows(overlap_doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The peer rows of a `scripts.bench.overlap` run as rows of this file: the trainer's
+    forward/backward and update with a plain reduction after backward, timed in-process (queued),
+    its efficiency against the in-process one-GPU step of the same run."""
+    rows = []
+    for r in overlap_doc["results"]:
+        if r.get("variant") != "peer" or r.get("layout") == "1x1":
+            continue
+        keep = ("per_device_batch", "images_per_s", "efficiency", "exposed_comm_ms", "idle_ms",
+                "error")
+        rows.append({
+            "hosts": r.get("hosts"),
+            "gpus_per_host": r.get("gpus_per_host"),
+            "strategy": "peer",
+            "timing": "in-process",
+            **{k: r[k] for k in keep if k in r},
+        })
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=2)
@@ -198,6 +237,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         default=[],
         help="one more row of the config's default strategy: space-separated --config.* "
         "overrides and/or source=DIR, the trainer of another checkout (repeatable)",
+    )
+    parser.add_argument(
+        "--peer",
+        action="store_true",
+        help="also the plain peer on the same layout, timed in-process (scripts/bench/overlap.py)",
     )
     parser.add_argument("--tiny", action="store_true", help="configs/digits.py's tiny ResNet (CPU)")
     parser.add_argument("--out", default="bench_hosts.json")
@@ -250,8 +294,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 row.get("error", "")[-400:],
                 flush=True,
             )
+    if args.peer:
+        doc["results"] += run_peer(args, env)
     harness.close_record(args.out, doc)
     return doc
+
+
+def run_peer(args: argparse.Namespace, env: dict[str, str]) -> list[dict[str, Any]]:
+    """`peer_rows` of a `peer_command` run; on failure one row saying why."""
+    peer_env = dict(env)
+    if env.get("JIA_JAX_PLATFORM") == "cpu":
+        peer_env["JAX_PLATFORMS"] = "cpu"  # scripts.bench.overlap's CPU switch
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "peer.json")
+        try:
+            run(peer_command(args, out), peer_env)
+            with open(out) as f:
+                return peer_rows(json.load(f))
+        except (RuntimeError, OSError, ValueError) as e:
+            return [{"hosts": args.hosts, "gpus_per_host": args.gpus_per_host, "strategy": "peer",
+                     "per_device_batch": args.batches[0], "error": str(e)[-3000:]}]
 
 
 if __name__ == "__main__":

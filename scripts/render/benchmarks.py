@@ -454,6 +454,8 @@ def _hosts_strategy(row: dict[str, Any]) -> str:
     parts = [row["strategy"]] + [o.removeprefix("--config.") for o in row.get("overrides", [])]
     if "source" in row:
         parts.append(f"(trainer of {os.path.basename(row['source'].rstrip('/'))})")
+    if row.get("timing") == "in-process":
+        parts.append("(timed in-process, against its own one-GPU step)")
     return " ".join(parts)
 
 

@@ -18,8 +18,8 @@ def get_config() -> ml_collections.ConfigDict:
     # `space_to_depth_stem` and `sliced_max_pool` compute the same function in fewer memory
     # passes or kernels (the model docstrings say how). On one GPU each alone made the ResNet-50
     # step 2-3% faster at 256 and 64 images, against plain layers with a two-pass BatchNorm
-    # variance; with both, beside today's one-pass layers, the step ran at 1.004 and 1.012 of a
-    # plain flax step (docs/benchmarks.md, "One GPU").
+    # variance; with both, beside today's one-pass layers, the step ran 1.074x the same step
+    # with the plain layers at 256 images (docs/benchmarks.md, "One GPU").
     config.model = ml_collections.ConfigDict(
         {
             "name": "resnet50",
@@ -118,6 +118,10 @@ def get_config() -> ml_collections.ConfigDict:
     # gradients in a burst: one larger first bucket leaves once, where smaller ones would queue
     # behind each other on the wire (docs/benchmarks.md, "Across hosts").
     config.comm.first_bucket_bytes = 0
+    # Start each bucket's all-reduce as soon as backward has packed it, where XLA would wait
+    # (`train.step_compiler_options`). Across a slow network with 256 images per GPU, with a
+    # 32 MiB first bucket, it hides more of the wire; with 64 it loses (docs/benchmarks.md).
+    config.comm.start_when_ready = False
     config.comm.dtype = "float32"
     # `hybrid`: buckets below this go hierarchical. Not yet measured across nodes (one host only):
     # the value follows Jia et al.'s finding that hierarchical wins for small messages.

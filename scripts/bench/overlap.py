@@ -102,7 +102,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # backward produces in a burst, leave as one all-reduce instead of two queued back to back
     # (27 MiB: the two first 16 MiB buckets; 32 MiB also takes layer3's last block, leaving a
     # last bucket of 0.8M elements); as XLA schedules them, and starting where they are ready.
-    "overlap_first27": {"comm.first_bucket_bytes": 27 * MIB},
     "overlap_first32": {"comm.first_bucket_bytes": 32 * MIB},
     "overlap_first27_nosol_cap": {"comm.first_bucket_bytes": 27 * MIB, "xla": {**_NO_SOL, **_CAP}},
     "overlap_first32_nosol_cap": {"comm.first_bucket_bytes": 32 * MIB, "xla": {**_NO_SOL, **_CAP}},

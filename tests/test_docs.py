@@ -1188,10 +1188,12 @@ def test_scaling_prose_on_emulated_hosts_quotes_the_calibration():
             f"{fit['flat_inter']['beta_bytes_per_s'] / 1e9:.2f} GB/s per GPU",
             f"`hierarchical` is under-predicted by {-100 * hier[0]:.1f}% at 256 and "
             f"{-100 * hier[1]:.1f}% at 64",
-            f"the default plan (`overlap`) is predicted to {100 * abs(third['overlap']['error']):.1f}% "
-            f"and `auto`, the same plan compiled to the same schedule, measured "
+            "the default plan (`overlap`) is predicted to "
+            f"{100 * abs(third['overlap']['error']):.1f}%, and `auto`, the same plan compiled to "
+            "the same schedule, measured "
             f"{-100 * third['auto']['error']:.1f}% slower",
-            f"its plain peer, {-100 * third['peer']['error']:.1f}% slower than predicted",
+            f"that call's plain peer measured {-100 * third['peer']['error']:.1f}% slower than "
+            "predicted",
             f"the plan that measured {eff[256]['overlap']:.3f} and {eff[64]['overlap']:.3f} of "
             f"four GPUs, against the best rows' {max(eff[256].values()):.3f} and "
             f"{max(eff[64].values()):.3f}",

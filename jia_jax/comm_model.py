@@ -28,7 +28,8 @@ necessarily runs after backward. So a plan's exposed communication is
 
 where `overlap` is the measured fraction of the earlier buckets' time hidden behind backward
 (`CommModel.overlap`); without `comm.overlap` (and for 'xla') every bucket is exposed, `exposed =
-sum(t)`. Compute comes from a measured step time on one device:
+sum(t)`, and so is every bucket reduced in the hierarchical stages across two mesh levels, which
+XLA runs synchronously after backward (`overlappable`). Compute comes from a measured step time on one device:
 
     step = compute + exposed + step_overhead.
 
@@ -212,13 +213,36 @@ def bucket_times(
     """Time to reduce each of `buckets` (elements each, in backward order) with a strategy."""
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}.")
-    times = []
-    for elements in buckets:
-        hierarchical = strategy == "hierarchical" or (
-            strategy == "hybrid" and elements * itemsize < crossover_bytes
-        )
-        times.append(bucket_s(elements, itemsize, hierarchical, node, gpu, model))
-    return times
+    return [
+        bucket_s(elements, itemsize, _hierarchical(strategy, elements * itemsize, crossover_bytes),
+                 node, gpu, model)
+        for elements in buckets
+    ]
+
+
+def _hierarchical(strategy: str, nbytes: int, crossover_bytes: int) -> bool:
+    """Whether a strategy reduces a bucket of `nbytes` in the hierarchical stages."""
+    return strategy == "hierarchical" or (strategy == "hybrid" and nbytes < crossover_bytes)
+
+
+def overlappable(
+    strategy: str,
+    buckets: Sequence[int],
+    itemsize: int,
+    crossover_bytes: int,
+    node: int,
+    gpu: int,
+) -> list[bool]:
+    """Whether backward can hide each bucket's reduction (`exposed_s`). Not where the bucket is
+    reduced in the hierarchical stages on a mesh of two levels: XLA merges those buckets'
+    reduce-scatters into one synchronous reduce-scatter after backward, and the all-reduce across
+    nodes after it is synchronous too (the recorded schedule of the 2 x 2 `hierarchical` rows,
+    docs/scaling.md)."""
+    two_levels = node > 1 and gpu > 1
+    return [
+        not (two_levels and _hierarchical(strategy, n * itemsize, crossover_bytes))
+        for n in buckets
+    ]
 
 
 def plan_s(
@@ -234,12 +258,18 @@ def plan_s(
     return sum(bucket_times(strategy, buckets, itemsize, crossover_bytes, node, gpu, model))
 
 
-def exposed_s(times: Sequence[float], overlap: float) -> float:
+def exposed_s(
+    times: Sequence[float], overlap: float, hideable: Sequence[bool] | None = None
+) -> float:
     """Communication not hidden by backward: the last bucket's time (backward fills it last, so it
-    starts after backward) and `1 - overlap` of the others'. `overlap=0` gives the total."""
+    starts after backward) and `1 - overlap` of the others' (all of those `hideable` marks False,
+    see `overlappable`). `overlap=0` gives the total."""
     if not times:
         return 0.0
-    return times[-1] + (1.0 - overlap) * sum(times[:-1])
+    hideable = [True] * len(times) if hideable is None else hideable
+    return times[-1] + sum(
+        t * (1.0 - overlap if h else 1.0) for t, h in zip(times[:-1], hideable[:-1])
+    )
 
 
 def xla_s(nbytes: float, num_allreduces: int, node: int, gpu: int, model: CommModel) -> float:
@@ -463,7 +493,8 @@ def resolve(
             elements = bucket_elements(leaf_sizes, bucket, itemsize, first)
             for crossover in crossovers if strategy == "hybrid" else crossovers[:1]:
                 times = bucket_times(strategy, elements, itemsize, crossover, node, gpu, model)
-                t = exposed_s(times, overlap)
+                hideable = overlappable(strategy, elements, itemsize, crossover, node, gpu)
+                t = exposed_s(times, overlap, hideable)
                 if strategy not in best or t < best[strategy].exposed_s * (1 - _TIE):
                     best[strategy] = Plan(
                         strategy, bucket, crossover, sum(times), None, len(elements), t

@@ -112,8 +112,9 @@ def predict_step_comm(row: cc.Row, model: cm.CommModel) -> tuple[float, float]:
     )
     buckets = cm.bucket_elements(shapes.backward, int(d["bucket_mib"] * cc.MIB), itemsize)
     times = cm.bucket_times(d["strategy"], buckets, itemsize, crossover, node, gpu, model)
+    hideable = cm.overlappable(d["strategy"], buckets, itemsize, crossover, node, gpu)
     stats = cm.allreduce_s(stats_bytes, node, gpu, model)
-    return sum(times) + stats, cm.exposed_s(times, model.overlap) + stats
+    return sum(times) + stats, cm.exposed_s(times, model.overlap, hideable) + stats
 
 
 def validation(rows: Sequence[cc.Row], cal: dict[str, Any]) -> tuple[list[dict], list[dict]]:

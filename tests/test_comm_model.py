@@ -118,6 +118,21 @@ def test_exposed_communication_is_the_last_bucket_and_the_unhidden_rest():
     assert cm.exposed_s([3e-3, 2e-3, 4e-3], 1.0) == pytest.approx(4e-3, **TIGHT)
     assert cm.exposed_s([6e-3], 0.9) == 6e-3  # one bucket hides nothing
     assert cm.exposed_s([], 0.5) == 0.0
+    # A bucket backward cannot hide counts in full: 4 + 0.75 * 3 + 2.
+    hideable = [True, False, True]
+    assert cm.exposed_s([3e-3, 2e-3, 4e-3], 0.25, hideable) == pytest.approx(8.25e-3, **TIGHT)
+
+
+def test_only_hierarchical_buckets_on_two_mesh_levels_are_not_overlappable():
+    # Buckets of 8, 2 and 1 MB in bf16 (itemsize 2): hybrid's 4 MB crossover puts the last two
+    # in the hierarchical stages.
+    elements = [4_000_000, 1_000_000, 500_000]
+    assert cm.overlappable("flat", elements, 2, 4_000_000, 2, 2) == [True, True, True]
+    assert cm.overlappable("hierarchical", elements, 2, 4_000_000, 2, 2) == [False] * 3
+    assert cm.overlappable("hybrid", elements, 2, 4_000_000, 2, 2) == [True, False, False]
+    # One level of one member: the stages are one all-reduce, overlapped as flat's.
+    assert cm.overlappable("hierarchical", elements, 2, 4_000_000, 1, 8) == [True] * 3
+    assert cm.overlappable("hierarchical", elements, 2, 4_000_000, 4, 1) == [True] * 3
 
 
 def test_step_time_adds_the_exposed_communication_and_the_overhead():
@@ -637,7 +652,8 @@ def test_prediction_of_the_2x2_step_is_the_hand_computed_alpha_beta_cost():
       flat: min(ring, tree) = min(L + 4a + 2F + 1.5 B / w, L + 2 (a + F) + 2 B / w);
       hierarchical: reduce-scatter + all-gather over 2 GPUs, 2 (L + a + B/2 / b), and the
       all-reduce of B/2 over 2 hosts, min(L + 2A + (B/2) / g1, L + 2A + B / g1), g1 = min(b, G).
-    With `comm.overlap` the step adds the last bucket (2e5 values) and 75% of the two before it.
+    With `comm.overlap` the step adds the last bucket (2e5 values) and 75% of the two before it,
+    all of those reduced in the hierarchical stages (XLA runs them after backward on two levels).
     """
     L, (a, b), (A, G), (F, H) = 8 * US, (3 * US, 150 * GB), (40 * US, 2.5 * GB), (30 * US, 4 * GB)
     m = cm.CommModel(
@@ -679,34 +695,40 @@ def test_prediction_of_the_2x2_step_is_the_hand_computed_alpha_beta_cost():
         # Below the 4 MiB crossover (the 0.8 MB bucket) hierarchical, the others flat.
         "hybrid": [flat(buckets[0]), flat(buckets[1]), hier(buckets[2])],
     }
+    hidden = {"flat": 0.75, "hierarchical": 1.0, "hybrid": 0.75}  # of the first two buckets
     for strategy, t in want.items():
         plan = plans[strategy]
+        exposed = t[2] + hidden[strategy] * (t[0] + t[1])
         assert (plan.strategy, plan.buckets) == (strategy, 3)
         assert plan.comm_s == pytest.approx(sum(t), **TIGHT)
-        assert plan.exposed_s == pytest.approx(t[2] + 0.75 * (t[0] + t[1]), **TIGHT)
-        assert plan.step_s == pytest.approx(compute + t[2] + 0.75 * (t[0] + t[1]) + 1e-3, **TIGHT)
+        assert plan.exposed_s == pytest.approx(exposed, **TIGHT)
+        assert plan.step_s == pytest.approx(compute + exposed + 1e-3, **TIGHT)
         assert unhidden[strategy].step_s == pytest.approx(compute + sum(t) + 1e-3, **TIGHT)
     # auto: its own buckets and crossover, its cost by the same formulas, and no strategy at any
     # bucket of the grid more than SIMPLER_MARGIN less exposed.
     auto = plans["auto"]
     elements = cm.bucket_elements(leaves, auto.bucket_bytes, 4)
 
-    def exposed(times):
-        return times[-1] + 0.75 * sum(times[:-1])
+    def exposed(times, hideable):
+        return times[-1] + sum(t * (0.75 if h else 1.0) for t, h in zip(times[:-1], hideable))
 
+    below = [4 * e < auto.hybrid_crossover_bytes for e in elements]
     by_hand = {
-        "flat": [flat(4 * e) for e in elements],
-        "hierarchical": [hier(4 * e) for e in elements],
-        "hybrid": [
-            hier(4 * e) if 4 * e < auto.hybrid_crossover_bytes else flat(4 * e) for e in elements
-        ],
+        "flat": ([flat(4 * e) for e in elements], [True] * len(elements)),
+        "hierarchical": ([hier(4 * e) for e in elements], [False] * len(elements)),
+        "hybrid": (
+            [hier(4 * e) if b else flat(4 * e) for e, b in zip(elements, below)],
+            [not b for b in below],
+        ),
     }
-    assert auto.comm_s == pytest.approx(sum(by_hand[auto.strategy]), **TIGHT)
-    assert auto.exposed_s == pytest.approx(exposed(by_hand[auto.strategy]), **TIGHT)
+    times, hideable = by_hand[auto.strategy]
+    assert auto.comm_s == pytest.approx(sum(times), **TIGHT)
+    assert auto.exposed_s == pytest.approx(exposed(times, hideable), **TIGHT)
     for bucket in cm.BUCKET_GRID:
         e = cm.bucket_elements(leaves, bucket, 4)
-        for t in ([flat(4 * x) for x in e], [hier(4 * x) for x in e]):
-            assert auto.exposed_s <= exposed(t) / (1 - cm.SIMPLER_MARGIN)
+        for t, h in (([flat(4 * x) for x in e], [True] * len(e)),
+                     ([hier(4 * x) for x in e], [False] * len(e))):
+            assert auto.exposed_s <= exposed(t, h) / (1 - cm.SIMPLER_MARGIN)
 
 
 # ---------------------------------------------------------------------------------------------

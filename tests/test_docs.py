@@ -479,11 +479,12 @@ def test_scaling_prose_quotes_the_calibration_and_the_model():
     default = p["scaling"][cal["default_fabric"]]
     shapes = {n: vc.model_shapes(n).backward for n in ps.MODELS}
     picks = ps.auto_picks(cal)
-    hierarchical = {(mesh, links) for _, mesh, links, plan in picks if plan.strategy != "flat"}
-    assert hierarchical == {("2x8", "ndr400_per_node"), ("2x2", "one host")}
-    assert {label for label, mesh, _, p in picks if mesh == "2x2" and p.strategy != "flat"} == {
-        "ResNet-50"
-    }
+    not_flat = [(label, mesh, links, plan) for label, mesh, links, plan in picks
+                if plan.strategy != "flat"]
+    assert [(label, mesh, links, plan.strategy) for label, mesh, links, plan in not_flat] == [
+        ("ResNet-50", "2x8", "ndr400_per_node", "hybrid")
+    ]
+    assert not_flat[0][3].hybrid_crossover_bytes == 16 << 20  # "with a 16 MiB crossover"
     assert {plan.buckets for *_, plan in picks} <= {2, 3, 4}  # "2 to 4 buckets"
     residual_rows = {m: len(v) for m, v in vc.comm_residuals(entries).items()}
     intra = cal["intra"]
@@ -1157,11 +1158,10 @@ def test_scaling_prose_on_emulated_hosts_quotes_the_calibration():
     first_two = [e for e in plans if re.search(r"plans_2x2_(256|64)_", e["row"])]
     by = {(e["strategy"], e["bucket_bytes"] >> 20, e["per_device_batch"], e["overlap"]): e
           for e in first_two}
-    # flat (and the peer) and hybrid within 10%; hierarchical under-predicted.
-    assert all(abs(e["error"]) < 0.10 for e in first_two if e["strategy"] != "hierarchical")
+    # Every plan of the first two calls within 10%.
+    assert all(abs(e["error"]) < 0.10 for e in first_two)
     third = {e["variant"]: e for e in plans if "first_bucket" in e["row"]}
     hier = [by["hierarchical", 16, b, True]["error"] for b in (256, 64)]
-    assert all(e < -0.05 for e in hier)
     # Its recorded schedule: one synchronous reduce-scatter after the last convolution.
     rows = _overlap_rows("bench_plans_2x2_256_4xH200.json")
     scatters = [c for c in rows["2x2", "hierarchical", 256]["schedule"]
@@ -1186,8 +1186,8 @@ def test_scaling_prose_on_emulated_hosts_quotes_the_calibration():
             f"{fit['inter']['beta_bytes_per_s'] / 1e9:.2f} GB/s each, while one ring over all "
             f"four GPUs gets "
             f"{fit['flat_inter']['beta_bytes_per_s'] / 1e9:.2f} GB/s per GPU",
-            f"`hierarchical` is under-predicted by {-100 * hier[0]:.1f}% at 256 and "
-            f"{-100 * hier[1]:.1f}% at 64",
+            f"`hierarchical` within {100 * abs(hier[0]):.1f}% and {100 * abs(hier[1]):.1f}% at "
+            "256 and 64 images per GPU",
             "the default plan (`overlap`) is predicted to "
             f"{100 * abs(third['overlap']['error']):.1f}%, and `auto`, the same plan compiled to "
             "the same schedule, measured "

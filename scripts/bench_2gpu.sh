@@ -77,7 +77,7 @@ case "$1" in
     # larger first bucket, started where it is ready, hide the wire?") against the default and
     # the peer as 2 emulated hosts x 1 GPU, and in one process on both GPUs (NVLink).
     python3 -m scripts.bench.overlap --layouts=1x1,2x1,1x2 --batches=256,64 \
-      --variants=overlap,first32_ready,peer \
+      --variants=overlap,first32_ready,peer --steps=10 --rounds=2 \
       --layout_variants='{"1x2": ["overlap", "first32_ready"]}' \
       --budget_s=540 --out="$OUT/bench_overlap_ready_2gpu.json"
     ;;

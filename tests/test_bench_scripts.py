@@ -577,6 +577,46 @@ def test_bench_hosts_peer_rows_come_from_an_overlap_run_of_the_same_layout():
             "0.850 | 7.5 | 0.8 |") in render_benchmarks.hosts_table(doc)
 
 
+def test_bench_overlap_times_the_variants_of_a_batch_in_turn_each_round(monkeypatch, capsys):
+    # Every variant is compiled first, then each round times every variant once (the link's
+    # drift within a call reaches all rows alike); rows are printed after the last round; a
+    # variant that fails to compile or to run loses only its row.
+    from scripts.bench import overlap as bench_overlap
+
+    calls = []
+
+    def prepare(args, variant, batch, processes, gpus):
+        calls.append(("compile", variant))
+        if variant == "no_overlap":
+            raise RuntimeError("rejected")
+        return {"variant": variant, "rounds_timed": 0}
+
+    def time_round(p, steps):
+        calls.append(("time", p["variant"]))
+        if p["variant"] == "peer" and p["rounds_timed"] == 1:
+            raise RuntimeError("out of memory")
+        p["rounds_timed"] += 1
+
+    monkeypatch.setattr(bench_overlap, "_prepare", prepare)
+    monkeypatch.setattr(bench_overlap, "_time_round", time_round)
+    monkeypatch.setattr(bench_overlap, "_row", lambda p: {"timed": p["rounds_timed"]})
+    args = argparse.Namespace(layout="1x2", batches=[8], steps=2, rounds=3,
+                              variants=["overlap", "no_overlap", "peer", "overlap_4mib"])
+    bench_overlap.worker(args)
+    assert calls == [("compile", v) for v in args.variants] + [
+        ("time", "overlap"), ("time", "peer"), ("time", "overlap_4mib"),
+        ("time", "overlap"), ("time", "peer"), ("time", "overlap_4mib"),
+        ("time", "overlap"), ("time", "overlap_4mib"),
+    ]
+    rows = [json.loads(line.removeprefix("OVERLAP_ROW ")) for line in
+            capsys.readouterr().out.splitlines() if line.startswith("OVERLAP_ROW ")]
+    got = {r["variant"]: r.get("timed", r.get("error", "").strip().splitlines()[-1:])
+           for r in rows}
+    assert got == {"no_overlap": ["RuntimeError: rejected"],
+                   "peer": ["RuntimeError: out of memory"], "overlap": 3, "overlap_4mib": 3}
+    assert all(r["rounds"] == 3 and r["per_device_batch"] == 8 for r in rows)
+
+
 def test_bench_hosts_takes_the_median_after_the_compile_interval():
     log = "\n".join(
         f"I0 loop.py] step {s:3d}/90 | learning_rate 0.1 | loss {l} | top1 0 | {r} img/s | ETA 0:00:01"

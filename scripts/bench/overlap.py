@@ -24,6 +24,11 @@ psum each).
 
   efficiency = images/s on the layout / (its GPUs x images/s of 1x1 at the same batch)
 
+A process compiles every variant of a batch first, then times them in turn, `--rounds` times
+(each round `--steps` synced and `--steps` queued steps of each variant, pooled): the emulated
+link drifts within a call, and rows whose samples interleave see the same drift (PGLE variants,
+whose estimator is a global JAX setting, are timed on their own).
+
 Process 0 also records each collective's place in XLA's schedule (`schedule`): how many
 convolutions run between its start and its done, and whether XLA made it synchronous. An `auto`
 row records the plan its step resolved to (`resolved`: strategy, bucket, crossover).
@@ -257,36 +262,86 @@ def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, g
     return step, setup, config
 
 
-def _measure(args, variant: str, batch: int, processes: int, gpus: int) -> dict[str, Any]:
-    """One row, measured by every process of the layout (the caller keeps process 0's rates)."""
+def _prepare(args, variant: str, batch: int, processes: int, gpus: int) -> dict[str, Any]:
+    """One variant's step built, compiled and warmed up, for `_time_round` and `_row`."""
     import jax
 
     step, setup, config = _build(args, variant, batch, processes, gpus)
     state = setup["init"]()
     resolved = resolved_plan(config, setup, state.params)
     start = time.perf_counter()
-    pgle = VARIANTS[variant].get("pgle", False)
-    jax.config.update("jax_enable_pgle", pgle)
+    compiled = step.lower(state, setup["batch"]).compile(VARIANTS[variant].get("xla"))
+    for _ in range(args.warmup_steps):
+        state, _ = compiled(state, setup["batch"])
+    jax.block_until_ready(state)
+    return {
+        "variant": variant,
+        "compiled": compiled,
+        "state": state,
+        "batch": setup["batch"],
+        "images": batch * processes * gpus,
+        "synced": [],
+        "queued": [],
+        "fields": {
+            "compile_s": time.perf_counter() - start,
+            "strategy": "peer" if variant.startswith("peer") else config.comm.strategy,
+            "bucket_bytes": config.comm.bucket_bytes,
+            "first_bucket_bytes": config.comm.first_bucket_bytes,
+            **resolved,
+        },
+    }
+
+
+def _time_round(prepared: dict[str, Any], steps: int) -> None:
+    """`steps` synced and `steps` queued steps of a prepared variant, added to its samples."""
+    compiled, batch = prepared["compiled"], prepared["batch"]
+    state, synced = harness.time_steps(compiled, prepared["state"], batch, steps, queued=False)
+    state, queued = harness.time_steps(compiled, state, batch, steps, queued=True)
+    prepared.update(state=state, synced=prepared["synced"] + synced,
+                    queued=prepared["queued"] + queued)
+
+
+def _row(prepared: dict[str, Any]) -> dict[str, Any]:
+    """A prepared variant's row: rates over all its rounds' samples; on GPU the traced figures
+    and (process 0) the collectives' place in XLA's schedule."""
+    import jax
+
+    row = harness.step_rates(prepared["images"], prepared["synced"], prepared["queued"])
+    row.update(prepared["fields"])
+    if jax.default_backend() == "gpu":
+        row.update(_traced(prepared["compiled"], prepared["state"], prepared["batch"]))
+        if jax.process_index() == 0:
+            row["schedule"] = schedule(prepared["compiled"].as_text())
+    return row
+
+
+def _measure_pgle(args, variant: str, batch: int, processes: int, gpus: int) -> dict[str, Any]:
+    """A row with JAX's profile-guided latency estimator: the jit path (profiled runs, then the
+    recompile with their times) timed on its own, never interleaved (the estimator is a global
+    JAX setting)."""
+    import jax
+
+    step, setup, config = _build(args, variant, batch, processes, gpus)
+    state = setup["init"]()
+    start = time.perf_counter()
+    jax.config.update("jax_enable_pgle", True)
     jax.config.update("jax_pgle_profiling_runs", _PGLE_RUNS)
     try:
-        if pgle:  # the jit path: profiled runs, then the recompile with their times
-            compiled = step = jax.jit(step.__wrapped__, donate_argnums=0, compiler_options=_LHS)
-            for _ in range(_PGLE_RUNS + 2):
-                state, _ = jax.block_until_ready(step(state, setup["batch"]))
-        else:
-            compiled = step.lower(state, setup["batch"]).compile(VARIANTS[variant].get("xla"))
-        row = _timed(args, compiled, state, setup["batch"], batch * processes * gpus)
+        step = jax.jit(step.__wrapped__, donate_argnums=0, compiler_options=_LHS)
+        for _ in range(_PGLE_RUNS + 2):
+            state, _ = jax.block_until_ready(step(state, setup["batch"]))
+        compile_s = time.perf_counter() - start
+        state, synced, queued = harness.time_train_step(
+            step, state, setup["batch"], args.steps, args.warmup_steps
+        )
+        row = harness.step_rates(batch * processes * gpus, synced, queued)
+        if jax.default_backend() == "gpu":
+            row.update(_traced(step, state, setup["batch"]))
     finally:
         jax.config.update("jax_enable_pgle", False)
-    row.update(
-        compile_s=time.perf_counter() - start - row.pop("timed_s"),
-        strategy="peer" if variant.startswith("peer") else config.comm.strategy,
-        bucket_bytes=config.comm.bucket_bytes,
-        first_bucket_bytes=config.comm.first_bucket_bytes,
-        **resolved,
-    )
-    if jax.process_index() == 0 and jax.default_backend() == "gpu" and not pgle:
-        row["schedule"] = schedule(compiled.as_text())
+    row.update(compile_s=compile_s, strategy="peer" if variant.startswith("peer") else
+               config.comm.strategy, bucket_bytes=config.comm.bucket_bytes,
+               first_bucket_bytes=config.comm.first_bucket_bytes)
     return row
 
 
@@ -305,19 +360,13 @@ def resolved_plan(config: Any, setup: dict[str, Any], params: Any) -> dict[str, 
     return {"resolved": {k: plan[k] for k in keys}}
 
 
-def _timed(args, compiled, state, batch: dict[str, Any], images: int) -> dict[str, Any]:
-    """Synced and queued rates of `compiled` on `batch`; on GPU also traced figures."""
+def _traced(compiled, state, batch: dict[str, Any]) -> dict[str, Any]:
+    """Three queued steps traced for the exposed NCCL and idle time per step, and one synced
+    step for a timeline of its kernels (GPU only)."""
     import jax
 
     from scripts.bench import profile_trace
 
-    start = time.perf_counter()
-    state, synced, queued = harness.time_train_step(
-        compiled, state, batch, args.steps, args.warmup_steps
-    )
-    row = harness.step_rates(images, synced, queued)
-    if jax.default_backend() != "gpu":
-        return {**row, "timed_s": time.perf_counter() - start}
     with tempfile.TemporaryDirectory() as queued_dir, tempfile.TemporaryDirectory() as one_dir:
         with jax.profiler.trace(queued_dir):
             state, _ = harness.time_steps(compiled, state, batch, 1, queued=True)
@@ -328,11 +377,11 @@ def _timed(args, compiled, state, batch: dict[str, Any], images: int) -> dict[st
             for k in profile_trace.load_kernels(queued_dir).values()
         ]
         one = list(profile_trace.load_kernels(one_dir).values())[0]
-    row["exposed_comm_ms"] = statistics.mean(s["collective_exposed_us"] for s in per_gpu) / 1e3
-    row["idle_ms"] = statistics.mean(s["idle_us"] for s in per_gpu) / 1e3
-    row["timeline"] = timeline(one)
-    row["timed_s"] = time.perf_counter() - start
-    return row
+    return {
+        "exposed_comm_ms": statistics.mean(s["collective_exposed_us"] for s in per_gpu) / 1e3,
+        "idle_ms": statistics.mean(s["idle_us"] for s in per_gpu) / 1e3,
+        "timeline": timeline(one),
+    }
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -342,14 +391,41 @@ def worker(args: argparse.Namespace) -> None:
     processes, gpus = (int(x) for x in args.layout.split("x"))
     if processes > 1:
         jax.distributed.initialize(f"127.0.0.1:{args.port}", processes, args.process_id)
+
+    def emit(row: dict[str, Any], variant: str, batch: int) -> None:
+        row.update(variant=variant, per_device_batch=batch, process=jax.process_index(),
+                   rounds=args.rounds)
+        print(_ROW + json.dumps(row), flush=True)
+
+    def guarded(fn, *fn_args):  # a variant XLA rejects loses only its row
+        try:
+            return fn(*fn_args)
+        except Exception as e:  # noqa: BLE001
+            return {"error": harness.error_text(e, tail=True)}
+
     for batch in args.batches:
+        prepared = []
         for variant in args.variants if processes * gpus > 1 else ["overlap"]:
-            try:
-                row = _measure(args, variant, batch, processes, gpus)
-            except Exception as e:  # noqa: BLE001 - a variant XLA rejects loses only its row
-                row = {"error": harness.error_text(e, tail=True)}
-            row.update(variant=variant, per_device_batch=batch, process=jax.process_index())
-            print(_ROW + json.dumps(row), flush=True)
+            if VARIANTS[variant].get("pgle", False):
+                emit(guarded(_measure_pgle, args, variant, batch, processes, gpus), variant, batch)
+                continue
+            p = guarded(_prepare, args, variant, batch, processes, gpus)
+            if "error" in p:
+                emit(p, variant, batch)
+            else:
+                prepared.append(p)
+        # Round-robin: the link drifts within a call, so every variant's samples span it alike.
+        for r in range(args.rounds):
+            kept = []
+            for p in prepared:
+                failed = guarded(_time_round, p, args.steps)
+                if failed:
+                    emit(failed, p["variant"], batch)
+                elif r == args.rounds - 1:
+                    emit(guarded(_row, p), p["variant"], batch)
+                else:
+                    kept.append(p)
+            prepared = kept
 
 
 def _layout_rows(
@@ -363,7 +439,7 @@ def _layout_rows(
         {"XLA_FLAGS": f"--xla_force_host_platform_device_count={gpus}",
          "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"} if cpu else {}
     )
-    flags = [f"--{k}={v}" for k, v in (("steps", args.steps), ("warmup_steps", args.warmup_steps))]
+    flags = [f"--{k}={getattr(args, k)}" for k in ("steps", "warmup_steps", "rounds")]
     variants = args.layout_variants.get(layout, args.variants)
     flags += [f"--batches={','.join(map(str, args.batches))}", f"--variants={','.join(variants)}"]
     flags += ["--tiny"] * args.tiny
@@ -412,6 +488,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help='JSON: variants of some layouts instead of --variants, e.g. {"1x2": ["overlap"]}',
     )
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="timing rounds: every variant of a batch is compiled first, then each round times "
+        "`--steps` synced and queued steps of each in turn; the rates pool all rounds' samples",
+    )
     parser.add_argument("--warmup_steps", type=int, default=3)
     parser.add_argument("--timeout_s", type=float, default=540, help="a layout's limit")
     parser.add_argument(

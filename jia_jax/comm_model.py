@@ -29,7 +29,8 @@ necessarily runs after backward. So a plan's exposed communication is
 where `overlap` is the measured fraction of the earlier buckets' time hidden behind backward
 (`CommModel.overlap`); without `comm.overlap` (and for 'xla') every bucket is exposed, `exposed =
 sum(t)`, and so is every bucket reduced in the hierarchical stages across two mesh levels, which
-XLA runs synchronously after backward (`overlappable`). Compute comes from a measured step time on one device:
+XLA runs synchronously after backward (`overlappable`). Compute comes from a measured step time
+on one device:
 
     step = compute + exposed + step_overhead.
 
@@ -490,21 +491,35 @@ def resolve(
     best: dict[str, Plan] = {}  # per strategy: its fastest bucket (and crossover)
     for strategy in strategies:
         for bucket in buckets:
-            elements = bucket_elements(leaf_sizes, bucket, itemsize, first)
+            sizes = bucket_elements(leaf_sizes, bucket, itemsize, first)
             for crossover in crossovers if strategy == "hybrid" else crossovers[:1]:
-                times = bucket_times(strategy, elements, itemsize, crossover, node, gpu, model)
-                hideable = overlappable(strategy, elements, itemsize, crossover, node, gpu)
-                t = exposed_s(times, overlap, hideable)
-                if strategy not in best or t < best[strategy].exposed_s * (1 - _TIE):
-                    best[strategy] = Plan(
-                        strategy, bucket, crossover, sum(times), None, len(elements), t
-                    )
+                c = _costed(strategy, bucket, crossover, sizes, itemsize, node, gpu, model, overlap)
+                if strategy not in best or c.exposed_s < best[strategy].exposed_s * (1 - _TIE):
+                    best[strategy] = c
     plan = best[strategies[0]]
     for strategy in strategies[1:]:
         if best[strategy].exposed_s < plan.exposed_s * (1 - SIMPLER_MARGIN):
             plan = best[strategy]
     step = None if compute_s is None else step_s(compute_s, plan.exposed_s, model, node * gpu)
     return dataclasses.replace(plan, step_s=step)
+
+
+def _costed(
+    strategy: str,
+    bucket: int,
+    crossover: int,
+    elements: Sequence[int],
+    itemsize: int,
+    node: int,
+    gpu: int,
+    model: CommModel,
+    overlap: float,
+) -> Plan:
+    """A candidate plan (`elements` per bucket) with its reduction time and exposed part."""
+    times = bucket_times(strategy, elements, itemsize, crossover, node, gpu, model)
+    hideable = overlappable(strategy, elements, itemsize, crossover, node, gpu)
+    exposed = exposed_s(times, overlap, hideable)
+    return Plan(strategy, bucket, crossover, sum(times), None, len(elements), exposed)
 
 
 def predict_strategies(

@@ -213,7 +213,7 @@ def peer_rows(overlap_doc: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--gpus_per_host", type=int, default=2)
@@ -245,6 +245,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument("--tiny", action="store_true", help="configs/digits.py's tiny ResNet (CPU)")
     parser.add_argument("--out", default="bench_hosts.json")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = _parser()
     args = parser.parse_args(argv)
     try:
         variants = [parse_row_variant(spec) for spec in args.row_variant]

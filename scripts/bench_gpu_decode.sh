@@ -2,7 +2,7 @@
 # The GPU-decode measurements of docs/input_pipeline.md in one call (about 10 minutes) on a host
 # with 2 GPUs and 32 or more cores, nvImageCodec installed (pip install -e ".[gpu]"); run from the
 # repository root:
-#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh
+#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh      # PROFILE=0: without the profiled run
 # ResNet-50 64K config, bf16, on the generated JPEGs of scripts/bench/input.py: the trainer with
 # data.decode=gpu against synthetic data at 256 images per GPU on 1 GPU (16 cores, the synthetic
 # run at the same time on the other GPU and the other 16 cores) and on 2 GPUs (32 cores) in one
@@ -57,7 +57,9 @@ train 0,1 "$both" 256 100 20 gpu "$half" 2gpu_256_2proc --processes=2
 
 # Where the GPU path's step loses time: one GPU at 256, a trace of steps 60-64 summarised per
 # device (idle: no kernel runs, the host is late; busy time per kind, the decoder's kernels
-# included; the top kernels) into $OUT/gpu_decode_profile.json.
+# included; the top kernels) into $OUT/gpu_decode_profile.json. PROFILE=0 skips it (about a
+# minute), for a call that must stay inside 10 minutes.
+if [[ "${PROFILE:-1}" == 1 ]]; then
 CUDA_VISIBLE_DEVICES=0 taskset -c "$first" python3 -m scripts.bench.train_input \
   --data_dir="$data" --per_gpu=256 --steps=80 --log_every=20 --variants=gpu \
   --num_workers=$((half / 2)) --override=--config.profile.first_step=60 --timeout_s=240 \
@@ -74,6 +76,7 @@ doc = {"environment": harness.environment(), "run": run, "devices": {
 json.dump(doc, open(sys.argv[2], "w"), indent=1)
 print({d: round(v["per_step"]["idle_us"] / 1e3, 1) for d, v in doc["devices"].items()}, "ms idle a step")
 PY
+fi
 
 python3 -m scripts.bench.gpu_decode report --stage="$runs/stage.json" --runs "$runs"/train_*.json \
   --out="$OUT/bench_gpu_decode.json" || echo "report failed"

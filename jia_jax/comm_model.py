@@ -273,6 +273,23 @@ def exposed_s(
     )
 
 
+def plan_reduction(
+    strategy: str,
+    buckets: Sequence[int],
+    itemsize: int,
+    crossover_bytes: int,
+    node: int,
+    gpu: int,
+    model: CommModel,
+    overlap: float,
+) -> tuple[list[float], float]:
+    """Each bucket's reduction time (`bucket_times`) and the part of them backward does not hide
+    (`exposed_s` with `overlap`, the buckets `overlappable` marks exposed whole)."""
+    times = bucket_times(strategy, buckets, itemsize, crossover_bytes, node, gpu, model)
+    hideable = overlappable(strategy, buckets, itemsize, crossover_bytes, node, gpu)
+    return times, exposed_s(times, overlap, hideable)
+
+
 def xla_s(nbytes: float, num_allreduces: int, node: int, gpu: int, model: CommModel) -> float:
     """`comm.strategy='xla'`: XLA picks and combines the all-reduces itself. Approximated as
     `num_allreduces` equal flat all-reduces (the count read off the compiled program)."""
@@ -516,9 +533,9 @@ def _costed(
     overlap: float,
 ) -> Plan:
     """A candidate plan (`elements` per bucket) with its reduction time and exposed part."""
-    times = bucket_times(strategy, elements, itemsize, crossover, node, gpu, model)
-    hideable = overlappable(strategy, elements, itemsize, crossover, node, gpu)
-    exposed = exposed_s(times, overlap, hideable)
+    times, exposed = plan_reduction(
+        strategy, elements, itemsize, crossover, node, gpu, model, overlap
+    )
     return Plan(strategy, bucket, crossover, sum(times), None, len(elements), exposed)
 
 

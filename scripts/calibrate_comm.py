@@ -608,12 +608,13 @@ def _step_comm(row: StepRow, strategy: str, overlaps: bool, model: Any) -> dict[
     node, gpu = row.hosts, row.gpus_per_host
     buckets = cm.bucket_elements(sizes, row.bucket_bytes, itemsize, row.first_bucket_bytes)
     crossover = comm.hybrid_crossover_bytes if row.crossover_bytes is None else row.crossover_bytes
-    times = cm.bucket_times(strategy, buckets, itemsize, crossover, node, gpu, model)
-    hideable = cm.overlappable(strategy, buckets, itemsize, crossover, node, gpu)
+    overlap = model.overlap if overlaps else 0.0
+    times, exposed = cm.plan_reduction(
+        strategy, buckets, itemsize, crossover, node, gpu, model, overlap
+    )
     # Running BN statistics and two metrics, averaged in fp32 after backward.
     stats = cm.allreduce_s((shapes.stats + 2) * 4, node, gpu, model)
-    exposed = cm.exposed_s(times, model.overlap if overlaps else 0.0, hideable) + stats
-    return {"times": times, "stats_s": stats, "exposed_s": exposed}
+    return {"times": times, "stats_s": stats, "exposed_s": exposed + stats}
 
 
 def _fitted_overlap(usable: Sequence[tuple], cal: dict[str, Any], row_id: str) -> dict[str, Any]:

@@ -111,10 +111,11 @@ def predict_step_comm(row: cc.Row, model: cm.CommModel) -> tuple[float, float]:
         else int(crossover_mib * cc.MIB)
     )
     buckets = cm.bucket_elements(shapes.backward, int(d["bucket_mib"] * cc.MIB), itemsize)
-    times = cm.bucket_times(d["strategy"], buckets, itemsize, crossover, node, gpu, model)
-    hideable = cm.overlappable(d["strategy"], buckets, itemsize, crossover, node, gpu)
+    times, exposed = cm.plan_reduction(
+        d["strategy"], buckets, itemsize, crossover, node, gpu, model, model.overlap
+    )
     stats = cm.allreduce_s(stats_bytes, node, gpu, model)
-    return sum(times) + stats, cm.exposed_s(times, model.overlap, hideable) + stats
+    return sum(times) + stats, exposed + stats
 
 
 def validation(rows: Sequence[cc.Row], cal: dict[str, Any]) -> tuple[list[dict], list[dict]]:

@@ -284,11 +284,18 @@ def _prepare(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
         "queued": [],
         "fields": {
             "compile_s": time.perf_counter() - start,
-            "strategy": "peer" if variant.startswith("peer") else config.comm.strategy,
-            "bucket_bytes": config.comm.bucket_bytes,
-            "first_bucket_bytes": config.comm.first_bucket_bytes,
-            **resolved,
+            **_plan_fields(variant, config, resolved),
         },
+    }
+
+
+def _plan_fields(variant: str, config: Any, resolved: dict[str, Any]) -> dict[str, Any]:
+    """The plan a row ran: strategy (the peer's by name), buckets, and what 'auto' resolved to."""
+    return {
+        "strategy": "peer" if variant.startswith("peer") else config.comm.strategy,
+        "bucket_bytes": config.comm.bucket_bytes,
+        "first_bucket_bytes": config.comm.first_bucket_bytes,
+        **resolved,
     }
 
 
@@ -323,6 +330,7 @@ def _measure_pgle(args, variant: str, batch: int, processes: int, gpus: int) -> 
 
     step, setup, config = _build(args, variant, batch, processes, gpus)
     state = setup["init"]()
+    resolved = resolved_plan(config, setup, state.params)
     start = time.perf_counter()
     jax.config.update("jax_enable_pgle", True)
     jax.config.update("jax_pgle_profiling_runs", _PGLE_RUNS)
@@ -339,9 +347,7 @@ def _measure_pgle(args, variant: str, batch: int, processes: int, gpus: int) -> 
             row.update(_traced(step, state, setup["batch"]))
     finally:
         jax.config.update("jax_enable_pgle", False)
-    row.update(compile_s=compile_s, strategy="peer" if variant.startswith("peer") else
-               config.comm.strategy, bucket_bytes=config.comm.bucket_bytes,
-               first_bucket_bytes=config.comm.first_bucket_bytes)
+    row.update(compile_s=compile_s, **_plan_fields(variant, config, resolved))
     return row
 
 

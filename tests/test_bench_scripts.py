@@ -600,7 +600,7 @@ def test_bench_overlap_times_the_variants_of_a_batch_in_turn_each_round(monkeypa
     monkeypatch.setattr(bench_overlap, "_prepare", prepare)
     monkeypatch.setattr(bench_overlap, "_time_round", time_round)
     monkeypatch.setattr(bench_overlap, "_row", lambda p: {"timed": p["rounds_timed"]})
-    args = argparse.Namespace(layout="1x2", batches=[8], steps=2, rounds=3,
+    args = argparse.Namespace(layout="1x2", batches=[8], steps=2, rounds=3, hlo_dir="",
                               variants=["overlap", "no_overlap", "peer", "overlap_4mib"])
     bench_overlap.worker(args)
     assert calls == [("compile", v) for v in args.variants] + [
@@ -615,6 +615,34 @@ def test_bench_overlap_times_the_variants_of_a_batch_in_turn_each_round(monkeypa
     assert got == {"no_overlap": ["RuntimeError: rejected"],
                    "peer": ["RuntimeError: out of memory"], "overlap": 3, "overlap_4mib": 3}
     assert all(r["rounds"] == 3 and r["per_device_batch"] == 8 for r in rows)
+
+
+def test_bench_overlap_writes_each_compiled_step_hlo_where_asked(monkeypatch, tmp_path):
+    # `--hlo_dir`: the optimized HLO of each variant that compiled, named by layout, variant and
+    # batch (what a schedule row is read from, kept to trace an operand's producers).
+    from scripts.bench import overlap as bench_overlap
+
+    class Compiled:
+        def __init__(self, variant):
+            self.variant = variant
+
+        def as_text(self):
+            return f"HloModule {self.variant}"
+
+    def prepare(args, variant, batch, processes, gpus):
+        if variant == "no_overlap":
+            raise RuntimeError("rejected")
+        return {"variant": variant, "compiled": Compiled(variant)}
+
+    monkeypatch.setattr(bench_overlap, "_prepare", prepare)
+    monkeypatch.setattr(bench_overlap, "_time_round", lambda p, steps: None)
+    monkeypatch.setattr(bench_overlap, "_row", lambda p: {})
+    args = argparse.Namespace(layout="1x2", batches=[8, 4], steps=1, rounds=1,
+                              hlo_dir=str(tmp_path / "hlo"), variants=["overlap", "no_overlap"])
+    bench_overlap.worker(args)
+    written = {p.name: p.read_text() for p in (tmp_path / "hlo").iterdir()}
+    assert written == {"1x2_overlap_8.hlo": "HloModule overlap",
+                       "1x2_overlap_4.hlo": "HloModule overlap"}
 
 
 def test_bench_hosts_takes_the_median_after_the_compile_interval():

@@ -418,8 +418,13 @@ def worker(args: argparse.Namespace) -> None:
             p = guarded(_prepare, args, variant, batch, processes, gpus)
             if "error" in p:
                 emit(p, variant, batch)
-            else:
-                prepared.append(p)
+                continue
+            prepared.append(p)
+            if args.hlo_dir and jax.process_index() == 0:
+                os.makedirs(args.hlo_dir, exist_ok=True)
+                path = f"{args.hlo_dir}/{args.layout}_{variant}_{batch}.hlo"
+                with open(path, "w") as f:
+                    f.write(p["compiled"].as_text())
         # Round-robin: the link drifts within a call, so every variant's samples span it alike.
         for r in range(args.rounds):
             kept = []
@@ -449,6 +454,7 @@ def _layout_rows(
     variants = args.layout_variants.get(layout, args.variants)
     flags += [f"--batches={','.join(map(str, args.batches))}", f"--variants={','.join(variants)}"]
     flags += ["--tiny"] * args.tiny
+    flags += [f"--hlo_dir={args.hlo_dir}"] * bool(args.hlo_dir)
 
     def module_args(i: int, port: int) -> list[str]:
         return ["scripts.bench.overlap", "--worker", f"--layout={layout}", f"--port={port}",
@@ -510,6 +516,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--nccl", type=json.loads, default={"NCCL_SOCKET_NTHREADS": "4",
                                                             "NCCL_NSOCKS_PERTHREAD": "4"})
     parser.add_argument("--tiny", action="store_true", help="a tiny ResNet on 32 px images (CPU)")
+    parser.add_argument(
+        "--hlo_dir", default="",
+        help="where process 0 writes each compiled step's optimized HLO (LAYOUT_VARIANT_BATCH.hlo)",
+    )
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--layout", default="1x1")
     parser.add_argument("--port", type=int, default=0)

@@ -760,6 +760,35 @@ def test_overlap_schedule_reads_each_collective_of_the_entry_computation():
     assert "| v | 2 | bf16[8] | 1 | 1 | 1 | 3 |" in render_benchmarks.overlap_schedule_table(doc)
 
 
+def test_weight_gradient_places_counts_among_the_entry_convolutions():
+    # Forward, data-gradient and weight-gradient convolutions in one entry computation; a
+    # backward-filter call in another computation (a fusion's) is not the entry's.
+    from scripts.bench import overlap as bench_overlap
+
+    def call(name, target):
+        return f'  %{name} = f32[4]{{0}} custom-call(%p), custom_call_target="__cudnn${target}"'
+
+    hlo = "\n".join(
+        [
+            "HloModule m, is_scheduled=true",
+            "%fused {",
+            call("x", "convBackwardFilter"),
+            "}",
+            "",
+            "ENTRY %main (p: f32[4]) -> f32[4] {",
+            call("f", "convForward"),
+            call("d", "convBackwardInput"),
+            call("w1", "convBackwardFilter"),
+            "  %t = f32[4]{0} transpose(%w1), dimensions={0}",
+            call("d2", "convForward"),
+            call("w2", "convBackwardFilter"),
+            "}",
+            "",
+        ]
+    )
+    assert bench_overlap.weight_gradient_places(hlo) == [2, 4]
+
+
 def test_overlap_variants_xla_options_are_known_to_this_compiler():
     # An unknown or unsettable option fails a variant's compile on the GPU machine, in its row.
     from scripts.bench import overlap as bench_overlap

@@ -163,6 +163,16 @@ def schedule(hlo: str) -> list[dict[str, Any]]:
     return sorted(out, key=lambda c: c["start_index"])
 
 
+def weight_gradient_places(hlo: str) -> list[int]:
+    """Where XLA scheduled the weight-gradient convolutions (cuDNN's backward-filter calls) of
+    the optimized entry computation: each one's index among all its convolutions, in order.
+    Interleaved with the data-gradient ones, the buckets can fill as backward runs; all at the
+    end, no bucket is ready before the last data-gradient convolution."""
+    entry = hlo.split("\nENTRY", 1)[1].split("\n}\n", 1)[0].splitlines()
+    convs = [line for line in entry if "custom_call_target=\"__cudnn$conv" in line]
+    return [i for i, line in enumerate(convs) if "__cudnn$convBackwardFilter" in line]
+
+
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?(\S+) = (.+?) ([\w-]+)\((.*?)\)")
 
 

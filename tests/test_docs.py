@@ -1200,3 +1200,100 @@ def test_scaling_prose_on_emulated_hosts_quotes_the_calibration():
             f"which kept {eff[256]['auto']:.3f} and {eff[64]['auto']:.3f})",
         ],
     )
+
+
+def test_one_gpu_plain_peer_prose_quotes_the_json():
+    from scripts.bench import peers as bench_peers
+
+    rows = {(r["model"], r["per_device_batch"], r["kind"], bench_peers.variant(r)): r
+            for r in load("bench_peers_plain_1xH100.json")["results"] if "images_per_s" in r}
+
+    def rate(model, batch, kind="trainer", variant=""):
+        return rows[model, batch, kind, variant]["images_per_s"]
+
+    plain = "no_space_to_depth_stem+no_sliced_max_pool"
+
+    def gain(variant):
+        return "{:.3f}× and {:.3f}×".format(
+            *(rate("resnet50", b, variant=variant) / rate("resnet50", b, variant=plain)
+              for b in (256, 64)))
+
+    cmdbuf = rows["resnet50", 64, "trainer", "--xla_gpu_enable_command_buffer=+CONVOLUTION"]
+    r = lambda b, k="trainer", v="": rate("resnet50", b, k, v)  # noqa: E731
+    assert_quoted(_section("## One GPU"), [
+        f"the default step ran {r(256):,.0f} images/s queued at 256 images per GPU, "
+        f"{r(256) / r(256, 'flax'):.3f}× plain flax ({r(256, 'flax'):,.0f}) and "
+        f"{r(256) / r(256, 'torch'):.3f}× torch.compile ({r(256, 'torch'):,.0f}); at 64 images "
+        f"per GPU {r(64):,.0f}, {r(64) / r(64, 'flax'):.3f}× plain flax ({r(64, 'flax'):,.0f}; "
+        f"torch.compile {r(64, 'torch'):,.0f})",
+        f"keeps {r(64) / r(256):.3f} of the 256-image throughput",
+        f"plain layers ({r(256, v=plain):,.0f} and {r(64, v=plain):,.0f} images/s, "
+        f"{r(256, v=plain) / r(256, 'flax'):.3f}× and {r(64, v=plain) / r(64, 'flax'):.3f}× "
+        "plain flax)",
+        f"the space-to-depth stem alone gave {gain('no_sliced_max_pool')} (256 and 64 images), "
+        f"the sliced max-pool alone {gain('no_space_to_depth_stem')}, both {gain('')}",
+        f"made the 64-image step {cmdbuf['speedup_vs_trainer']:.3f}× faster "
+        f"({cmdbuf['ratio_vs_faster_peer']:.3f}× plain flax)",
+        "AlexNet-BN ran at {:.3f} and {:.3f} of its plain flax step".format(
+            *(rate("alexnet_bn", b) / rate("alexnet_bn", b, "flax") for b in (256, 64))),
+    ])
+
+
+def test_late_buckets_at_64_answers_agree_with_the_json_and_hlo():
+    from scripts.bench import overlap as bench_overlap
+
+    rr = _overlap_rows("bench_overlap_staged_ready_2xH200.json")
+    tied = _overlap_rows("bench_overlap_wgrad_first_ready_2xH200.json")
+    hosts = {(r["hosts"], r["strategy"], bool(r.get("overrides"))): r
+             for r in load("bench_hosts_ready_2xH200.json")["results"]}
+
+    def places(name):
+        hlo = gzip.decompress((RAW / f"hlo_2x1_{name}_2xH200.hlo.gz").read_bytes()).decode()
+        return bench_overlap.weight_gradient_places(hlo)
+
+    late, early, wgrad_first = (places(n) for n in (
+        "first32_ready_64", "first32_ready_256", "first32_ready_wgrad_first_64"))
+    # 64: after all 105 others; 256 and tied: every other place from the end of forward.
+    assert late == list(range(105, 158))
+    assert early[:3] == [53, 55, 57] and wgrad_first == list(range(53, 158, 2))
+
+    def e(table, variant, batch):
+        return f"{table['2x1', variant, batch]['eff']:.3f}"
+
+    def buckets(table, variant, batch):
+        return [c for c in table["2x1", variant, batch]["schedule"] if "bf16" in c["shape"]]
+
+    for table, variant, batch in ((tied, "first32_ready_wgrad_first", 64),
+                                  (rr, "staged_ready", 64), (rr, "staged_ready", 256)):
+        assert all(c["sync"] and c["convolutions_before_start"] == 158
+                   for c in buckets(table, variant, batch))
+    first_ready = {b: max(c["convolutions_until_ready"] for c in buckets(rr, "staged_ready", b)
+                          if c["shape"].startswith("bf16[16489448]")) for b in (64, 256)}
+    assert_quoted(_section("## Across hosts"), [
+        f"kept {e(rr, 'first32_ready', 256)} of two GPUs at 256 images per GPU against the "
+        f"default's {e(rr, 'overlap', 256)} and the plain peer's {e(rr, 'peer', 256)}, and "
+        f"{e(rr, 'first32_ready', 64)} at 64 against {e(rr, 'overlap', 64)} and "
+        f"{e(rr, 'peer', 64)}",
+        f"with the two settings ran {hosts[2, 'default', True]['efficiency']:.3f} of its "
+        f"one-GPU rate at 256 images per GPU, against "
+        f"{hosts[2, 'default', False]['efficiency']:.3f} for the default config",
+        f"the plain peer, timed in-process, kept {hosts[2, 'peer', False]['efficiency']:.3f}",
+        f"placing all {len(late)} weight-gradient convolutions after the {late[0]} forward and "
+        f"data-gradient ones (places {late[0]} to {late[-1]} of 158)",
+        f"the first at place {early[0]} right after forward, then every other place, and the "
+        "first bucket is ready after "
+        f"{buckets(rr, 'first32_ready', 256)[0]['convolutions_until_ready']}",
+        f"moved to every other place from {wgrad_first[0]} and the first bucket's last one to "
+        f"place {buckets(tied, 'first32_ready_wgrad_first', 64)[0]['convolutions_until_ready']}",
+        f"{e(tied, 'first32_ready_wgrad_first', 64)} of two GPUs against "
+        f"{e(tied, 'first32_ready', 64)} without it in the same call",
+        f"were done after {first_ready[64]} convolutions at 64 images per GPU and "
+        f"{first_ready[256]} at 256",
+        f"{e(rr, 'staged_ready', 256)} at 256 images per GPU and {e(rr, 'staged_ready', 64)} at "
+        f"64, against {e(rr, 'first32_ready', 256)} and {e(rr, 'first32_ready', 64)}",
+    ])
+    assert_quoted(read("README.md"), [
+        f"The trainer's own logged rate with it ran {hosts[2, 'default', True]['efficiency']:.3f} "
+        f"of one GPU's at 256 images per GPU, against the default's "
+        f"{hosts[2, 'default', False]['efficiency']:.3f} in the same call",
+    ])

@@ -1280,7 +1280,7 @@ def test_late_buckets_at_64_answers_agree_with_the_json_and_hlo():
         f"the plain peer, timed in-process, kept {hosts[2, 'peer', False]['efficiency']:.3f}",
         f"placing all {len(late)} weight-gradient convolutions after the {late[0]} forward and "
         f"data-gradient ones (places {late[0]} to {late[-1]} of 158)",
-        f"the first at place {early[0]} right after forward, then every other place, and the "
+        f"the first at place {early[0]} right after forward, then at about every other place, and the "
         "first bucket is ready after "
         f"{buckets(rr, 'first32_ready', 256)[0]['convolutions_until_ready']}",
         f"moved to every other place from {wgrad_first[0]} and the first bucket's last one to "

@@ -1287,7 +1287,7 @@ def test_late_buckets_at_64_answers_agree_with_the_json_and_hlo():
         f"place {buckets(tied, 'first32_ready_wgrad_first', 64)[0]['convolutions_until_ready']}",
         f"{e(tied, 'first32_ready_wgrad_first', 64)} of two GPUs against "
         f"{e(tied, 'first32_ready', 64)} without it in the same call",
-        f"were done after {first_ready[64]} convolutions at 64 images per GPU and "
+        f"was computed after {first_ready[64]} convolutions at 64 images per GPU and "
         f"{first_ready[256]} at 256",
         f"{e(rr, 'staged_ready', 256)} at 256 images per GPU and {e(rr, 'staged_ready', 64)} at "
         f"64, against {e(rr, 'first32_ready', 256)} and {e(rr, 'first32_ready', 64)}",

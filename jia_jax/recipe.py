@@ -49,6 +49,7 @@ FREE_ON_RESUME = (
     "data.decode",
     "data.gpu_canvas",
     "data.gpu_fancy_upsampling",
+    "data.gpu_hardware_load",
     "distributed.*",
     "mesh.*",
     "comm.strategy",

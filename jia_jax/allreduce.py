@@ -22,6 +22,7 @@ Example (8 devices as a 2x4 mesh, one gradient per device):
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 import math
 from typing import Any
@@ -29,6 +30,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jia_jax import bucketing
 
 STRATEGIES = ("flat", "hierarchical", "hybrid")
 
@@ -108,21 +111,15 @@ def plan_buckets(
     if sorted(order) != list(range(len(leaves))):
         raise ValueError(f"leaf_order must be a permutation of the {len(leaves)} leaf indices.")
 
-    buckets: list[tuple[Segment, ...]] = []
-    current: list[Segment] = []
-    used = 0  # Elements in `current`.
-    limit = first_bucket_bytes or bucket_bytes
-    for i in order:
-        size = math.prod(shapes[i])
-        if size == 0:
-            continue
-        if current and (used + size) * wire.itemsize > limit:
-            buckets.append(tuple(current))
-            current, used, limit = [], 0, bucket_bytes
-        current.append(Segment(leaf=i, offset=used, size=size))
-        used += size
-    if current:
-        buckets.append(tuple(current))
+    sizes = [math.prod(shapes[i]) for i in order]
+    buckets = []
+    groups = bucketing.greedy_buckets(sizes, wire.itemsize, bucket_bytes, first_bucket_bytes)
+    for positions in groups:
+        offsets = itertools.accumulate((sizes[p] for p in positions), initial=0)
+        buckets.append(tuple(
+            Segment(leaf=order[p], offset=offset, size=sizes[p])
+            for p, offset in zip(positions, offsets)
+        ))
     return BucketPlan(treedef, shapes, dtypes, wire, tuple(buckets))
 
 
@@ -245,11 +242,7 @@ def reduce_gradients(
 
     reduced = []
     for flat, nbytes in zip(buckets, plan.bucket_nbytes()):
-        # Jia et al.: hierarchical all-reduce beats the flat ring for small messages (fewer latency-
-        # bound steps); for large ones the ring's bandwidth optimality wins.
-        hierarchical = strategy == "hierarchical" or (
-            strategy == "hybrid" and nbytes < hybrid_crossover_bytes
-        )
+        hierarchical = bucketing.reduces_hierarchically(strategy, nbytes, hybrid_crossover_bytes)
         reduce = _hierarchical_sum if hierarchical else _flat_sum
         reduced.append(reduce(flat, node_axis, gpu_axis))
 

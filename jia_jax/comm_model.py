@@ -54,6 +54,8 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
+from jia_jax import bucketing
+
 STRATEGIES = ("flat", "hierarchical", "hybrid")
 AUTO = "auto"
 # ml_collections fields are typed by their default: an int field takes no string, so "auto" for a
@@ -177,19 +179,8 @@ def bucket_elements(
     """
     if bucket_bytes < 0 or first_bucket_bytes < 0:
         raise ValueError(f"bucket sizes must be >= 0, got {bucket_bytes}, {first_bucket_bytes}.")
-    buckets: list[int] = []
-    used = 0
-    limit = first_bucket_bytes or bucket_bytes
-    for size in leaf_sizes:
-        if size == 0:
-            continue
-        if used and (used + size) * itemsize > limit:
-            buckets.append(used)
-            used, limit = 0, bucket_bytes
-        used += size
-    if used:
-        buckets.append(used)
-    return buckets
+    groups = bucketing.greedy_buckets(leaf_sizes, itemsize, bucket_bytes, first_bucket_bytes)
+    return [sum(leaf_sizes[p] for p in positions) for positions in groups]
 
 
 def bucket_s(
@@ -215,15 +206,16 @@ def bucket_times(
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}.")
     return [
-        bucket_s(elements, itemsize, _hierarchical(strategy, elements * itemsize, crossover_bytes),
-                 node, gpu, model)
+        bucket_s(
+            elements,
+            itemsize,
+            bucketing.reduces_hierarchically(strategy, elements * itemsize, crossover_bytes),
+            node,
+            gpu,
+            model,
+        )
         for elements in buckets
     ]
-
-
-def _hierarchical(strategy: str, nbytes: int, crossover_bytes: int) -> bool:
-    """Whether a strategy reduces a bucket of `nbytes` in the hierarchical stages."""
-    return strategy == "hierarchical" or (strategy == "hybrid" and nbytes < crossover_bytes)
 
 
 def overlappable(
@@ -240,10 +232,10 @@ def overlappable(
     nodes after it is synchronous too (the recorded schedule of the 2 x 2 `hierarchical` rows,
     docs/scaling.md)."""
     two_levels = node > 1 and gpu > 1
-    return [
-        not (two_levels and _hierarchical(strategy, n * itemsize, crossover_bytes))
-        for n in buckets
+    hierarchical = [
+        bucketing.reduces_hierarchically(strategy, n * itemsize, crossover_bytes) for n in buckets
     ]
+    return [not (two_levels and h) for h in hierarchical]
 
 
 def plan_s(

@@ -54,10 +54,6 @@ def get_config() -> ml_collections.ConfigDict:
     # paths' pixels agree to a few levels of 255; False repeats chroma samples instead (nvJPEG's
     # faster default; up to 31 levels from the CPU path's crops, docs/input_pipeline.md).
     config.data.gpu_fancy_upsampling = True
-    # GPU decoding: the share of each batch's whole images the GPU's hardware JPEG engines decode;
-    # below 1 nvImageCodec's hybrid backend (Huffman decoding on host threads) decodes the rest
-    # alongside, for when the engines alone fall behind the step (docs/input_pipeline.md).
-    config.data.gpu_hardware_load = 1.0
 
     config.global_batch_size = 256
     config.eval_batch_size = 256

@@ -8,17 +8,14 @@ Where it did not (a CMYK JPEG, a PNG stored as JPEG, damaged bytes) the caller t
 path's example instead (jia_jax/gpu_input.py), whatever the slot holds.
 
 `NvImageCodecDecoder` decodes a tile that holds a whole image (every image that fits in a canvas)
-with the GPU's hardware JPEG engines where it has them (H100s do), which take whole images only; a
-tile of a larger image, as a region of interest, and a whole image the engines refuse (a progressive
-JPEG), with nvImageCodec's default backends. With `data.gpu_hardware_load` below 1, the engines take
-that share of a batch's whole images and nvImageCodec's hybrid backend (Huffman decoding on host
-threads, the rest on the GPU's cores) the others, in the same call. Every backend writes straight
-into the tile's slot: the slot's first rows and columns are handed to nvImageCodec as an image of
-the region's shape with the slot's row pitch (`nvimgcodec.as_image` of a
-`__cuda_array_interface__`). At start-up each decoder decodes a probe JPEG exactly so (a whole
-image; for the default backends a region too) into a fresh array of zeros and is checked against
-Pillow, and for writing nothing outside the regions. EXIF orientation is ignored, as Pillow (the CPU
-path) ignores it.
+with the GPU's hardware JPEG engines where it has them (H100s do), which take whole images only;
+a tile of a larger image, as a region of interest, and a whole image the engines refuse (a
+progressive JPEG), with nvImageCodec's default backends. Both write straight into the tile's
+slot: the slot's first rows and columns are handed to nvImageCodec as an image of the region's
+shape with the slot's row pitch (`nvimgcodec.as_image` of a `__cuda_array_interface__`). At
+start-up each decoder decodes a probe JPEG exactly so (a whole image; for the default backends a
+region too) into a fresh array of zeros and is checked against Pillow, and for writing nothing
+outside the regions. EXIF orientation is ignored, as Pillow (the CPU path) ignores it.
 
 The array is written in place, behind XLA's back. That is safe here because
   * no XLA program reads or writes the array while the decoder writes. The GPU path takes the
@@ -157,14 +154,10 @@ def cuda_environment(decode: str, environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def new_decoder(
-    device: jax.Device,
-    options: str = "",
-    fancy_upsampling: bool = True,
-    hardware_load: float = 1.0,
+    device: jax.Device, options: str = "", fancy_upsampling: bool = True
 ) -> TileDecoder:
     """The decoder the GPU path uses on `device` (tests replace this factory): chroma upsampled
-    as Pillow does if `fancy_upsampling` (`data.gpu_fancy_upsampling`), the hardware JPEG engines
-    given `hardware_load` of the whole images (`data.gpu_hardware_load`), with `options` for
+    as Pillow does if `fancy_upsampling` (`data.gpu_fancy_upsampling`), with `options` for
     nvImageCodec's decoders besides that one (benchmarks compare some).
 
     Raises:
@@ -178,23 +171,7 @@ def new_decoder(
         raise DecoderUnavailableError(
             f"No CUDA stream for nvImageCodec on {device} ({e}); use --config.data.decode=cpu."
         ) from e
-    return NvImageCodecDecoder(
-        device, nvimgcodec, stream, options, fancy_upsampling, hardware_load
-    )
-
-
-def whole_image_backends(nvimgcodec: Any, hardware_load: float) -> list[Any]:
-    """The backends of the decoder for whole images: the hardware JPEG engines alone, or below a
-    `hardware_load` of 1 the engines for that share of a call's images and the hybrid backend
-    for the rest, which nvImageCodec decodes alongside (the engines alone may be slower than a
-    fast GPU's step beside training, docs/input_pipeline.md)."""
-    kinds = nvimgcodec.BackendKind
-    if hardware_load >= 1:
-        return [nvimgcodec.Backend(kinds.HW_GPU_ONLY)]
-    return [
-        nvimgcodec.Backend(kinds.HW_GPU_ONLY, load_hint=hardware_load),
-        nvimgcodec.Backend(kinds.HYBRID_CPU_GPU),
-    ]
+    return NvImageCodecDecoder(device, nvimgcodec, stream, options, fancy_upsampling)
 
 
 def _ordinal(device: jax.Device) -> int:
@@ -245,7 +222,6 @@ class NvImageCodecDecoder:
         stream: _Stream,
         options: str = "",
         fancy_upsampling: bool = True,
-        hardware_load: float = 1.0,
     ) -> None:
         self._nv = nvimgcodec
         self._device = device
@@ -254,9 +230,7 @@ class NvImageCodecDecoder:
         self._params = nvimgcodec.DecodeParams(apply_exif_orientation=False)
         # One batch at a time per decoder: the train and eval streams share it.
         self._lock = threading.Lock()
-        hardware = self._checked(whole_image_backends(nvimgcodec, hardware_load))
-        if hardware is None and hardware_load < 1:  # the hybrid backend failed: engines alone
-            hardware = self._checked(whole_image_backends(nvimgcodec, 1.0))
+        hardware = self._checked([nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
         default = self._checked(None)
         if default is None:
             raise DecoderUnavailableError(

@@ -74,13 +74,15 @@ def device_rows(
 
 
 def device_decoders(
-    devices: Sequence[jax.Device], fancy_upsampling: bool = True, hardware_load: float = 1.0
+    devices: Sequence[jax.Device], fancy_upsampling: bool = True
 ) -> dict[jax.Device, DeviceDecoder]:
     """A decoder (`gpu_decode.new_decoder`) and a tile ring per device."""
-    new = functools.partial(
-        gpu_decode.new_decoder, fancy_upsampling=fancy_upsampling, hardware_load=hardware_load
-    )
-    return {d: DeviceDecoder(d, new(d), tile_ring.TileRing(d)) for d in devices}
+    return {
+        d: DeviceDecoder(
+            d, gpu_decode.new_decoder(d, fancy_upsampling=fancy_upsampling), tile_ring.TileRing(d)
+        )
+        for d in devices
+    }
 
 
 def decode_rows(
@@ -252,15 +254,8 @@ class GpuStreams:
         """Builds a decoder per local device up front, so a broken one stops the run at once."""
         if data.gpu_canvas < 16:
             raise ValueError(f"data.gpu_canvas={data.gpu_canvas} must be at least 16.")
-        if not 0 < data.gpu_hardware_load <= 1:
-            raise ValueError(
-                f"data.gpu_hardware_load={data.gpu_hardware_load} must be in (0, 1]: the share of "
-                "whole images the hardware JPEG engines decode (1: all of them)."
-            )
         devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
-        decoders = device_decoders(
-            devices, bool(data.gpu_fancy_upsampling), float(data.gpu_hardware_load)
-        )
+        decoders = device_decoders(devices, bool(data.gpu_fancy_upsampling))
         return cls(data, sharding, global_batch, eval_batch, seed, decoders)
 
     def train(self, start_step: int) -> Iterator[Batch]:

@@ -49,7 +49,6 @@ FREE_ON_RESUME = (
     "data.decode",
     "data.gpu_canvas",
     "data.gpu_fancy_upsampling",
-    "data.gpu_hardware_load",
     "distributed.*",
     "mesh.*",
     "comm.strategy",

@@ -3,7 +3,6 @@
 # parts that each fit a 10-minute call; run from the repository root on a GPU machine:
 #   OUT=/tmp/out bash scripts/bench_1gpu.sh input   # input per core, end to end, one image's stages
 #   OUT=/tmp/out bash scripts/bench_1gpu.sh step    # the step's levers vs flax, torch.compile; profile
-#   OUT=/tmp/out bash scripts/bench_1gpu.sh decode_share  # GPU decode: the engines' share
 # On a machine with more GPUs, `input` also measures them all (one process, cores - 1 workers).
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
@@ -36,15 +35,5 @@ case "$1" in
       --cases=resnet50:1x1:xla:256,resnet50:1x1:xla:64
     python3 -m scripts.render "$OUT/profile_1gpu.json.kernels.json.gz" "$OUT/bench_peers.json"
     ;;
-  decode_share)
-    # The GPU path's decode stage alone and beside training on one GPU (nvImageCodec installed)
-    # with the hardware JPEG engines decoding all whole images and a share of them
-    # (`data.gpu_hardware_load`, the rest by the hybrid backend): whether a share keeps the
-    # decoder ahead of the step without slowing it (docs/input_pipeline.md, "Tuning").
-    python3 -m scripts.bench.gpu_decode loaded --data_dir=$data --per_gpu 256 --batches 4 \
-      --repeats 3 --decoder_options '' --hardware_loads 1 0.85 0.7 \
-      --out="$OUT/gpu_decode_loaded_share.json"
-    python3 -m scripts.render "$OUT/gpu_decode_loaded_share.json"
-    ;;
-  *) echo "usage: $0 input|step|decode_share" >&2; exit 2 ;;
+  *) echo "usage: $0 input|step" >&2; exit 2 ;;
 esac

@@ -14,7 +14,6 @@ import pytest
 from jia_jax import gpu_decode
 
 HARDWARE = "HW_GPU_ONLY"
-HYBRID = "HYBRID_CPU_GPU"
 
 
 class Region(NamedTuple):
@@ -75,14 +74,8 @@ class Decoder:
     ) -> None:
         self.library, self.device_id = library, device_id
         library.options.append(options)
-        library.backends.append(backends)
-        # The engines alone, or given a share with the hybrid backend for the rest: whole
-        # baseline JPEGs only either way (the hybrid backend decodes what the engines do).
-        kinds = [b[0] if isinstance(b, tuple) else b for b in backends or []]
-        self.hardware = kinds[:1] == [HARDWARE]
+        self.hardware = backends == [HARDWARE]
         if self.hardware and not library.has_hardware:
-            raise RuntimeError("Could not create decoder. Code: 7")
-        if HYBRID in kinds and not library.has_hybrid:
             raise RuntimeError("Could not create decoder. Code: 7")
 
     def decode(self, streams, *, images, params, cuda_stream):
@@ -118,7 +111,6 @@ class FakeNvImageCodec:
 
     class BackendKind:
         HW_GPU_ONLY = HARDWARE
-        HYBRID_CPU_GPU = HYBRID
 
     Region = Region
     CodeStream = CodeStream
@@ -128,19 +120,16 @@ class FakeNvImageCodec:
         has_hardware: bool = True,
         ignores_pitch: bool = False,
         decodes_cut_jpegs: bool = False,
-        has_hybrid: bool = True,
     ) -> None:
         self.has_hardware, self.ignores_pitch = has_hardware, ignores_pitch
-        self.has_hybrid = has_hybrid
         # As the H200's JPEG engines did: a JPEG cut short decodes, its missing rows filled in.
         self.decodes_cut_jpegs = decodes_cut_jpegs
         self.decoded: list[tuple[str, Region]] = []
         self.options: list[str] = []  # each decoder's options, as created
-        self.backends: list = []  # each decoder's backends, as created (None: the defaults)
 
     @staticmethod
-    def Backend(kind, load_hint: float = 1.0):  # noqa: N802  nvImageCodec's name
-        return kind if load_hint == 1.0 else (kind, load_hint)
+    def Backend(kind):  # noqa: N802  nvImageCodec's name
+        return kind
 
     @staticmethod
     def DecodeParams(**params):  # noqa: N802
@@ -174,10 +163,8 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(
         gpu_decode,
         "new_decoder",
-        lambda device, options="", fancy_upsampling=True, hardware_load=1.0: (
-            gpu_decode.NvImageCodecDecoder(
-                device, library, FakeStream(), options, fancy_upsampling, hardware_load
-            )
+        lambda device, options="", fancy_upsampling=True: gpu_decode.NvImageCodecDecoder(
+            device, library, FakeStream(), options, fancy_upsampling
         ),
     )
     return library

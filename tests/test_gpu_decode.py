@@ -14,7 +14,6 @@ import PIL.Image
 import pytest
 
 from jia_jax import crop_resize, crop_windows, gpu_decode
-from tests import gpu_fakes
 from tests.gpu_fakes import FakeNvImageCodec, FakeStream
 
 _CANVAS = 32
@@ -139,31 +138,6 @@ def test_without_hardware_decoder_the_default_one_decodes_whole_images(caplog):
     image = _images()[1]
     decoded = decoder([_jpeg(image)], np.array([[0, 0, 32, 32]]), _tiles(1))
     assert decoded.all() and [b for b, _ in library.decoded] == ["default"]
-
-
-@pytest.mark.parametrize("has_hybrid", [True, False])
-def test_a_hardware_load_below_one_shares_whole_images_with_the_hybrid_backend(
-    caplog, has_hybrid
-):
-    # `data.gpu_hardware_load` 0.75: the decoder for whole images gets the engines with that
-    # load hint and the hybrid backend for the rest; where the hybrid backend fails its start-up
-    # check, the engines alone (a warning says so), as with the default load of 1.
-    library = FakeNvImageCodec(has_hybrid=has_hybrid)
-    with caplog.at_level(logging.INFO):
-        decoder = gpu_decode.NvImageCodecDecoder(
-            jax.devices()[0], library, FakeStream(), hardware_load=0.75
-        )
-    split = [(gpu_fakes.HARDWARE, 0.75), gpu_fakes.HYBRID]
-    engines = [[gpu_fakes.HARDWARE]] * (not has_hybrid)
-    assert library.backends == [split, *engines, None]
-    assert ("hardware JPEG backends on GPU 0: Could not create" in caplog.text) != has_hybrid
-    library.decoded.clear()
-    decoded = decoder([_jpeg(_images()[1])], np.array([[0, 0, 32, 32]]), _tiles(1))
-    assert decoded.all() and [b for b, _ in library.decoded] == ["hardware"]
-    # The default load: the engines alone, as before the option.
-    library = FakeNvImageCodec()
-    gpu_decode.NvImageCodecDecoder(jax.devices()[0], library, FakeStream())
-    assert library.backends == [[gpu_fakes.HARDWARE], None]
 
 
 def test_a_library_that_ignores_the_slots_pitch_fails_the_start_up_check(caplog):

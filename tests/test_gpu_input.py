@@ -17,7 +17,7 @@ from jia_jax import bad_records, gpu_decode, gpu_input, input_pipeline
 from jia_jax import mesh as mesh_lib
 from jia_jax import models, normalize, record_batches, tfds_input
 from scripts.bench import gpu_decode as bench_gpu_decode
-from tests import gpu_fakes, tfds_data
+from tests import tfds_data
 from tests.gpu_fakes import fake_gpu  # noqa: F401  pytest fixture
 
 _SIZE = 8
@@ -290,27 +290,6 @@ def test_trainer_runs_and_evaluates_on_the_gpu_path(data_dir, tmp_path, fake_gpu
     results = loop.train_and_evaluate(config, str(tmp_path))
     assert results["eval/examples"] == tfds_data.NUM_EVAL
     assert np.isfinite(results["train/loss"])
-
-
-@pytest.mark.parametrize(
-    "load, backends",
-    [(1.0, [gpu_fakes.HARDWARE]), (0.6, [(gpu_fakes.HARDWARE, 0.6), gpu_fakes.HYBRID])],
-)
-def test_the_config_gives_every_decoders_engines_their_share(
-    data_dir, mesh, fake_gpu, load, backends  # noqa: F811
-):
-    _input(_data(data_dir), mesh, "gpu", gpu_hardware_load=load)
-    # Per device: the whole-image decoder's backends, then the defaults (None).
-    assert fake_gpu.backends == [backends, None] * len(mesh.devices.flat)
-
-
-@pytest.mark.parametrize("load", [0.0, -0.5, 1.5])
-def test_a_hardware_load_outside_0_to_1_is_refused_with_its_field_named(
-    data_dir, mesh, fake_gpu, load  # noqa: F811
-):
-    with pytest.raises(ValueError, match=r"data.gpu_hardware_load=.* must be in \(0, 1\]"):
-        _input(_data(data_dir), mesh, "gpu", gpu_hardware_load=load)
-    assert not fake_gpu.backends  # refused before any decoder is made
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,9 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
     each batch waited for before the next), in images/s per GPU, on one GPU and on all of them
     at once; and nvImageCodec's whole-image decode of the same JPEGs, for reference.
   * `loaded`: the decode stage on one GPU (the first --per_gpu) alone and while the trainer's
-    ResNet-50 step trains on that GPU in another thread, for each --decoder_options and
-    --hardware_loads (data.gpu_hardware_load), batches not waited for one by one (as the
-    trainer's input thread); each row has the training's images/s meanwhile and the ms a batch
-    spent in each phase.
+    ResNet-50 step trains on that GPU in another thread, for each --decoder_options, batches not
+    waited for one by one (as the trainer's input thread); each row has the training's images/s
+    meanwhile and the ms a batch spent in each phase.
   * `report`: the record of scripts/bench_gpu_decode.sh: one row per training configuration
     (`scripts.bench.train_input` JSONs) with the decode stage's rate beside it.
 
@@ -29,7 +28,6 @@ import argparse
 import contextlib
 import functools
 import io
-import itertools
 import json
 import os
 import sys
@@ -330,12 +328,12 @@ def loaded(args: argparse.Namespace) -> dict[str, Any]:
     records = _record_batches(args, per_gpu, args.batches)
     rows = []
     with _training(device, per_gpu, args) as train_times, _phase_timer() as phases:
-        for options, load in itertools.product(args.decoder_options, args.hardware_loads):
-            decoder = gpu_decode.new_decoder(device, options=options, hardware_load=load)
+        for options in args.decoder_options:
+            decoder = gpu_decode.new_decoder(device, options=options)
             placed = [(gpu_input.DeviceDecoder(device, decoder, tile_ring.TileRing(device)),
                        slice(0, per_gpu))]
             for beside_training in (False, True):
-                row = {"per_gpu": per_gpu, "decoder_options": options, "hardware_load": load,
+                row = {"per_gpu": per_gpu, "decoder_options": options,
                        "beside_training": beside_training}
                 train_times.run(beside_training)
                 start, before = time.perf_counter(), len(train_times)
@@ -555,13 +553,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         nargs="+",
         default=["", _PREALLOCATED],
         help="loaded: nvImageCodec decoder options to compare ('' = the trainer's)",
-    )
-    parser.add_argument(
-        "--hardware_loads",
-        type=float,
-        nargs="+",
-        default=[1.0],
-        help="loaded: data.gpu_hardware_load values to compare (1: the hardware engines alone)",
     )
     parser.add_argument(
         "--tiny_model", action="store_true", help="loaded: a tiny ResNet trains (CPU tests)"

@@ -281,9 +281,7 @@ def _decoder_name(row: dict[str, Any]) -> str:
     records compared priorities)."""
     if "highest_priority" in row:
         return f"stream of {'highest' if row['highest_priority'] else 'default'} priority"
-    name = row["decoder_options"] or "the trainer's"
-    load = row.get("hardware_load", 1.0)
-    return name if load == 1.0 else f"{name}, hardware load {load:g}"
+    return row["decoder_options"] or "the trainer's"
 
 
 def decode_loaded_table(doc: dict[str, Any]) -> str:

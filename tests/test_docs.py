@@ -448,6 +448,34 @@ def test_gpu_decode_prose_quotes_the_json():
     )
 
 
+def test_hardware_engines_share_prose_quotes_the_json():
+    """The Tuning note on the hardware JPEG engines: its figures, and the comparisons it draws
+    (the engines decoding every whole image win alone and beside training, and stay ahead of the
+    step), from the raw record."""
+    doc = load("gpu_decode_loaded_share_1xH200.json")
+    assert doc["args"]["per_gpu"] == [256] and doc["environment"]["device_kind"] == "NVIDIA H200"
+    rows = {(r["hardware_load"], r["beside_training"]): r for r in doc["results"]}
+    decode = {k: r["decode_images_per_s"] for k, r in rows.items()}
+    step = {k: r["train_images_per_s"] for k, r in rows.items()}
+    shares = (0.85, 0.7)
+    assert_quoted(
+        read("docs/input_pipeline.md"),
+        [
+            "`docs/benchmarks/gpu_decode_loaded_share_1xH200.json`",
+            f"the decode stage alone ran {decode[1.0, False]:,.0f} images/s with the engines "
+            "decoding every whole image against {:,.0f} and {:,.0f} with {:g} and {:g} of "
+            "them".format(*(decode[s, False] for s in shares), *shares),
+            f"the step ran {step[1.0, True]:,.0f} images/s against "
+            "{:,.0f} and {:,.0f}".format(*(step[s, True] for s in shares)),
+            f"the decode stage {decode[1.0, True]:,.0f} against "
+            "{:,.0f} and {:,.0f}".format(*(decode[s, True] for s in shares)),
+        ],
+    )
+    for beside in (False, True):
+        assert all(decode[1.0, beside] > decode[s, beside] for s in shares)
+    assert decode[1.0, True] > step[1.0, True]
+
+
 def test_scaling_prose_quotes_the_calibration_and_the_model():
     """docs/scaling.md's hand-written figures, recomputed from the calibration, the raw files and
     the model (the same functions that render its tables)."""

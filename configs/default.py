@@ -134,6 +134,11 @@ def get_config() -> ml_collections.ConfigDict:
     # InfiniBand), a fabric name of jia_jax/comm_calibration.json, or "emulated": processes that
     # are hosts emulated on one machine (scripts/launch_local.sh --hosts passes it). Same mean.
     config.comm.network = ""
+    # Tell XLA's latency-hiding scheduler the GPUs per host (those a process sees) and
+    # `comm.network`'s bandwidth and latency, so that it starts each bucket's all-reduce early
+    # enough for that network (jia_jax/xla_network.py; set by `jia_jax.main` before JAX starts).
+    # Off: XLA assumes 8 GPUs a host and a fast network. Same mean.
+    config.comm.tell_xla_network = False
 
     # A jax.profiler trace of `steps` steps from `first_step` (-1: none) in
     # <workdir>/profile/process_<i>, for TensorBoard's profile plugin or scripts/bench/hosts.py.

@@ -25,6 +25,7 @@ from jia_jax import evaluate
 from jia_jax import export
 from jia_jax import gpu_decode
 from jia_jax import loop
+from jia_jax import xla_network
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to an ml_collections config file.", lock_config=True
@@ -148,9 +149,10 @@ def main(argv: list[str]) -> None:
             "--name=value (no spaces around '=')."
         )
     logging.get_absl_handler().addFilter(console.hide_library_info)
-    # Before JAX starts CUDA, which reads these once (every mode may decode on the GPU).
+    # Before JAX starts CUDA and XLA, which read these once (every mode may decode on the GPU).
     os.environ.update(gpu_decode.cuda_environment(_CONFIG.value.data.decode, os.environ))
     try:
+        os.environ.update(xla_network.environment(_CONFIG.value.comm, os.environ))
         check_mode_flags(_MODE.value, _STEP.value, _EXPORT_PATH.value)
         check_workdir(_WORKDIR.value)
         if _MODE.value == "train":

@@ -26,10 +26,11 @@ from absl import logging
 #   slice of each batch, hence the same BatchNorm batches and the same mean gradient (up to the
 #   order of fp32 additions). The device count itself is compared (``num_devices``): it sets the
 #   per-device BatchNorm batch.
-# - `comm` strategy, buckets and crossover may change (`comm.first_bucket_bytes` and
-#   `comm.start_when_ready` may also be absent, in checkpoints from before they existed): every
-#   strategy computes the same mean (up to summation order); so may `comm.network`, which only
-#   picks the plan. `comm.dtype`, the precision on the wire, is compared.
+# - `comm` strategy, buckets and crossover may change (`comm.first_bucket_bytes`,
+#   `comm.start_when_ready` and `comm.tell_xla_network` may also be absent, in checkpoints from
+#   before they existed): every strategy computes the same mean (up to summation order); so may
+#   `comm.network`, which only picks the plan, and what XLA is told of it, which only moves the
+#   schedule. `comm.dtype`, the precision on the wire, is compared.
 # - `model.space_to_depth_stem` / `model.sliced_max_pool` may change (or be absent, in
 #   checkpoints from before they existed): the same function on the same variables, another
 #   summation order (tests/test_fused_layers.py).
@@ -58,6 +59,7 @@ FREE_ON_RESUME = (
     "comm.hybrid_crossover_bytes",
     "comm.overlap",
     "comm.network",
+    "comm.tell_xla_network",
     "model.space_to_depth_stem",
     "model.sliced_max_pool",
     # When to give up (on bad records, on overflowing fp16 steps): never what a step computes.

@@ -10,6 +10,8 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh ready     # the 32 MiB first bucket started where it is
 #                                                     # ready, against the default and the peer
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh ready_trainer  # the same, the trainer itself (main)
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh told      # XLA told the hosts' GPUs and network, or
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh told_trainer  # not: the step; the trainer itself
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -89,5 +91,25 @@ case "$1" in
       --row_variant="--config.comm.first_bucket_bytes=33554432 --config.comm.start_when_ready=True" \
       --out="$OUT/bench_hosts_ready_2gpu.json"
     ;;
-  *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer" >&2; exit 2 ;;
+  told)
+    # XLA's latency estimator told the emulated hosts' GPUs and network (`comm.tell_xla_network`,
+    # jia_jax/xla_network.py) or not: the default config's step as 2 emulated hosts x 1 GPU
+    # against one GPU, in runs that alternate (XLA reads it once a process; the link drifts).
+    for i in 1 2; do
+      for told in "" emulated; do
+        python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=256,64 --variants=overlap \
+          --steps=10 --tell_xla_network="$told" --hlo_dir="$OUT/hlo_${told:-untold}_$i" \
+          --out="$OUT/bench_overlap_${told:-untold}_$i.json"
+      done
+    done
+    ;;
+  told_trainer)
+    # The same, the trainer itself (jia_jax.main through launch_local.sh --hosts 2 1, its logged
+    # rate) with and without `comm.tell_xla_network`, against one GPU and the plain peer.
+    python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches=256,64 \
+      --strategies=default --peer --row_variant="--config.comm.tell_xla_network=True" \
+      --out="$OUT/bench_hosts_told_2gpu.json"
+    ;;
+  *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer" >&2
+     exit 2 ;;
 esac

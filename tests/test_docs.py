@@ -1325,3 +1325,56 @@ def test_late_buckets_at_64_answers_agree_with_the_json_and_hlo():
         f"of one GPU's at 256 images per GPU, against the default's "
         f"{hosts[2, 'default', False]['efficiency']:.3f} in the same call",
     ])
+
+
+def test_told_network_answers_agree_with_the_json_and_hlo():
+    from scripts.bench import overlap as bench_overlap
+
+    chain = _overlap_rows("bench_overlap_staged_chain_2xH200.json")
+    runs = {
+        which: {r["variant"]: r for r in load(f"bench_overlap_{which}_2xH200.json")["results"]}
+        for which in ("untold", "told")
+    }
+
+    def e(variant, batch):
+        return f"{chain['2x1', variant, batch]['eff']:.3f}"
+
+    def first(rows, variant):
+        return [c for c in rows[variant]["schedule"] if "bf16" in c["shape"]][0]
+
+    def wgrad_first_place(which):
+        path = RAW / f"hlo_2x1_{which}_overlap_64_2xH200.hlo.gz"
+        return bench_overlap.weight_gradient_places(gzip.decompress(path.read_bytes()).decode())[0]
+
+    staged = {b: [c for c in chain["2x1", "staged_ready", b]["schedule"]
+                  if "bf16" in c["shape"]] for b in (256, 64)}
+    # 256: started where ready, yet synchronous; 64: all after the last convolution, synchronous.
+    assert staged[256][0]["sync"] and staged[256][0]["convolutions_before_start"] == 71
+    assert all(c["sync"] and c["convolutions_before_start"] == 158 for c in staged[64])
+    untold, told = first(runs["untold"], "overlap"), first(runs["told"], "overlap")
+    assert not told["sync"]
+    assert told["convolutions_before_start"] < untold["convolutions_before_start"]
+    rate = {w: {v: runs[w][v]["images_per_s"] for v in runs[w]} for w in runs}
+    synced = {w: runs[w]["overlap"]["synced_images_per_s"] for w in runs}
+    assert_quoted(_section("## Across hosts"), [
+        f"`staged_ready` kept {e('staged_ready', 256)} of two GPUs at 256 images per GPU and "
+        f"{e('staged_ready', 64)} at 64, against {e('first32_ready', 256)} and "
+        f"{e('first32_ready', 64)} for `first32_ready` and {e('overlap', 256)} and "
+        f"{e('overlap', 64)} for the default",
+        f"started after {staged[256][0]['convolutions_before_start']} convolutions",
+        f"the first weight-gradient convolution moved from place {wgrad_first_place('untold')} "
+        f"to {wgrad_first_place('told')} of the 158",
+        f"the first bucket left after {told['convolutions_before_start']} convolutions instead of "
+        f"{untold['convolutions_before_start']}, with {told['convolutions_between']} convolutions "
+        f"between its start and its done instead of {untold['convolutions_between']}",
+        f"ran {rate['told']['overlap']:,.0f} images/s told against "
+        f"{rate['untold']['overlap']:,.0f} untold "
+        f"({rate['told']['overlap'] / rate['untold']['overlap']:.3f}x; synced "
+        f"{synced['told']:,.0f} against {synced['untold']:,.0f})",
+        f"with a 32 MiB first bucket {rate['told']['overlap_first32']:,.0f} against "
+        f"{rate['untold']['overlap_first32']:,.0f}",
+    ])
+    assert_quoted(read("README.md"), [
+        f"the first bucket left after {told['convolutions_before_start']} of the 158 "
+        f"convolutions instead of {untold['convolutions_before_start']}",
+    ])

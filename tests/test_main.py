@@ -144,6 +144,10 @@ DIGITS = ("--config=configs/digits.py", "--config.model.width=2", "--config.data
             (*DIGITS, "--config.comm.dtype=float16"),
             r"^ValueError: comm\.dtype='float16' needs precision\.compute='float16'.*'bfloat16'",
         ),
+        (
+            (*DIGITS, "--config.comm.tell_xla_network=True", "--config.comm.network=infiniband"),
+            r"^ValueError: comm\.network='infiniband' is not one of",
+        ),
     ],
     ids=[
         "misspelled",
@@ -155,6 +159,7 @@ DIGITS = ("--config=configs/digits.py", "--config.model.width=2", "--config.data
         "eval_neg",
         "launch",
         "fp16_wire",
+        "told_network",
     ],
 )
 def test_config_mistake_is_one_line_and_leaves_no_workdir(tmp_path, args, pattern):

@@ -29,6 +29,10 @@ A process compiles every variant of a batch first, then times them in turn, `--r
 link drifts within a call, and rows whose samples interleave see the same drift (PGLE variants,
 whose estimator is a global JAX setting, are timed on their own).
 
+With `--tell_xla_network=NETWORK` the processes of a layout of several hosts start with XLA's
+latency estimator told their GPUs and that network's links (what `comm.tell_xla_network` sets
+for the trainer, jia_jax/xla_network.py); XLA reads it once a process, so a run is told or not.
+
 Process 0 also records each collective's place in XLA's schedule (`schedule`): how many
 convolutions run between its start and its done, and whether XLA made it synchronous. An `auto`
 row records the plan its step resolved to (`resolved`: strategy, bucket, crossover).
@@ -59,6 +63,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from jia_jax import comm_model, xla_network
 from scripts.bench import emulated_hosts, harness
 
 MIB = 1 << 20
@@ -460,10 +465,14 @@ def _layout_rows(
     averaged over the processes)."""
     processes, gpus = (int(x) for x in layout.split("x"))
     cpu = os.environ.get("JAX_PLATFORMS") == "cpu"
-    env_cpu = (
+    env = (
         {"XLA_FLAGS": f"--xla_force_host_platform_device_count={gpus}",
          "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"} if cpu else {}
     )
+    if args.tell_xla_network and processes > 1:
+        link = comm_model.network_model(args.tell_xla_network).inter
+        xla_flags = env.get("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
+        env["XLA_FLAGS"] = f"{xla_flags} {xla_network.estimator_flag(gpus, link)}".strip()
     flags = [f"--{k}={getattr(args, k)}" for k in ("steps", "warmup_steps", "rounds")]
     variants = args.layout_variants.get(layout, args.variants)
     flags += [f"--batches={','.join(map(str, args.batches))}", f"--variants={','.join(variants)}"]
@@ -474,8 +483,8 @@ def _layout_rows(
         return ["scripts.bench.overlap", "--worker", f"--layout={layout}", f"--port={port}",
                 f"--process_id={i}", *flags]
 
-    old = {k: os.environ.get(k) for k in env_cpu}
-    os.environ.update(env_cpu)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         timeout = min(args.timeout_s, deadline - time.monotonic())
         codes, logs = emulated_hosts.run(module_args, processes, gpus, args.nccl, timeout)
@@ -533,6 +542,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--hlo_dir", default="",
         help="where process 0 writes each compiled step's optimized HLO (LAYOUT_VARIANT_BATCH.hlo)",
+    )
+    parser.add_argument(
+        "--tell_xla_network", default="",
+        help="a `comm.network` name: the processes of a layout of several hosts start with XLA's "
+        "latency estimator told their GPUs and that network (jia_jax/xla_network.py)",
     )
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--layout", default="1x1")

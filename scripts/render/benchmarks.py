@@ -503,13 +503,17 @@ def overlap_table(doc: dict[str, Any]) -> str:
     # Computed here, not read: a run cut short by its time limit wrote its rows but not these.
     one = {r["per_device_batch"]: r for r in rows if r["layout"] == "1x1"}
     for r in rows:
-        base, gpus = one[r["per_device_batch"]], r["hosts"] * r["gpus_per_host"]
-        efficiency = r["images_per_s"] / (gpus * base["images_per_s"])
-        synced = r["synced_images_per_s"] / (gpus * base["synced_images_per_s"])
+        # A run without a 1x1 row (a setting read once a process, against another run's) has
+        # no efficiency of its own.
+        base, gpus = one.get(r["per_device_batch"]), r["hosts"] * r["gpus_per_host"]
+        efficiency, synced = "-", "-"
+        if base:
+            efficiency = f"{r['images_per_s'] / (gpus * base['images_per_s']):.3f}"
+            synced = f"{r['synced_images_per_s'] / (gpus * base['synced_images_per_s']):.3f}"
         lines.append(
             f"| {r['layout']} | {r['variant'] if r['layout'] != '1x1' else '-'} | "
-            f"{r['per_device_batch']} | {r['images_per_s']:.0f} | {efficiency:.3f} | "
-            f"{r['synced_images_per_s']:.0f} | {synced:.3f} | "
+            f"{r['per_device_batch']} | {r['images_per_s']:.0f} | {efficiency} | "
+            f"{r['synced_images_per_s']:.0f} | {synced} | "
             f"{r['exposed_comm_ms']:.1f} | {r['idle_ms']:.1f} |"
         )
     return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""Tell XLA's latency-hiding scheduler how large the hosts are and how fast the network is.
+
+On Hopper and newer GPUs XLA schedules a step's collectives with its speed-of-light latency
+estimator, which takes a collective among at most `gpus_per_node` devices (8 unless told) for
+NVLink traffic, and one across nodes for a ring over NICs of its own assumed speed. The scheduler
+starts each asynchronous all-reduce only as early as that estimate needs. Across hosts of fewer
+GPUs, or over a slower network, the estimate is a small fraction of the wire time and the buckets
+leave late in backward: across two emulated hosts of one GPU at 64 images per GPU, XLA packed
+and sent ResNet-50's first bucket after 110 of the step's 158 convolutions (docs/benchmarks.md,
+"Does telling XLA the network start the buckets earlier?"). Told the GPUs per host and the
+network's bandwidth and latency per GPU (`xla_gpu_analytical_latency_estimator_options`), it
+started it after 68.
+
+XLA reads the option from XLA_FLAGS once, when JAX starts its backend, so `jia_jax.main` adds it
+to the environment before then (`environment`). The GPUs per host are the GPUs this process sees
+(CUDA_VISIBLE_DEVICES, else the machine's): one process per host, as SLURM's one task per node and
+`scripts/launch_local.sh --hosts` run it.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from jia_jax import comm_model
+
+OPTION = "--xla_gpu_analytical_latency_estimator_options"
+
+
+def estimator_flag(gpus_per_host: int, link: comm_model.Link) -> str:
+    """The XLA flag that gives the estimator `gpus_per_host` and `link` (the network as one GPU
+    sees it: `comm_model.CommModel.inter`): bandwidth in 10^9 bytes/s (XLA's unit for
+    `nic_speed_gbps`), per-step latency in whole microseconds (at least 1).
+
+    Raises:
+      ValueError: `gpus_per_host` is below 1 or the link's bandwidth is not positive.
+    """
+    if gpus_per_host < 1 or link.beta_bytes_per_s <= 0:
+        raise ValueError(
+            f"Need at least one GPU per host and a positive bandwidth; got {gpus_per_host} and "
+            f"{link.beta_bytes_per_s} bytes/s."
+        )
+    rtt_us = max(1, round(link.alpha_s * 1e6))
+    return (
+        f"{OPTION}=gpus_per_node={gpus_per_host},"
+        f"nic_speed_gbps={link.beta_bytes_per_s / 1e9:.3f},rtt_us={rtt_us}"
+    )
+
+
+def visible_gpus(environ: Mapping[str, str]) -> int:
+    """The GPUs a process started with `environ` sees: CUDA_VISIBLE_DEVICES' entries where set
+    (up to the first invalid one, as CUDA reads it), else the machine's NVIDIA device files."""
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return len(glob.glob("/dev/nvidia[0-9]*"))
+    count = 0
+    for entry in listed.split(","):
+        if not re.fullmatch(r"\s*(\d+|GPU-[0-9a-fA-F-]+|MIG-[\w/-]+)\s*", entry):
+            break
+        count += 1
+    return count
+
+
+def environment(comm: Any, environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables to add to `environ` before JAX starts: XLA_FLAGS with the estimator told
+    the hosts' size and `comm.network`'s links, where `comm.tell_xla_network` asks for it, the
+    process sees a GPU, and the user's XLA_FLAGS do not set the option already.
+
+    Raises:
+      ValueError: `comm.network` names no network of the calibration.
+    """
+    if not comm.get("tell_xla_network", False):
+        return {}
+    link = comm_model.network_model(comm.network).inter
+    flags = environ.get("XLA_FLAGS", "")
+    gpus = visible_gpus(environ)
+    if OPTION in flags or gpus < 1:
+        return {}
+    return {"XLA_FLAGS": f"{flags} {estimator_flag(gpus, link)}".strip()}

@@ -1,0 +1,107 @@
+"""What the trainer tells XLA's latency estimator about the hosts and the network."""
+
+import json
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from jia_jax import comm_model
+from jia_jax import xla_network
+
+CALIBRATION = os.path.join(os.path.dirname(comm_model.__file__), "comm_calibration.json")
+
+
+def _comm(tell: bool, network: str = "emulated") -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict({"tell_xla_network": tell, "network": network})
+
+
+def test_flag_gives_gpus_bandwidth_in_gigabytes_and_latency_in_microseconds():
+    link = comm_model.Link(alpha_s=171.3e-6, beta_bytes_per_s=6.4323e9)
+    assert xla_network.estimator_flag(1, link) == (
+        "--xla_gpu_analytical_latency_estimator_options="
+        "gpus_per_node=1,nic_speed_gbps=6.432,rtt_us=171"
+    )
+    # A latency under half a microsecond is still told as 1 (XLA ignores values below 1).
+    assert xla_network.estimator_flag(2, comm_model.Link(1e-7, 5e10)).endswith(
+        "gpus_per_node=2,nic_speed_gbps=50.000,rtt_us=1"
+    )
+
+
+@pytest.mark.parametrize("gpus, beta", [(0, 6e9), (1, 0.0)])
+def test_flag_refuses_no_gpus_or_no_bandwidth(gpus, beta):
+    with pytest.raises(ValueError, match="at least one GPU per host and a positive bandwidth"):
+        xla_network.estimator_flag(gpus, comm_model.Link(1e-4, beta))
+
+
+@pytest.mark.parametrize(
+    "listed, count",
+    [("0,1", 2), ("3", 1), ("", 0), ("0,x,2", 1), ("GPU-8f1c2a3b-0000-1111,1", 2), ("-1", 0)],
+)
+def test_visible_gpus_counts_cuda_visible_devices_up_to_the_first_invalid_entry(listed, count):
+    assert xla_network.visible_gpus({"CUDA_VISIBLE_DEVICES": listed}) == count
+
+
+def test_visible_gpus_without_cuda_visible_devices_counts_the_device_files(monkeypatch):
+    monkeypatch.setattr(
+        xla_network.glob, "glob", lambda pattern: ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2"]
+    )
+    assert xla_network.visible_gpus({}) == 3
+
+
+def test_environment_appends_the_named_networks_links_to_the_users_flags():
+    emulated = json.load(open(CALIBRATION))
+    fit = emulated["emulated_hosts"][emulated["default_emulated"]]["inter"]
+    env = {"XLA_FLAGS": "--xla_dump_to=/tmp/d", "CUDA_VISIBLE_DEVICES": "0,1"}
+    added = xla_network.environment(_comm(True), env)
+    assert added == {
+        "XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_gpu_analytical_latency_estimator_options="
+        f"gpus_per_node=2,nic_speed_gbps={fit['beta_bytes_per_s'] / 1e9:.3f},"
+        f"rtt_us={round(fit['alpha_s'] * 1e6)}"
+    }
+    # The default fabric (""): the calibration's published network.
+    fabric = emulated["fabrics"][emulated["default_fabric"]]
+    told = xla_network.environment(_comm(True, ""), {"CUDA_VISIBLE_DEVICES": "0"})["XLA_FLAGS"]
+    assert f"nic_speed_gbps={fabric['beta_bytes_per_s'] / 1e9:.3f}," in told
+
+
+@pytest.mark.parametrize(
+    "comm, env",
+    [
+        (_comm(False), {"CUDA_VISIBLE_DEVICES": "0"}),
+        (ml_collections.ConfigDict({"network": "emulated"}), {"CUDA_VISIBLE_DEVICES": "0"}),
+        (_comm(True), {"CUDA_VISIBLE_DEVICES": ""}),
+        (
+            _comm(True),
+            {
+                "CUDA_VISIBLE_DEVICES": "0",
+                "XLA_FLAGS": "--xla_gpu_analytical_latency_estimator_options=gpus_per_node=4",
+            },
+        ),
+    ],
+    ids=["off", "absent", "no_gpu", "users_own"],
+)
+def test_environment_adds_nothing_when_off_without_gpus_or_set_by_the_user(comm, env):
+    assert xla_network.environment(comm, env) == {}
+
+
+def test_environment_names_the_field_of_an_unknown_network():
+    with pytest.raises(ValueError, match=r"comm\.network='infiniband' is not one of"):
+        xla_network.environment(_comm(True, "infiniband"), {"CUDA_VISIBLE_DEVICES": "0"})
+
+
+def test_this_xla_accepts_the_flag():
+    # XLA aborts a process whose XLA_FLAGS hold a flag it does not know.
+    flag = xla_network.estimator_flag(1, comm_model.Link(1.7e-4, 6.4e9))
+    code = "import jax, jax.numpy as jnp; print(int(jax.jit(lambda x: x + 1)(jnp.ones(2))[0]))"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=dict(os.environ, XLA_FLAGS=flag, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "2"

@@ -199,6 +199,16 @@ exec "{python}" "$@"
 """
 
 
+def _as_from_a_terminal() -> None:
+    """A shell's signal state: nothing blocked, SIGINT and SIGTERM at their defaults. The test
+    process's own may differ (a library run by an earlier test in the same pytest worker), and a
+    child inherits a blocked or ignored SIGINT: a non-interactive bash cannot trap an ignored one,
+    and a blocked one never reaches the trainers (seen under pytest-xdist: both hung)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def start_stoppable(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
     """`launch_local.sh 2 1` of stoppable stand-ins, in a session of its own (its process group
     is the launcher's, as in a terminal); returns it and the trainers' pids once both run."""
@@ -211,6 +221,7 @@ def start_stoppable(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_as_from_a_terminal,
     )
     records = tmp_path / "records"
     deadline = time.monotonic() + 60

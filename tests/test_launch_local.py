@@ -199,29 +199,31 @@ exec "{python}" "$@"
 """
 
 
-def _as_from_a_terminal() -> None:
-    """A shell's signal state: nothing blocked, SIGINT and SIGTERM at their defaults. The test
-    process's own may differ (a library run by an earlier test in the same pytest worker), and a
-    child inherits a blocked or ignored SIGINT: a non-interactive bash cannot trap an ignored one,
-    and a blocked one never reaches the trainers (seen under pytest-xdist: both hung)."""
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_DFL)
+# Execs its arguments with a shell's signal state: nothing blocked, SIGINT and SIGTERM at their
+# defaults. The test process's own may differ (pytest run in the background ignores SIGINT), and a
+# child inherits an ignored or blocked SIGINT: a non-interactive bash cannot trap an ignored one
+# (seen: the ctrl_c case hung). Not `preexec_fn`: Python code between fork and exec in a
+# process with JAX's threads may deadlock.
+_AS_FROM_A_TERMINAL = (
+    "import os, signal, sys; signal.pthread_sigmask(signal.SIG_SETMASK, []); "
+    "[signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)]; "
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
 
 
 def start_stoppable(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
     """`launch_local.sh 2 1` of stoppable stand-ins, in a session of its own (its process group
     is the launcher's, as in a terminal); returns it and the trainers' pids once both run."""
     env = stand_in_env(tmp_path, _STOPPABLE, {"JIA_JAX_PLATFORM": "cpu"})
+    launch = ["bash", "scripts/launch_local.sh", "2", "1", "configs/digits.py", "/tmp/w"]
     launcher = subprocess.Popen(
-        ["bash", "scripts/launch_local.sh", "2", "1", "configs/digits.py", "/tmp/w"],
+        [sys.executable, "-c", _AS_FROM_A_TERMINAL, *launch],
         cwd=REPO_ROOT,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        preexec_fn=_as_from_a_terminal,
     )
     records = tmp_path / "records"
     deadline = time.monotonic() + 60

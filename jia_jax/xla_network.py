@@ -49,6 +49,14 @@ def estimator_flag(gpus_per_host: int, link: comm_model.Link) -> str:
     )
 
 
+def with_estimator(xla_flags: str, gpus_per_host: int, link: comm_model.Link) -> str:
+    """`xla_flags` (an XLA_FLAGS value) with `estimator_flag` appended, unless they set the
+    option already (the user's own wins)."""
+    if OPTION in xla_flags:
+        return xla_flags
+    return f"{xla_flags} {estimator_flag(gpus_per_host, link)}".strip()
+
+
 def visible_gpus(environ: Mapping[str, str]) -> int:
     """The GPUs a process started with `environ` sees: CUDA_VISIBLE_DEVICES' entries where set
     (up to the first invalid one, as CUDA reads it), else the machine's NVIDIA device files."""
@@ -76,6 +84,7 @@ def environment(comm: Any, environ: Mapping[str, str]) -> dict[str, str]:
     link = comm_model.network_model(comm.network).inter
     flags = environ.get("XLA_FLAGS", "")
     gpus = visible_gpus(environ)
-    if OPTION in flags or gpus < 1:
+    if gpus < 1:
         return {}
-    return {"XLA_FLAGS": f"{flags} {estimator_flag(gpus, link)}".strip()}
+    told = with_estimator(flags, gpus, link)
+    return {} if told == flags else {"XLA_FLAGS": told}

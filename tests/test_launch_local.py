@@ -200,10 +200,10 @@ exec "{python}" "$@"
 
 
 # Execs its arguments with a shell's signal state: nothing blocked, SIGINT and SIGTERM at their
-# defaults. The test process's own may differ (pytest run in the background ignores SIGINT), and a
-# child inherits an ignored or blocked SIGINT: a non-interactive bash cannot trap an ignored one
-# (seen: the ctrl_c case hung). Not `preexec_fn`: Python code between fork and exec in a
-# process with JAX's threads may deadlock.
+# defaults. The test process's own may differ (pytest started in the background ignores SIGINT),
+# and a child inherits an ignored or blocked SIGINT; a non-interactive bash cannot trap an ignored
+# one. Seen: under pytest-xdist started in the background the ctrl_c case hung. Not `preexec_fn`:
+# Python code between fork and exec in a process with JAX's threads may deadlock.
 _AS_FROM_A_TERMINAL = (
     "import os, signal, sys; signal.pthread_sigmask(signal.SIG_SETMASK, []); "
     "[signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)]; "

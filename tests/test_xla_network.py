@@ -30,6 +30,16 @@ def test_flag_gives_gpus_bandwidth_in_gigabytes_and_latency_in_microseconds():
     )
 
 
+def test_with_estimator_appends_to_the_flags_unless_they_tell_it_already():
+    link = comm_model.Link(alpha_s=171.3e-6, beta_bytes_per_s=6.4323e9)
+    assert xla_network.with_estimator("", 1, link) == xla_network.estimator_flag(1, link)
+    assert xla_network.with_estimator("--xla_dump_to=/d", 2, link) == (
+        "--xla_dump_to=/d " + xla_network.estimator_flag(2, link)
+    )
+    own = "--xla_gpu_analytical_latency_estimator_options=gpus_per_node=4"
+    assert xla_network.with_estimator(own, 1, link) == own
+
+
 @pytest.mark.parametrize("gpus, beta", [(0, 6e9), (1, 0.0)])
 def test_flag_refuses_no_gpus_or_no_bandwidth(gpus, beta):
     with pytest.raises(ValueError, match="at least one GPU per host and a positive bandwidth"):

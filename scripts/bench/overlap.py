@@ -472,7 +472,7 @@ def _layout_rows(
     if args.tell_xla_network and processes > 1:
         link = comm_model.network_model(args.tell_xla_network).inter
         xla_flags = env.get("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
-        env["XLA_FLAGS"] = f"{xla_flags} {xla_network.estimator_flag(gpus, link)}".strip()
+        env["XLA_FLAGS"] = xla_network.with_estimator(xla_flags, gpus, link)
     flags = [f"--{k}={getattr(args, k)}" for k in ("steps", "warmup_steps", "rounds")]
     variants = args.layout_variants.get(layout, args.variants)
     flags += [f"--batches={','.join(map(str, args.batches))}", f"--variants={','.join(variants)}"]

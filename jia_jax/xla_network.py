@@ -1,8 +1,11 @@
 """Tell XLA's latency-hiding scheduler how large the hosts are and how fast the network is.
 
 On Hopper and newer GPUs XLA schedules a step's collectives with its speed-of-light latency
-estimator, which takes a collective among at most `gpus_per_node` devices (8 unless told) for
-NVLink traffic, and one across nodes for a ring over NICs of its own assumed speed. The scheduler
+estimator, which takes a collective within one partition of devices (`partition_size`; unless
+told, the compiled module's own or `gpus_per_node`, 8) for NVLink traffic, and one across nodes
+for a ring over `gpus_per_node` NICs a node, of its own assumed speed (openxla/xla,
+xla/service/gpu/model/sol_latency_estimator.cc, `GetPartitionSize`). Both must be told: with
+`gpus_per_node` alone the estimate, and the schedule, stayed the same. The scheduler
 starts each asynchronous all-reduce only as early as that estimate needs. Across hosts of fewer
 GPUs, or over a slower network, the estimate is a small fraction of the wire time and the buckets
 leave late in backward: across two emulated hosts of one GPU at 64 images per GPU, XLA packed
@@ -30,8 +33,9 @@ OPTION = "--xla_gpu_analytical_latency_estimator_options"
 
 
 def estimator_flag(gpus_per_host: int, link: comm_model.Link) -> str:
-    """The XLA flag that gives the estimator `gpus_per_host` and `link` (the network as one GPU
-    sees it: `comm_model.CommModel.inter`): bandwidth in 10^9 bytes/s (XLA's unit for
+    """The XLA flag that gives the estimator `gpus_per_host` (as the GPUs and NICs of a node and
+    as the devices of one fast-interconnect partition) and `link` (the network as one GPU sees
+    it: `comm_model.CommModel.inter`): bandwidth in 10^9 bytes/s (XLA's unit for
     `nic_speed_gbps`), per-step latency in whole microseconds (at least 1).
 
     Raises:
@@ -44,7 +48,7 @@ def estimator_flag(gpus_per_host: int, link: comm_model.Link) -> str:
         )
     rtt_us = max(1, round(link.alpha_s * 1e6))
     return (
-        f"{OPTION}=gpus_per_node={gpus_per_host},"
+        f"{OPTION}=gpus_per_node={gpus_per_host},partition_size={gpus_per_host},"
         f"nic_speed_gbps={link.beta_bytes_per_s / 1e9:.3f},rtt_us={rtt_us}"
     )
 

@@ -95,12 +95,13 @@ case "$1" in
     # XLA's latency estimator told the emulated hosts' GPUs and network (`comm.tell_xla_network`,
     # jia_jax/xla_network.py) or not: the default config's step as 2 emulated hosts x 1 GPU
     # against one GPU, in runs that alternate (XLA reads it once a process; the link drifts).
-    for i in 1 2; do
-      for told in "" emulated; do
-        python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=256,64 --variants=overlap \
-          --steps=10 --tell_xla_network="$told" --hlo_dir="$OUT/hlo_${told:-untold}_$i" \
-          --out="$OUT/bench_overlap_${told:-untold}_$i.json"
-      done
+    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=256,64 --variants=overlap \
+      --steps=10 --hlo_dir="$OUT/hlo_untold_1" --out="$OUT/bench_overlap_untold_1.json"
+    for run in emulated_1 untold_2 emulated_2; do
+      told=${run%_*}
+      python3 -m scripts.bench.overlap --layouts=2x1 --batches=256,64 --variants=overlap \
+        --steps=10 --tell_xla_network="${told/untold/}" --hlo_dir="$OUT/hlo_$run" \
+        --out="$OUT/bench_overlap_$run.json"
     done
     ;;
   told_trainer)

@@ -20,13 +20,15 @@ def _comm(tell: bool, network: str = "emulated") -> ml_collections.ConfigDict:
 
 def test_flag_gives_gpus_bandwidth_in_gigabytes_and_latency_in_microseconds():
     link = comm_model.Link(alpha_s=171.3e-6, beta_bytes_per_s=6.4323e9)
+    # partition_size too: XLA takes the devices of one partition for NVLink peers from it (or
+    # the module's own), not from gpus_per_node; told gpus_per_node alone, the schedule stayed.
     assert xla_network.estimator_flag(1, link) == (
         "--xla_gpu_analytical_latency_estimator_options="
-        "gpus_per_node=1,nic_speed_gbps=6.432,rtt_us=171"
+        "gpus_per_node=1,partition_size=1,nic_speed_gbps=6.432,rtt_us=171"
     )
     # A latency under half a microsecond is still told as 1 (XLA ignores values below 1).
     assert xla_network.estimator_flag(2, comm_model.Link(1e-7, 5e10)).endswith(
-        "gpus_per_node=2,nic_speed_gbps=50.000,rtt_us=1"
+        "gpus_per_node=2,partition_size=2,nic_speed_gbps=50.000,rtt_us=1"
     )
 
 
@@ -68,7 +70,7 @@ def test_environment_appends_the_named_networks_links_to_the_users_flags():
     added = xla_network.environment(_comm(True), env)
     assert added == {
         "XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_gpu_analytical_latency_estimator_options="
-        f"gpus_per_node=2,nic_speed_gbps={fit['beta_bytes_per_s'] / 1e9:.3f},"
+        f"gpus_per_node=2,partition_size=2,nic_speed_gbps={fit['beta_bytes_per_s'] / 1e9:.3f},"
         f"rtt_us={round(fit['alpha_s'] * 1e6)}"
     }
     # The default fabric (""): the calibration's published network.

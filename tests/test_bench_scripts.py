@@ -645,6 +645,35 @@ def test_bench_overlap_writes_each_compiled_step_hlo_where_asked(monkeypatch, tm
                        "1x2_overlap_4.hlo": "HloModule overlap"}
 
 
+def test_bench_overlap_tells_the_hosts_xla_the_network_and_marks_their_rows(monkeypatch):
+    # Hosts of one GPU told the emulated network start with the estimator option (partition_size
+    # too: without it XLA's schedule stayed the same) and their rows say so; one process is not
+    # told (no network), and the caller's XLA_FLAGS come back as they were.
+    from scripts.bench import emulated_hosts
+    from scripts.bench import overlap as bench_overlap
+
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/d")
+    seen = []
+
+    def run(module_args, processes, gpus, nccl, timeout):
+        seen.append(os.environ["XLA_FLAGS"])
+        row = {"variant": "overlap", "per_device_batch": 8, "images_per_s": 1.0}
+        return [0] * processes, [bench_overlap._ROW + json.dumps(row)] * processes
+
+    monkeypatch.setattr(emulated_hosts, "run", run)
+    args = argparse.Namespace(
+        tell_xla_network="emulated", steps=1, warmup_steps=0, rounds=1, batches=[8],
+        variants=["overlap"], layout_variants={}, tiny=False, hlo_dir="", nccl={}, timeout_s=9,
+    )
+    two = bench_overlap._layout_rows(args, "2x1", math.inf)
+    one = bench_overlap._layout_rows(args, "1x1", math.inf)
+    assert [r.get("told") for r in two + one] == ["emulated", None]
+    assert seen[0].startswith("--xla_dump_to=/d --xla_gpu_analytical_latency_estimator_options=")
+    assert "gpus_per_node=1,partition_size=1," in seen[0] and seen[1] == "--xla_dump_to=/d"
+    assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/d"
+
+
 def test_bench_hosts_takes_the_median_after_the_compile_interval():
     log = "\n".join(
         f"I0 loop.py] step {s:3d}/90 | learning_rate 0.1 | loss {l} | top1 0 | {r} img/s | ETA 0:00:01"

@@ -469,8 +469,9 @@ def _layout_rows(
         {"XLA_FLAGS": f"--xla_force_host_platform_device_count={gpus}",
          "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo"} if cpu else {}
     )
-    if args.tell_xla_network and processes > 1:
-        link = comm_model.network_model(args.tell_xla_network).inter
+    told = args.tell_xla_network if processes > 1 else ""  # the network XLA's estimator is told
+    if told:
+        link = comm_model.network_model(told).inter
         xla_flags = env.get("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
         env["XLA_FLAGS"] = xla_network.with_estimator(xla_flags, gpus, link)
     flags = [f"--{k}={getattr(args, k)}" for k in ("steps", "warmup_steps", "rounds")]
@@ -501,6 +502,8 @@ def _layout_rows(
     rows = []
     for i, first in enumerate(per_process[0]):
         row = {"layout": layout, "hosts": processes, "gpus_per_host": gpus, **first}
+        if told:
+            row["told"] = told
         if "error" not in row and "exposed_comm_ms" in row:
             others = [p[i] for p in per_process[1:] if i < len(p) and "exposed_comm_ms" in p[i]]
             for key in ("exposed_comm_ms", "idle_ms"):

@@ -501,22 +501,35 @@ def overlap_table(doc: dict[str, Any]) -> str:
     ]
     rows = [r for r in doc["results"] if "images_per_s" in r]
     # Computed here, not read: a run cut short by its time limit wrote its rows but not these.
-    one = {r["per_device_batch"]: r for r in rows if r["layout"] == "1x1"}
+    # Against the 1x1 row of the same run where a file holds several runs of a call, else the
+    # file's first of that batch.
+    one = {}
     for r in rows:
-        # A run without a 1x1 row (a setting read once a process, against another run's) has
-        # no efficiency of its own.
-        base, gpus = one.get(r["per_device_batch"]), r["hosts"] * r["gpus_per_host"]
+        if r["layout"] == "1x1":
+            one.setdefault((r.get("run"), r["per_device_batch"]), r)
+            one.setdefault(r["per_device_batch"], r)
+    for r in rows:
+        batch, gpus = r["per_device_batch"], r["hosts"] * r["gpus_per_host"]
+        base = one.get((r.get("run"), batch), one.get(batch))
         efficiency, synced = "-", "-"
         if base:
             efficiency = f"{r['images_per_s'] / (gpus * base['images_per_s']):.3f}"
             synced = f"{r['synced_images_per_s'] / (gpus * base['synced_images_per_s']):.3f}"
         lines.append(
-            f"| {r['layout']} | {r['variant'] if r['layout'] != '1x1' else '-'} | "
+            f"| {r['layout']} | {_overlap_variant(r) if r['layout'] != '1x1' else '-'} | "
             f"{r['per_device_batch']} | {r['images_per_s']:.0f} | {efficiency} | "
             f"{r['synced_images_per_s']:.0f} | {synced} | "
             f"{r['exposed_comm_ms']:.1f} | {r['idle_ms']:.1f} |"
         )
     return "\n".join(lines)
+
+
+def _overlap_variant(row: dict[str, Any]) -> str:
+    """An overlap row's variant, with the network XLA's estimator was told and the run of its
+    call where the file holds several (`told`, `run`)."""
+    told = f", told {row['told']}" if row.get("told") else ""
+    run = f" (run {row['run']})" if "run" in row else ""
+    return f"{row['variant']}{told}{run}"
 
 
 def overlap_schedule_table(doc: dict[str, Any]) -> str:
@@ -541,7 +554,7 @@ def overlap_schedule_table(doc: dict[str, Any]) -> str:
                 shape = c["shape"].split("bf16")[-1].split("{")[0]
                 until = f" {c['convolutions_until_ready']} |" if ready else ""
                 lines.append(
-                    f"| {r['variant']} | {r['per_device_batch']} | bf16{shape} |{until} "
+                    f"| {_overlap_variant(r)} | {r['per_device_batch']} | bf16{shape} |{until} "
                     f"{c['convolutions_before_start']} | {c['convolutions_between']} | "
                     f"{c['convolutions']} |"
                 )

@@ -136,8 +136,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.comm.network = ""
     # Tell XLA's latency-hiding scheduler the GPUs per host (those a process sees) and
     # `comm.network`'s bandwidth and latency, so that it starts each bucket's all-reduce early
-    # enough for that network (jia_jax/xla_network.py; set by `jia_jax.main` before JAX starts).
-    # Off: XLA assumes 8 GPUs a host and a fast network. Same mean.
+    # enough for that network (jia_jax/xla_network.py; set by `jia_jax.main` before JAX starts),
+    # and cap XLA's combining at `bucket_bytes`, so that each bucket leaves where it is packed.
+    # Off: XLA assumes 8 GPUs a host and a fast network (docs/benchmarks.md). Same mean.
     config.comm.tell_xla_network = False
 
     # A jax.profiler trace of `steps` steps from `first_step` (-1: none) in

@@ -365,27 +365,30 @@ def make_train_step(
 
 
 def step_compiler_options(comm: ml_collections.ConfigDict) -> dict[str, Any] | None:
-    """XLA options of the train step's compilation: with `comm.start_when_ready` (explicit
-    strategies), each bucket's all-reduce starts as soon as backward has packed it.
+    """XLA options of the train step's compilation, for explicit strategies: combining capped at
+    the bucket size where `comm.start_when_ready` or `comm.tell_xla_network` asks for the
+    buckets to leave apart, and with `comm.start_when_ready` XLA's speed-of-light estimator off.
 
     XLA's latency-hiding scheduler, which its speed-of-light estimator turns on for GPUs since
-    Hopper, starts a collective only as early as its estimate of the collective's time needs:
-    across a network it underestimates, and the buckets leave late in backward. With the
-    estimator off, XLA issues each all-reduce right after its operand; combining capped at the
-    bucket size keeps the buckets apart. Measured across emulated hosts (docs/benchmarks.md,
-    "Across hosts"): a gain at 256 images per GPU, a loss at 64, where the packing itself lands
-    after backward.
+    Hopper, starts a collective only as early as its estimate of the collective's time needs.
+    Across a network it underestimates unless told the network (`comm.tell_xla_network`,
+    jia_jax/xla_network.py), and the buckets leave late in backward. Told, it starts each bucket
+    where backward has packed it, so each is kept apart: combined, a bucket waits for the one
+    backward packs last. With the estimator off (`comm.start_when_ready`), XLA issues each
+    all-reduce right after its operand. Measured across emulated hosts (docs/benchmarks.md,
+    "Across hosts").
     """
-    if not comm.get("start_when_ready", False) or comm.strategy == "xla":
+    ready = comm.get("start_when_ready", False)
+    if not (ready or comm.get("tell_xla_network", False)) or comm.strategy == "xla":
         return None
     cap = max(comm.bucket_bytes, 0)  # 'auto' (-1) resolves later: no combining at all
-    return {
-        "xla_gpu_enable_analytical_sol_latency_estimator": False,
-        **{
-            f"xla_gpu_{kind}_combine_threshold_bytes": cap
-            for kind in ("all_reduce", "reduce_scatter", "all_gather")
-        },
+    options: dict[str, Any] = {
+        f"xla_gpu_{kind}_combine_threshold_bytes": cap
+        for kind in ("all_reduce", "reduce_scatter", "all_gather")
     }
+    if ready:
+        options["xla_gpu_enable_analytical_sol_latency_estimator"] = False
+    return options
 
 
 def stop_flags(mesh: Mesh, requested: bool) -> jax.Array:

@@ -153,10 +153,11 @@ def test_the_step_packs_its_first_bucket_to_comm_first_bucket_bytes():
     assert compiled(first) == planned(first) and compiled(0) == planned(0)
 
 
-def test_start_when_ready_compiles_the_step_with_the_estimator_off_and_buckets_apart(monkeypatch):
+def test_start_when_ready_and_tell_xla_network_compile_the_step_with_buckets_apart(monkeypatch):
     # `comm.start_when_ready` reaches the step's jit: XLA's speed-of-light estimator (which turns
-    # the latency-hiding scheduler on) off, combining capped at the bucket size; nothing for the
-    # default, nor for 'xla' (no buckets of its own to keep apart).
+    # the latency-hiding scheduler on) off, combining capped at the bucket size;
+    # `comm.tell_xla_network` the cap alone (the told estimator schedules each bucket where it is
+    # ready); nothing for the default, nor for 'xla' (no buckets of its own to keep apart).
     mesh = mesh_lib.create_mesh(2, 4)
     options = []
     jit = jax.jit
@@ -166,15 +167,17 @@ def test_start_when_ready_compiles_the_step_with_the_estimator_off_and_buckets_a
         return jit(fn, **kwargs)
 
     monkeypatch.setattr(train.jax, "jit", spy)
-    expected = {
-        "xla_gpu_enable_analytical_sol_latency_estimator": False,
-        "xla_gpu_all_reduce_combine_threshold_bytes": 4096,
-        "xla_gpu_reduce_scatter_combine_threshold_bytes": 4096,
-        "xla_gpu_all_gather_combine_threshold_bytes": 4096,
+    cap = {
+        f"xla_gpu_{kind}_combine_threshold_bytes": 4096
+        for kind in ("all_reduce", "reduce_scatter", "all_gather")
     }
-    for strategy, ready, want in (("flat", True, expected), ("flat", False, None),
-                                  ("xla", True, None)):
+    no_sol = {**cap, "xla_gpu_enable_analytical_sol_latency_estimator": False}
+    for strategy, ready, told, want in (
+        ("flat", True, False, no_sol), ("flat", True, True, no_sol), ("flat", False, True, cap),
+        ("flat", False, False, None), ("xla", True, True, None),
+    ):
         config = tiny_config(strategy)
         config.comm.start_when_ready = ready
+        config.comm.tell_xla_network = told
         model, _, _ = build(config, mesh)  # its last jit is the train step's
-        assert options[-1] == want, (strategy, ready)
+        assert options[-1] == want, (strategy, ready, told)

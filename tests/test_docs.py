@@ -1380,6 +1380,75 @@ def test_told_network_answers_agree_with_the_json_and_hlo():
     ])
 
 
+def test_told_partition_and_cap_answers_agree_with_the_json_and_hlo():
+    from scripts.bench import overlap as bench_overlap
+
+    def runs(name):
+        """(run, variant, per GPU) -> 2x1 row; (run, per GPU) -> 1x1 row."""
+        out = {}
+        for r in load(name)["results"]:
+            key = (r["run"], r["per_device_batch"])
+            out[key if r["layout"] == "1x1" else (r["run"], r["variant"], *key[1:])] = r
+        return out
+
+    def starts(row):
+        return [c["convolutions_before_start"] for c in row["schedule"] if "bf16" in c["shape"]]
+
+    def hlo_starts(name):
+        hlo = gzip.decompress((RAW / name).read_bytes()).decode()
+        return [c["convolutions_before_start"] for c in bench_overlap.schedule(hlo)
+                if "bf16" in c["shape"]]
+
+    nopart = runs("bench_overlap_told_no_partition_2xH200.json")
+    alt = runs("bench_overlap_told_alternating_2xH200.json")
+    cap = runs("bench_overlap_told_cap_2xH200.json")
+    for b in (256, 64):
+        # Told gpus_per_node alone: the schedule of the untold runs on either side.
+        assert nopart[2, "overlap", b]["told"] and "told" not in nopart[1, "overlap", b]
+        assert (nopart[2, "overlap", b]["schedule"] == nopart[1, "overlap", b]["schedule"]
+                == nopart[3, "overlap", b]["schedule"])
+        assert alt[2, "overlap", b]["schedule"] == alt[4, "overlap", b]["schedule"]
+    rate = {(run, b): f"{alt[run, 'overlap', b]['images_per_s']:,.0f}"
+            for run in (1, 2, 3, 4) for b in (256, 64)}
+    run3 = alt[3, "overlap", 64]["samples_s"]
+
+    def eff(run, variant, batch, key="images_per_s"):
+        base = cap[1, batch][key]
+        return f"{cap[run, variant, batch][key] / (2 * base):.3f}"
+
+    told_cap = {b: starts(cap[2, "overlap_cap", b]) for b in (256, 64)}
+    untold_cap = {b: hlo_starts(f"hlo_2x1_untold_overlap_cap_{b}_2xH200.hlo.gz") for b in (256, 64)}
+    last = [c for c in cap[2, "overlap_cap", 256]["schedule"] if "bf16" in c["shape"]][-1]
+    assert last["convolutions_before_start"] == last["convolutions"] == 158
+    assert told_cap[256] == hlo_starts("hlo_2x1_told_overlap_cap_256_2xH200.hlo.gz")
+    assert_quoted(_section("## Across hosts"), [
+        f"at 64 images per GPU the first bucket left after {starts(alt[2, 'overlap', 64])[0]} "
+        f"convolutions instead of {starts(alt[1, 'overlap', 64])[0]}; at 256 after "
+        f"{starts(alt[2, 'overlap', 256])[0]} instead of {starts(alt[1, 'overlap', 256])[0]}.",
+        f"{rate[2, 256]} and {rate[4, 256]} images/s told against {rate[1, 256]} and "
+        f"{rate[3, 256]} untold",
+        f"(told {rate[2, 64]} and {rate[4, 64]}, untold {rate[1, 64]} and {rate[3, 64]}; one "
+        f"run's steps took from {min(run3) * 1e3:.1f} to {max(run3) * 1e3:.1f} ms)",
+        "after {}, {} and {} convolutions at 256 images per GPU ({}, {} and {} at 64)".format(
+            *told_cap[256][:3], *told_cap[64][:3]),
+        f"only the last {int(last['shape'].split('[')[-1].split(']')[0]) / 1e6:.1f}M values",
+        "started after {}, {} and {} convolutions ({}, {} and {} at 64;".format(
+            *untold_cap[256][:3], *untold_cap[64][:3]),
+        f"the cap kept {eff(2, 'overlap_cap', 256)} of two GPUs at 256 images per GPU against "
+        f"{eff(2, 'overlap', 256)} without it (synced "
+        f"{eff(2, 'overlap_cap', 256, 'synced_images_per_s')} against "
+        f"{eff(2, 'overlap', 256, 'synced_images_per_s')}), and {eff(2, 'overlap_cap', 64)} "
+        f"against {eff(2, 'overlap', 64)} at 64 (synced "
+        f"{eff(2, 'overlap_cap', 64, 'synced_images_per_s')} against "
+        f"{eff(2, 'overlap', 64, 'synced_images_per_s')})",
+    ])
+    assert_quoted(read("README.md"), [
+        f"the step kept {eff(2, 'overlap_cap', 256)} of two H200s at 256 images per GPU against "
+        f"{eff(2, 'overlap', 256)} told with them combined, in the same run "
+        f"({eff(2, 'overlap_cap', 64)} against {eff(2, 'overlap', 64)} at 64)",
+    ])
+
+
 def test_scaling_prose_on_the_round_robin_plans_call_quotes_the_json():
     import statistics
 

@@ -12,6 +12,7 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh ready_trainer  # the same, the trainer itself (main)
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told      # XLA told the hosts' GPUs and network, or
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_trainer  # not: the step; the trainer itself
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh nccl      # the told step with NCCL's GPU-side settings
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -111,6 +112,26 @@ case "$1" in
       --strategies=default --peer --row_variant="--config.comm.tell_xla_network=True" \
       --out="$OUT/bench_hosts_told_2gpu.json"
     ;;
-  *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer" >&2
+  nccl)
+    # The told step with its buckets apart, under other NCCL settings: larger staging buffers
+    # (the emulated wire as it is, 4 socket threads x 4 sockets), and more channels, whose CTAs
+    # copy each chunk to and from host memory while backward's kernels hold the SMs (each channel
+    # has its own sockets, a wider wire: a diagnostic, not a setting). Runs alternate (NCCL reads
+    # its environment once a process; the link drifts).
+    wire='"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4"'
+    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=256,64 --variants=overlap_cap \
+      --steps=10 --tell_xla_network=emulated --nccl="{$wire}" --out="$OUT/bench_nccl_base_1.json"
+    for run in buffsize_1 ctas_1 base_2; do
+      case ${run%_*} in
+        base) extra="" ;;
+        buffsize) extra=', "NCCL_BUFFSIZE": "16777216"' ;;
+        ctas) extra=', "NCCL_MIN_CTAS": "4", "NCCL_MIN_NCHANNELS": "4"' ;;
+      esac
+      python3 -m scripts.bench.overlap --layouts=2x1 --batches=256,64 --variants=overlap_cap \
+        --steps=10 --tell_xla_network=emulated --nccl="{$wire$extra}" \
+        --out="$OUT/bench_nccl_$run.json"
+    done
+    ;;
+  *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" >&2
      exit 2 ;;
 esac

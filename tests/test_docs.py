@@ -1421,6 +1421,10 @@ def test_told_partition_and_cap_answers_agree_with_the_json_and_hlo():
     last = [c for c in cap[2, "overlap_cap", 256]["schedule"] if "bf16" in c["shape"]][-1]
     assert last["convolutions_before_start"] == last["convolutions"] == 158
     assert told_cap[256] == hlo_starts("hlo_2x1_told_overlap_cap_256_2xH200.hlo.gz")
+    # One all-reduce in flight: each bucket's done sits where the next one starts.
+    buckets = [c for c in cap[2, "overlap_cap", 256]["schedule"] if "bf16" in c["shape"]]
+    ends = [c["convolutions_before_start"] + c["convolutions_between"] for c in buckets[:-1]]
+    assert ends == told_cap[256][1:]
     assert_quoted(_section("## Across hosts"), [
         f"at 64 images per GPU the first bucket left after {starts(alt[2, 'overlap', 64])[0]} "
         f"convolutions instead of {starts(alt[1, 'overlap', 64])[0]}; at 256 after "
@@ -1432,6 +1436,7 @@ def test_told_partition_and_cap_answers_agree_with_the_json_and_hlo():
         "after {}, {} and {} convolutions at 256 images per GPU ({}, {} and {} at 64)".format(
             *told_cap[256][:3], *told_cap[64][:3]),
         f"only the last {int(last['shape'].split('[')[-1].split(']')[0]) / 1e6:.1f}M values",
+        "next one starts (after {}, {} and {} convolutions at 256 images per GPU)".format(*ends),
         "started after {}, {} and {} convolutions ({}, {} and {} at 64;".format(
             *untold_cap[256][:3], *untold_cap[64][:3]),
         f"the cap kept {eff(2, 'overlap_cap', 256)} of two GPUs at 256 images per GPU against "

@@ -5,7 +5,7 @@ estimator, which takes a collective within one partition of devices (`partition_
 told, the compiled module's own or `gpus_per_node`, 8) for NVLink traffic, and one across nodes
 for a ring over `gpus_per_node` NICs a node, of its own assumed speed (openxla/xla,
 xla/service/gpu/model/sol_latency_estimator.cc, `GetPartitionSize`). Both must be told: with
-`gpus_per_node` alone the estimate, and the schedule, stayed the same. The scheduler
+`gpus_per_node` alone XLA compiled the untold schedule. The scheduler
 starts each asynchronous all-reduce only as early as that estimate needs. Across hosts of fewer
 GPUs, or over a slower network, the estimate is a small fraction of the wire time and the buckets
 leave late in backward: across two emulated hosts of one GPU at 64 images per GPU, XLA packed

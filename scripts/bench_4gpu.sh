@@ -7,6 +7,7 @@
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh hosts64   # the same @64
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh plans256  # every strategy and bucket size, 2 x 2 @256,
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh plans64   # and @64: the step in-process (bench.overlap)
+#   OUT=/tmp/out bash scripts/bench_4gpu.sh told      # 2 x 2 with XLA told the hosts and network
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -50,5 +51,16 @@ case "$1" in
       --variants=overlap,hierarchical,hybrid,xla,auto,overlap_4mib,overlap_64mib,peer \
       --out="$OUT/bench_plans_2x2_${1#plans}.json"
     ;;
-  *) echo "usage: $0 link|sigkill|hosts256|hosts64|plans256|plans64" >&2; exit 2 ;;
+  told)
+    # The default's step untold, against one GPU; then told the emulated hosts (2 GPUs each) and
+    # network (`comm.tell_xla_network`: XLA reads it once a process), its buckets combined as XLA
+    # likes or kept apart (`overlap_cap`, what the config option compiles), and hierarchical,
+    # round-robin over two rounds so the variants share the link's drift.
+    python3 -m scripts.bench.overlap --layouts=1x1,2x2 --batches=256,64 --variants=overlap \
+      --steps=10 --budget_s=240 --out="$OUT/bench_told_2x2_untold.json"
+    python3 -m scripts.bench.overlap --layouts=2x2 --batches=256,64 --rounds=2 --steps=10 \
+      --variants=overlap,overlap_cap,hierarchical --tell_xla_network=emulated --budget_s=300 \
+      --out="$OUT/bench_told_2x2_told.json"
+    ;;
+  *) echo "usage: $0 link|sigkill|hosts256|hosts64|plans256|plans64|told" >&2; exit 2 ;;
 esac

@@ -141,7 +141,7 @@ def schedule(hlo: str) -> list[dict[str, Any]]:
     (`is_sync`), and `convolutions_until_ready`: the convolutions scheduled up to the last one its
     operands depend on (a start later than that waited for the scheduler, not for its data)."""
     entry = _entry_lines(hlo)
-    convs = [i for i, line in enumerate(entry) if "custom_call_target=\"__cudnn$conv" in line]
+    convs = [i for i, line in enumerate(entry) if _CONVOLUTION in line]
     graph, conv_lines = _operand_graph(entry), set(convs)
     out, open_starts = [], {}
     for i, line in enumerate(entry):
@@ -173,7 +173,7 @@ def weight_gradient_places(hlo: str) -> list[int]:
     the optimized entry computation: each one's index among all its convolutions, in order.
     Interleaved with the data-gradient ones, the buckets can fill as backward runs; all at the
     end, no bucket is ready before the last data-gradient convolution."""
-    convs = [line for line in _entry_lines(hlo) if "custom_call_target=\"__cudnn$conv" in line]
+    convs = [line for line in _entry_lines(hlo) if _CONVOLUTION in line]
     return [i for i, line in enumerate(convs) if "__cudnn$convBackwardFilter" in line]
 
 
@@ -182,6 +182,8 @@ def _entry_lines(hlo: str) -> list[str]:
     return hlo.split("\nENTRY", 1)[1].split("\n}\n", 1)[0].splitlines()
 
 
+# A cuDNN convolution of any kind (forward, backward data or filter, fused) in optimized HLO.
+_CONVOLUTION = 'custom_call_target="__cudnn$conv'
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?(\S+) = (.+?) ([\w-]+)\((.*?)\)")
 
 

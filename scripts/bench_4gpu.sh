@@ -8,6 +8,7 @@
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh plans256  # every strategy and bucket size, 2 x 2 @256,
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh plans64   # and @64: the step in-process (bench.overlap)
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh told      # 2 x 2 with XLA told the hosts and network
+#   OUT=/tmp/out bash scripts/bench_4gpu.sh told_trainer  # the same, the trainer itself (main)
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -62,5 +63,13 @@ case "$1" in
       --variants=overlap,overlap_cap,hierarchical --tell_xla_network=emulated --budget_s=300 \
       --out="$OUT/bench_told_2x2_told.json"
     ;;
-  *) echo "usage: $0 link|sigkill|hosts256|hosts64|plans256|plans64|told" >&2; exit 2 ;;
+  told_trainer)
+    # The trainer's own logged rate (jia_jax.main through launch_local.sh --hosts 2 2) with and
+    # without `comm.tell_xla_network`, against one GPU.
+    python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=2 --batches=256,64 \
+      --strategies=default --row_variant="--config.comm.tell_xla_network=True" \
+      --out="$OUT/bench_hosts_told_2x2.json"
+    ;;
+  *) echo "usage: $0 link|sigkill|hosts256|hosts64|plans256|plans64|told|told_trainer" >&2
+     exit 2 ;;
 esac

@@ -134,12 +134,13 @@ def get_config() -> ml_collections.ConfigDict:
     # InfiniBand), a fabric name of jia_jax/comm_calibration.json, or "emulated": processes that
     # are hosts emulated on one machine (scripts/launch_local.sh --hosts passes it). Same mean.
     config.comm.network = ""
-    # Tell XLA's latency-hiding scheduler the GPUs per host (those a process sees) and
+    # In a run across hosts, tell XLA's latency-hiding scheduler the GPUs per host and
     # `comm.network`'s bandwidth and latency, so that it starts each bucket's all-reduce early
     # enough for that network (jia_jax/xla_network.py; set by `jia_jax.main` before JAX starts),
     # and cap XLA's combining at `bucket_bytes`, so that each bucket leaves where it is packed.
-    # Off: XLA assumes 8 GPUs a host and a fast network (docs/benchmarks.md). Same mean.
-    config.comm.tell_xla_network = False
+    # Off, XLA assumes 8 GPUs a host and a fast network: across 2 emulated hosts the trainer ran
+    # 3-7% slower (docs/benchmarks.md). On one host: no effect. Same mean.
+    config.comm.tell_xla_network = True
 
     # A jax.profiler trace of `steps` steps from `first_step` (-1: none) in
     # <workdir>/profile/process_<i>, for TensorBoard's profile plugin or scripts/bench/hosts.py.

@@ -152,7 +152,12 @@ def main(argv: list[str]) -> None:
     # Before JAX starts CUDA and XLA, which read these once (every mode may decode on the GPU).
     os.environ.update(gpu_decode.cuda_environment(_CONFIG.value.data.decode, os.environ))
     try:
-        os.environ.update(xla_network.environment(_CONFIG.value.comm, os.environ))
+        config = _CONFIG.value
+        added = xla_network.environment(config.comm, config.distributed, os.environ)
+        os.environ.update(added)
+        if added:
+            told = xla_network.told(added["XLA_FLAGS"])
+            logging.info("XLA's latency estimator told the hosts and network: %s", told)
         check_mode_flags(_MODE.value, _STEP.value, _EXPORT_PATH.value)
         check_workdir(_WORKDIR.value)
         if _MODE.value == "train":

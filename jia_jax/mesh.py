@@ -7,6 +7,7 @@ batch is sharded over both axes; parameters and optimizer state are replicated.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 import jax
 import ml_collections
@@ -25,6 +26,16 @@ BATCH_AXES = (NODE_AXIS, GPU_AXIS)
 # Environment variables that mean "this process is one task of a multi-process job" for the
 # launchers jax.distributed.initialize() can detect by itself.
 _CLUSTER_SIZE_VARS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def process_count(dist: ml_collections.ConfigDict, environ: Mapping[str, str]) -> int:
+    """The processes of a run with the `distributed` block `dist`, started with `environ`:
+    `dist.num_processes` where a coordinator is given (a local launcher; 1 where it gives none,
+    which `initialize_distributed` refuses), else the tasks of a SLURM / Open MPI / PMI job,
+    else 1. Known before JAX starts."""
+    if dist.coordinator_address:
+        return dist.num_processes or 1
+    return max(int(environ.get(v, "1")) for v in _CLUSTER_SIZE_VARS)
 
 
 def initialize_distributed(dist: ml_collections.ConfigDict) -> peer_watch.PeerWatch:
@@ -56,7 +67,7 @@ def initialize_distributed(dist: ml_collections.ConfigDict) -> peer_watch.PeerWa
             "num_processes": dist.num_processes,
             "process_id": dist.process_id,
         }
-    elif any(int(os.environ.get(v, "1")) > 1 for v in _CLUSTER_SIZE_VARS):
+    elif process_count(dist, os.environ) > 1:
         explicit = {}
     else:
         return peer_watch.PeerWatch()

@@ -9,6 +9,7 @@ al.), and reduces the gradients with the configured strategy (`jia_jax.allreduce
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jia_jax import allreduce, comm_model, normalize, precision
+from jia_jax import allreduce, comm_model, normalize, precision, xla_network
 from jia_jax import loss as loss_lib
 from jia_jax import mesh as mesh_lib
 from jia_jax.models import call_order
@@ -361,25 +362,30 @@ def make_train_step(
             new_stats, metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), (new_stats, metrics))
         return update(state, grads, new_stats, metrics)
 
-    return jax.jit(step, donate_argnums=0, compiler_options=step_compiler_options(config.comm))
+    # What XLA's estimator was told is what XLA_FLAGS held when JAX started (jia_jax.main adds it).
+    xla_told = bool(xla_network.told(os.environ.get("XLA_FLAGS", "")))
+    options = step_compiler_options(config.comm, xla_told)
+    return jax.jit(step, donate_argnums=0, compiler_options=options)
 
 
-def step_compiler_options(comm: ml_collections.ConfigDict) -> dict[str, Any] | None:
+def step_compiler_options(comm: ml_collections.ConfigDict, xla_told: bool) -> dict[str, Any] | None:
     """XLA options of the train step's compilation, for explicit strategies: combining capped at
-    the bucket size where `comm.start_when_ready` or `comm.tell_xla_network` asks for the
-    buckets to leave apart, and with `comm.start_when_ready` XLA's speed-of-light estimator off.
+    the bucket size where `comm.start_when_ready`, or `comm.tell_xla_network` where XLA's
+    estimator was told the network (`xla_told`), asks for the buckets to leave apart, and with
+    `comm.start_when_ready` XLA's speed-of-light estimator off.
 
     XLA's latency-hiding scheduler, which its speed-of-light estimator turns on for GPUs since
     Hopper, starts a collective only as early as its estimate of the collective's time needs.
     Across a network it underestimates unless told the network (`comm.tell_xla_network`,
-    jia_jax/xla_network.py), and the buckets leave late in backward. Told, it starts each bucket
-    where backward has packed it, so each is kept apart: combined, a bucket waits for the one
-    backward packs last. With the estimator off (`comm.start_when_ready`), XLA issues each
-    all-reduce right after its operand. Measured across emulated hosts (docs/benchmarks.md,
-    "Across hosts").
+    jia_jax/xla_network.py, which tells it only in runs across hosts), and the buckets
+    leave late in backward. Told, it starts each bucket where backward has packed it, so each is
+    kept apart: combined, a bucket waits for the one backward packs last. With the estimator off
+    (`comm.start_when_ready`), XLA issues each all-reduce right after its operand. Measured
+    across emulated hosts (docs/benchmarks.md, "Across hosts").
     """
     ready = comm.get("start_when_ready", False)
-    if not (ready or comm.get("tell_xla_network", False)) or comm.strategy == "xla":
+    told = comm.get("tell_xla_network", False) and xla_told
+    if not (ready or told) or comm.strategy == "xla":
         return None
     cap = max(comm.bucket_bytes, 0)  # 'auto' (-1) resolves later: no combining at all
     options: dict[str, Any] = {

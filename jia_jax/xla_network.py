@@ -15,9 +15,11 @@ network's bandwidth and latency per GPU (`xla_gpu_analytical_latency_estimator_o
 started it after 68.
 
 XLA reads the option from XLA_FLAGS once, when JAX starts its backend, so `jia_jax.main` adds it
-to the environment before then (`environment`). The GPUs per host are the GPUs this process sees
-(CUDA_VISIBLE_DEVICES, else the machine's): one process per host, as SLURM's one task per node and
-`scripts/launch_local.sh --hosts` run it.
+to the environment before then (`environment`), and logs what it told, in runs of several
+processes on several hosts only: one host has no network to tell of. The GPUs per host are the
+GPUs this process sees (CUDA_VISIBLE_DEVICES, else the machine's) times the job's processes on
+this host, as the launcher says (`local_processes`): one per host unless it says more, as
+SLURM's one task per node and `scripts/launch_local.sh --hosts` run it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jia_jax import comm_model
+from jia_jax import mesh
 
 OPTION = "--xla_gpu_analytical_latency_estimator_options"
 
@@ -61,6 +64,31 @@ def with_estimator(xla_flags: str, gpus_per_host: int, link: comm_model.Link) ->
     return f"{xla_flags} {estimator_flag(gpus_per_host, link)}".strip()
 
 
+def told(xla_flags: str) -> str:
+    """What `xla_flags` (an XLA_FLAGS value) tell the estimator (the option's value), or ""."""
+    found = re.search(rf"{OPTION}=(\S+)", xla_flags)
+    return found.group(1) if found else ""
+
+
+# Launchers' counts of a job's processes on this host: jia_jax's own (scripts/launch_local.sh),
+# Open MPI's, SLURM's (tasks per node, e.g. "4" or "4(x2)").
+_LOCAL_PROCESSES_VARS = (
+    "JIA_JAX_LOCAL_PROCESSES",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "SLURM_NTASKS_PER_NODE",
+)
+
+
+def local_processes(environ: Mapping[str, str]) -> int:
+    """The job's processes on this host, as the launcher says (the first of
+    `_LOCAL_PROCESSES_VARS` set to a count), else 1: one process per host."""
+    for name in _LOCAL_PROCESSES_VARS:
+        found = re.match(r"\s*(\d+)", environ.get(name, ""))
+        if found and int(found.group(1)) > 0:
+            return int(found.group(1))
+    return 1
+
+
 def visible_gpus(environ: Mapping[str, str]) -> int:
     """The GPUs a process started with `environ` sees: CUDA_VISIBLE_DEVICES' entries where set
     (up to the first invalid one, as CUDA reads it), else the machine's NVIDIA device files."""
@@ -75,19 +103,25 @@ def visible_gpus(environ: Mapping[str, str]) -> int:
     return count
 
 
-def environment(comm: Any, environ: Mapping[str, str]) -> dict[str, str]:
+def environment(comm: Any, dist: Any, environ: Mapping[str, str]) -> dict[str, str]:
     """The variables to add to `environ` before JAX starts: XLA_FLAGS with the estimator told
-    the hosts' size and `comm.network`'s links, where `comm.tell_xla_network` asks for it, the
-    process sees a GPU, and the user's XLA_FLAGS do not set the option already.
+    the hosts' size (the GPUs this process sees times the job's processes on this host,
+    `local_processes`) and `comm.network`'s links, where `comm.tell_xla_network` asks for it,
+    the run spans hosts (`dist`, the `distributed` block, and the launcher's environment: one
+    host has no network), the process sees a GPU, and the user's XLA_FLAGS do not set the option
+    already.
 
     Raises:
       ValueError: `comm.network` names no network of the calibration.
     """
     if not comm.get("tell_xla_network", False):
         return {}
-    link = comm_model.network_model(comm.network).inter
+    link = comm_model.network_model(comm.network).inter  # a bad name fails in one process too
+    processes = mesh.process_count(dist, environ)
+    if processes == 1 or local_processes(environ) >= processes:
+        return {}  # one host: no network
     flags = environ.get("XLA_FLAGS", "")
-    gpus = visible_gpus(environ)
+    gpus = visible_gpus(environ) * local_processes(environ)
     if gpus < 1:
         return {}
     told = with_estimator(flags, gpus, link)

@@ -107,9 +107,9 @@ case "$1" in
     ;;
   told_trainer)
     # The same, the trainer itself (jia_jax.main through launch_local.sh --hosts 2 1, its logged
-    # rate) with and without `comm.tell_xla_network`, against one GPU and the plain peer.
+    # rate) with `comm.tell_xla_network` (the default) and without, against one GPU and the peer.
     python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches=256,64 \
-      --strategies=default --peer --row_variant="--config.comm.tell_xla_network=True" \
+      --strategies=default --peer --row_variant="--config.comm.tell_xla_network=False" \
       --out="$OUT/bench_hosts_told_2gpu.json"
     ;;
   nccl)

@@ -64,10 +64,10 @@ case "$1" in
       --out="$OUT/bench_told_2x2_told.json"
     ;;
   told_trainer)
-    # The trainer's own logged rate (jia_jax.main through launch_local.sh --hosts 2 2) with and
-    # without `comm.tell_xla_network`, against one GPU.
+    # The trainer's own logged rate (jia_jax.main through launch_local.sh --hosts 2 2) with
+    # `comm.tell_xla_network` (the default) and without, against one GPU.
     python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=2 --batches=256,64 \
-      --strategies=default --row_variant="--config.comm.tell_xla_network=True" \
+      --strategies=default --row_variant="--config.comm.tell_xla_network=False" \
       --out="$OUT/bench_hosts_told_2x2.json"
     ;;
   *) echo "usage: $0 link|sigkill|hosts256|hosts64|plans256|plans64|told|told_trainer" >&2

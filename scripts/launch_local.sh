@@ -18,7 +18,9 @@
 # 19-57 Gbit/s network between NVLink islands (docs/benchmarks.md, "Across hosts", measures it).
 # The socket settings are the fastest measured there; any NCCL_* variable already set wins.
 # Unless the caller names one, the trainers get --config.comm.network=emulated: the links
-# `comm.strategy=auto` plans for are then the ones fitted on such a machine, not a real network's.
+# `comm.strategy=auto` plans for, and XLA's scheduler is told of, are then the ones fitted on
+# such a machine, not a real network's. Without --hosts the processes are one host to the
+# trainers too (JIA_JAX_LOCAL_PROCESSES): XLA is told of no network.
 #
 # SIGTERM or SIGINT (Ctrl-C) to the launcher reaches every trainer once: each saves a checkpoint
 # and exits 0, and the launcher exits when all have. The trainers run in process groups of their
@@ -79,6 +81,8 @@ for ((i = 0; i < procs; i++)); do
     env_vars=(XLA_FLAGS="${XLA_FLAGS:-} --xla_force_host_platform_device_count=${devices}"
       JAX_PLATFORMS=cpu JAX_CPU_COLLECTIVES_IMPLEMENTATION=gloo)
   fi
+  # The job's processes on this "host", for what the trainer tells XLA (jia_jax/xla_network.py).
+  env_vars+=(JIA_JAX_LOCAL_PROCESSES="$([ "$hosts" = 1 ] && echo 1 || echo "$procs")")
   if [ "$hosts" = 1 ]; then env_vars+=(NCCL_HOSTID="jia_jax_host_$i" "${network[@]}"); fi
   env "${env_vars[@]}" python3 -m jia_jax.main --config="$config" --workdir="$workdir" \
     --config.distributed.coordinator_address="127.0.0.1:${port}" \

@@ -509,6 +509,7 @@ def _cpu_processes(monkeypatch, devices: int) -> None:
 
 def test_bench_hosts_rates_emulated_hosts_against_one_device(tmp_path, monkeypatch):
     _cpu_processes(monkeypatch, 2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # a GPU per process, for what XLA is told
     # Another checkout whose digits config seeds differently: its row must run its own files.
     before = tmp_path / "before"
     for name in ("jia_jax", "configs", "scripts"):
@@ -523,7 +524,7 @@ def test_bench_hosts_rates_emulated_hosts_against_one_device(tmp_path, monkeypat
             "--gpus_per_host=2",
             "--batches=2",
             "--strategies=flat",
-            "--row_variant=--config.seed=5",
+            "--row_variant=--config.seed=5 --config.comm.tell_xla_network=False",
             f"--row_variant=source={before}",
             "--steps=6",
             "--log_every=2",
@@ -540,12 +541,17 @@ def test_bench_hosts_rates_emulated_hosts_against_one_device(tmp_path, monkeypat
     assert flat["efficiency"] == pytest.approx(flat["images_per_s"] / (4 * one["images_per_s"]))
     assert "--hosts 2 2" in flat["command"] and doc["environment"]["backend"] == "cpu"
     # The override reached the trainer, and the other checkout's config was the one that ran.
-    assert seeded["overrides"] == ["--config.seed=5"] and other_source["source"] == str(before)
+    assert seeded["overrides"] == ["--config.seed=5", "--config.comm.tell_xla_network=False"]
+    assert other_source["source"] == str(before)
+    # Several processes tell XLA by default, one GPU per host here; the trainer's log says so.
+    assert flat["told"] == other_source["told"] and seeded["told"] == ""
+    assert flat["told"].startswith("gpus_per_node=1,partition_size=1,nic_speed_gbps="), flat
     assert seeded["loss"] == pytest.approx(other_source["loss"], rel=1e-3)
     # Another seed, another initialisation: 6.729 against 6.693 after 6 steps when written.
     assert abs(seeded["loss"] - flat["loss"]) > 1e-2, (seeded["loss"], flat["loss"])
-    assert "| 2x2 | default seed=5 | - | 2 |" in render_benchmarks.hosts_table(doc)
-    assert "| 2x2 | default (trainer of before) | - | 2 |" in render_benchmarks.hosts_table(doc)
+    table = render_benchmarks.hosts_table(doc)
+    assert "| 2x2 | default seed=5 comm.tell_xla_network=False, XLA untold | - | 2 |" in table
+    assert "| 2x2 | default (trainer of before), XLA told | - | 2 |" in table
 
 
 def test_bench_hosts_row_variant_says_what_is_wrong():

@@ -14,7 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+import ml_collections
 import pytest
+
+from jia_jax import xla_network
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _STAND_IN = """#!/usr/bin/env bash
@@ -87,6 +90,19 @@ def test_hosts_gives_each_process_its_own_gpus_host_id_and_the_socket_network(tm
         assert record["argv"][-1] == "--config.total_steps=3"
     # One coordinator for both.
     assert len({flag(r, "config.distributed.coordinator_address") for r in started}) == 1
+    # Each process a host of 2 GPUs to XLA's scheduler too.
+    assert told_xla(started[0]) == "gpus_per_node=2,partition_size=2,"
+
+
+def told_xla(record: dict) -> str:
+    """What the trainer so started tells XLA of the hosts (jia_jax/xla_network.py)."""
+    dist = ml_collections.ConfigDict({
+        "coordinator_address": flag(record, "config.distributed.coordinator_address"),
+        "num_processes": int(flag(record, "config.distributed.num_processes")),
+    })
+    comm = ml_collections.ConfigDict({"tell_xla_network": True, "network": "emulated"})
+    flags = xla_network.environment(comm, dist, record["env"]).get("XLA_FLAGS", "")
+    return xla_network.told(flags).split("nic_speed")[0]
 
 
 def test_hosts_plans_auto_for_the_emulated_links_unless_the_caller_names_a_network(tmp_path):
@@ -141,6 +157,7 @@ def test_without_hosts_processes_share_one_host(tmp_path):
     assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in started] == ["0,1", "2,3"]
     for record in started:
         assert not any(k.startswith("NCCL_") for k in record["env"]), record["env"]
+        assert told_xla(record) == ""  # one host: no network to tell XLA of
 
 
 def test_the_callers_visible_gpus_are_the_ones_shared_out(tmp_path):

@@ -145,7 +145,7 @@ DIGITS = ("--config=configs/digits.py", "--config.model.width=2", "--config.data
             r"^ValueError: comm\.dtype='float16' needs precision\.compute='float16'.*'bfloat16'",
         ),
         (
-            (*DIGITS, "--config.comm.tell_xla_network=True", "--config.comm.network=infiniband"),
+            (*DIGITS, "--config.comm.network=infiniband"),
             r"^ValueError: comm\.network='infiniband' is not one of",
         ),
     ],

@@ -2,13 +2,14 @@
 program each bucket's all-reduce depends only on its own gradients, and its consumers wait behind
 one barrier over every reduced bucket (what lets XLA start it early and wait for it late)."""
 
+import os
 import re
 
 import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jia_jax import allreduce
+from jia_jax import allreduce, comm_model, xla_network
 from jia_jax import mesh as mesh_lib
 from jia_jax import train
 from jia_jax.models import call_order
@@ -156,8 +157,9 @@ def test_the_step_packs_its_first_bucket_to_comm_first_bucket_bytes():
 def test_start_when_ready_and_tell_xla_network_compile_the_step_with_buckets_apart(monkeypatch):
     # `comm.start_when_ready` reaches the step's jit: XLA's speed-of-light estimator (which turns
     # the latency-hiding scheduler on) off, combining capped at the bucket size;
-    # `comm.tell_xla_network` the cap alone (the told estimator schedules each bucket where it is
-    # ready); nothing for the default, nor for 'xla' (no buckets of its own to keep apart).
+    # `comm.tell_xla_network` the cap alone where XLA_FLAGS told the estimator the network (it
+    # schedules each bucket where it is ready), nothing where they did not (one host);
+    # nothing for 'xla' (no buckets of its own to keep apart).
     mesh = mesh_lib.create_mesh(2, 4)
     options = []
     jit = jax.jit
@@ -172,12 +174,18 @@ def test_start_when_ready_and_tell_xla_network_compile_the_step_with_buckets_apa
         for kind in ("all_reduce", "reduce_scatter", "all_gather")
     }
     no_sol = {**cap, "xla_gpu_enable_analytical_sol_latency_estimator": False}
+    untold, link = os.environ.get("XLA_FLAGS", ""), comm_model.Link(1e-4, 6e9)
+    assert xla_network.OPTION not in untold
     for strategy, ready, told, want in (
-        ("flat", True, False, no_sol), ("flat", True, True, no_sol), ("flat", False, True, cap),
+        ("flat", True, False, no_sol), ("flat", True, True, no_sol), ("flat", False, True, None),
         ("flat", False, False, None), ("xla", True, True, None),
     ):
         config = tiny_config(strategy)
         config.comm.start_when_ready = ready
         config.comm.tell_xla_network = told
+        monkeypatch.setenv("XLA_FLAGS", untold)
         model, _, _ = build(config, mesh)  # its last jit is the train step's
         assert options[-1] == want, (strategy, ready, told)
+        monkeypatch.setenv("XLA_FLAGS", xla_network.with_estimator(untold, 4, link))
+        build(config, mesh)
+        assert options[-1] == (cap if (strategy, ready, told) == ("flat", False, True) else want)

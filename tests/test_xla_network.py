@@ -18,6 +18,17 @@ def _comm(tell: bool, network: str = "emulated") -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({"tell_xla_network": tell, "network": network})
 
 
+def _dist(coordinator: str = "", processes: int | None = None) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(
+        {"coordinator_address": coordinator, "num_processes": processes},
+        type_safe=False,
+    )
+
+
+ABSENT = ml_collections.ConfigDict({"network": "emulated"})  # a config from before the option
+LAUNCHED = _dist("127.0.0.1:1234", 2)  # what scripts/launch_local.sh passes each process
+
+
 def test_flag_gives_gpus_bandwidth_in_gigabytes_and_latency_in_microseconds():
     link = comm_model.Link(alpha_s=171.3e-6, beta_bytes_per_s=6.4323e9)
     # partition_size too: XLA takes the devices of one partition for NVLink peers from it (or
@@ -67,7 +78,7 @@ def test_environment_appends_the_named_networks_links_to_the_users_flags():
     emulated = json.load(open(CALIBRATION))
     fit = emulated["emulated_hosts"][emulated["default_emulated"]]["inter"]
     env = {"XLA_FLAGS": "--xla_dump_to=/tmp/d", "CUDA_VISIBLE_DEVICES": "0,1"}
-    added = xla_network.environment(_comm(True), env)
+    added = xla_network.environment(_comm(True), LAUNCHED, env)
     assert added == {
         "XLA_FLAGS": "--xla_dump_to=/tmp/d --xla_gpu_analytical_latency_estimator_options="
         f"gpus_per_node=2,partition_size=2,nic_speed_gbps={fit['beta_bytes_per_s'] / 1e9:.3f},"
@@ -75,33 +86,68 @@ def test_environment_appends_the_named_networks_links_to_the_users_flags():
     }
     # The default fabric (""): the calibration's published network.
     fabric = emulated["fabrics"][emulated["default_fabric"]]
-    told = xla_network.environment(_comm(True, ""), {"CUDA_VISIBLE_DEVICES": "0"})["XLA_FLAGS"]
+    env = {"CUDA_VISIBLE_DEVICES": "0", "SLURM_NTASKS": "16"}  # a SLURM job, found by JAX
+    told = xla_network.environment(_comm(True, ""), _dist(), env)["XLA_FLAGS"]
     assert f"nic_speed_gbps={fabric['beta_bytes_per_s'] / 1e9:.3f}," in told
 
 
 @pytest.mark.parametrize(
-    "comm, env",
+    "comm, dist, env",
     [
-        (_comm(False), {"CUDA_VISIBLE_DEVICES": "0"}),
-        (ml_collections.ConfigDict({"network": "emulated"}), {"CUDA_VISIBLE_DEVICES": "0"}),
-        (_comm(True), {"CUDA_VISIBLE_DEVICES": ""}),
+        (_comm(False), LAUNCHED, {"CUDA_VISIBLE_DEVICES": "0"}),
+        (ABSENT, LAUNCHED, {"CUDA_VISIBLE_DEVICES": "0"}),
+        (_comm(True), LAUNCHED, {"CUDA_VISIBLE_DEVICES": ""}),
         (
             _comm(True),
+            LAUNCHED,
             {
                 "CUDA_VISIBLE_DEVICES": "0",
                 "XLA_FLAGS": "--xla_gpu_analytical_latency_estimator_options=gpus_per_node=4",
             },
         ),
+        (_comm(True), _dist(), {"CUDA_VISIBLE_DEVICES": "0,1"}),
+        (_comm(True), _dist(), {"CUDA_VISIBLE_DEVICES": "0", "SLURM_NTASKS": "1"}),
+        (_comm(True), _dist("127.0.0.1:1234", 1), {"CUDA_VISIBLE_DEVICES": "0"}),
+        # scripts/launch_local.sh without --hosts: every process on this host.
+        (_comm(True), LAUNCHED, {"CUDA_VISIBLE_DEVICES": "0", "JIA_JAX_LOCAL_PROCESSES": "2"}),
+        (_comm(True), _dist(), {"CUDA_VISIBLE_DEVICES": "0", "SLURM_NTASKS": "4",
+                                "SLURM_NTASKS_PER_NODE": "4"}),
     ],
-    ids=["off", "absent", "no_gpu", "users_own"],
+    ids=["off", "absent", "no_gpu", "users_own", "one_process", "one_task", "one_launched",
+         "local_launch", "one_node"],
 )
-def test_environment_adds_nothing_when_off_without_gpus_or_set_by_the_user(comm, env):
-    assert xla_network.environment(comm, env) == {}
+def test_environment_adds_nothing_when_off_in_one_process_without_gpus_or_set_by_the_user(
+    comm, dist, env
+):
+    # One process has no network to tell of: XLA keeps its own schedule there.
+    assert xla_network.environment(comm, dist, env) == {}
+
+
+@pytest.mark.parametrize(
+    "dist, env, gpus_per_host",
+    [
+        (LAUNCHED, {}, 1),
+        (LAUNCHED, {"JIA_JAX_LOCAL_PROCESSES": "1"}, 1),  # launch_local.sh --hosts
+        (_dist(), {"SLURM_NTASKS": "2"}, 1),
+        (_dist(), {"SLURM_NTASKS": "16", "SLURM_NTASKS_PER_NODE": "8"}, 8),
+        (_dist(), {"SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4(x2)"}, 4),
+        (_dist(), {"OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, 2),
+        (_dist(), {"PMI_SIZE": "4"}, 1),
+    ],
+)
+def test_environment_tells_xla_every_host_of_several_and_its_gpus(dist, env, gpus_per_host):
+    # One GPU a process: the host's GPUs are its processes'.
+    added = xla_network.environment(_comm(True), dist, {**env, "CUDA_VISIBLE_DEVICES": "0"})
+    told = f"gpus_per_node={gpus_per_host},partition_size={gpus_per_host},"
+    assert told in added["XLA_FLAGS"]
 
 
 def test_environment_names_the_field_of_an_unknown_network():
     with pytest.raises(ValueError, match=r"comm\.network='infiniband' is not one of"):
-        xla_network.environment(_comm(True, "infiniband"), {"CUDA_VISIBLE_DEVICES": "0"})
+        xla_network.environment(_comm(True, "infiniband"), LAUNCHED, {"CUDA_VISIBLE_DEVICES": "0"})
+    with pytest.raises(ValueError, match=r"comm\.network='infiniband' is not one of"):
+        # In one process too: the typo is found before a run that would span hosts.
+        xla_network.environment(_comm(True, "infiniband"), _dist(), {"CUDA_VISIBLE_DEVICES": "0"})
 
 
 def test_this_xla_accepts_the_flag():

@@ -40,6 +40,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -77,6 +78,13 @@ def trainer_args(args: argparse.Namespace, batch: int, devices: int, strategy: s
     if strategy == "auto":
         out += ["--config.comm.bucket_bytes=-1", "--config.comm.hybrid_crossover_bytes=-1"]
     return out
+
+
+def told(log: str) -> str:
+    """What the trainer's log says it told XLA's latency estimator (`comm.tell_xla_network`),
+    or "" where it told nothing."""
+    found = re.search(r"XLA's latency estimator told the hosts and network: (\S+)", log)
+    return found.group(1) if found else ""
 
 
 def run(command: list[str], env: dict[str, str], cwd: str | None = None) -> str:
@@ -150,7 +158,7 @@ def host_row(
         ]
         log = run(command, env, variant.get("source"))
         rate, loss = steady_rate(log.split("profile of steps")[0] if profiled else log)
-        row = {"command": " ".join(command), "images_per_s": rate, "loss": loss}
+        row = {"command": " ".join(command), "images_per_s": rate, "loss": loss, "told": told(log)}
         if profiled:
             figures = profile_figures(workdir)
             row.update({k: v / args.profile_steps for k, v in figures.items()})

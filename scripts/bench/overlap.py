@@ -270,6 +270,9 @@ def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, g
         # Every process is a host of its own to NCCL (`emulated_hosts.run`), as with
         # `scripts/launch_local.sh --hosts`: 'auto' plans for the links fitted on such a machine.
         config.comm.network = "emulated"
+    # What XLA is told, and its combining, are this script's to set (`--tell_xla_network`, the
+    # variants' "xla" options), so that a variant compiles the same step told or not.
+    config.comm.tell_xla_network = False
     for key, value in VARIANTS[variant].items():
         if key not in _NOT_CONFIG:
             section, field = key.split(".")

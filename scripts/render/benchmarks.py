@@ -456,7 +456,8 @@ def _hosts_strategy(row: dict[str, Any]) -> str:
         parts.append(f"(trainer of {os.path.basename(row['source'].rstrip('/'))})")
     if row.get("timing") == "in-process":
         parts.append("(timed in-process, against its own one-GPU step)")
-    return " ".join(parts)
+    told = {"": ", XLA untold"}.get(row["told"], ", XLA told") if "told" in row else ""
+    return " ".join(parts) + told
 
 
 def hosts_table(doc: dict[str, Any]) -> str:
@@ -525,11 +526,12 @@ def overlap_table(doc: dict[str, Any]) -> str:
 
 
 def _overlap_variant(row: dict[str, Any]) -> str:
-    """An overlap row's variant, with the network XLA's estimator was told and the run of its
-    call where the file holds several (`told`, `run`)."""
+    """An overlap row's variant, with the network XLA's estimator was told, NCCL settings of its
+    own, and the run of its call where the file holds several (`told`, `nccl`, `run`)."""
     told = f", told {row['told']}" if row.get("told") else ""
+    nccl = "".join(f", {name}={value}" for name, value in row.get("nccl", {}).items())
     run = f" (run {row['run']})" if "run" in row else ""
-    return f"{row['variant']}{told}{run}"
+    return f"{row['variant']}{told}{nccl}{run}"
 
 
 def overlap_schedule_table(doc: dict[str, Any]) -> str:

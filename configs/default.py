@@ -54,6 +54,10 @@ def get_config() -> ml_collections.ConfigDict:
     # paths' pixels agree to a few levels of 255; False repeats chroma samples instead (nvJPEG's
     # faster default; up to 31 levels from the CPU path's crops, docs/input_pipeline.md).
     config.data.gpu_fancy_upsampling = True
+    # GPU decoding: batches each GPU decodes at once, each by a decoder with its own CUDA stream
+    # and tile ring (another ring of tiles in GPU memory per batch). With 1 the next batch's
+    # decode waits for this one's; with 2 it runs beside this batch's crops.
+    config.data.gpu_decode_depth = 1
 
     config.global_batch_size = 256
     config.eval_batch_size = 256

@@ -10,7 +10,9 @@ once that program has finished, so a batch does not wait for a fresh array's zer
 writes behind the train steps already queued. The train and eval steps normalise the images,
 as they do the CPU path's. The per-device images become the global batch with
 `jax.make_array_from_single_device_arrays`: no pixel crosses the host. A thread runs this two
-batches ahead of the trainer, with one thread per device for the decoding.
+batches ahead of the trainer, with one thread per device for the decoding; with
+`data.gpu_decode_depth` > 1 each device has that many decoders (each its own CUDA stream and tile
+ring), which take the batches in turn, so the next batches decode while a batch's crops run.
 
 An example the decoder refuses (a CMYK or PNG record, bytes that do not decode) is the CPU path's
 example for that slot, decoded and resized with Pillow on the host and uploaded: the same
@@ -20,6 +22,7 @@ record, window and flip, or, where the record is damaged, the same replacement (
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import functools
@@ -151,35 +154,58 @@ class _FallbackLog:
 
 def device_batches(
     batches: Iterator[dict[str, np.ndarray]],
-    decoders: Sequence[tuple[DeviceDecoder, slice]],
+    decoder_sets: Sequence[Sequence[tuple[DeviceDecoder, slice]]],
     fallback: Fallback,
     *,
     first_step: int,
     image_size: int,
     canvas: int,
 ) -> Iterator[dict[str, Any]]:
-    """Record batches decoded on the devices: {"image": per-device arrays in `decoders`' order,
-    then the batch's host fields (label, mask, bad-record counts)}."""
+    """Record batches decoded on the devices: {"image": per-device arrays in the decoder sets'
+    order, then the batch's host fields (label, mask, bad-record counts)}.
+
+    Batch k is decoded by set k mod len(`decoder_sets`) (each set: a decoder and its rows per
+    device), so with several sets the next batches decode while a batch's crops run; batches
+    come out in order."""
     log = _FallbackLog()
-    with concurrent.futures.ThreadPoolExecutor(len(decoders), "decode") as pool:
+    pending: collections.deque = collections.deque()
+    workers = sum(len(decoders) for decoders in decoder_sets)
+    with concurrent.futures.ThreadPoolExecutor(workers, "decode") as pool:
         for step, batch in enumerate(batches, start=first_step):
-            first_position = step * len(batch["label"])
+            decoders = decoder_sets[(step - first_step) % len(decoder_sets)]
             futures = [
                 pool.submit(decode_rows, batch, rows, d, image_size, canvas) for d, rows in decoders
             ]
-            # Copied: arrays from grain's workers may be read-only shared memory.
-            host = {k: np.array(v) for k, v in batch.items() if k not in record_batches.RECORD_KEYS}
-            images = []
-            for (_, rows), future in zip(decoders, futures, strict=True):
-                pixels, failed = future.result()
-                for row in failed:
-                    example = fallback(first_position + rows.start + row)
-                    pixels = _put_row(pixels, row, example.pop("image"))
-                    for key, value in example.items():
-                        host[key][rows.start + row] = value
-                log.add(len(failed))
-                images.append(pixels)
-            yield {"image": images, **host}
+            pending.append((step, batch, decoders, futures))
+            if len(pending) == len(decoder_sets):
+                yield _collected(*pending.popleft(), fallback, log)
+        while pending:
+            yield _collected(*pending.popleft(), fallback, log)
+
+
+def _collected(
+    step: int,
+    batch: dict[str, np.ndarray],
+    decoders: Sequence[tuple[DeviceDecoder, slice]],
+    futures: Sequence[concurrent.futures.Future],
+    fallback: Fallback,
+    log: _FallbackLog,
+) -> dict[str, Any]:
+    """One batch of `device_batches` once its decodes are done: refused rows replaced."""
+    first_position = step * len(batch["label"])
+    # Copied: arrays from grain's workers may be read-only shared memory.
+    host = {k: np.array(v) for k, v in batch.items() if k not in record_batches.RECORD_KEYS}
+    images = []
+    for (_, rows), future in zip(decoders, futures, strict=True):
+        pixels, failed = future.result()
+        for row in failed:
+            example = fallback(first_position + rows.start + row)
+            pixels = _put_row(pixels, row, example.pop("image"))
+            for key, value in example.items():
+                host[key][rows.start + row] = value
+        log.add(len(failed))
+        images.append(pixels)
+    return {"image": images, **host}
 
 
 def assemble(batch: dict[str, Any], sharding: jax.sharding.Sharding, global_batch: int) -> Batch:
@@ -240,7 +266,7 @@ class GpuStreams:
     global_batch: int
     eval_batch: int
     seed: int
-    decoders: dict[jax.Device, DeviceDecoder]
+    decoders: tuple[dict[jax.Device, DeviceDecoder], ...]  # `data.gpu_decode_depth` sets
 
     @classmethod
     def create(
@@ -251,11 +277,16 @@ class GpuStreams:
         eval_batch: int,
         seed: int,
     ) -> GpuStreams:
-        """Builds a decoder per local device up front, so a broken one stops the run at once."""
+        """Builds `data.gpu_decode_depth` decoders per local device up front, so a broken one
+        stops the run at once."""
         if data.gpu_canvas < 16:
             raise ValueError(f"data.gpu_canvas={data.gpu_canvas} must be at least 16.")
+        depth = data.get("gpu_decode_depth", 1)
+        if depth < 1:
+            raise ValueError(f"data.gpu_decode_depth={depth} must be at least 1.")
         devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
-        decoders = device_decoders(devices, bool(data.gpu_fancy_upsampling))
+        fancy = bool(data.gpu_fancy_upsampling)
+        decoders = tuple(device_decoders(devices, fancy) for _ in range(depth))
         return cls(data, sharding, global_batch, eval_batch, seed, decoders)
 
     def train(self, start_step: int) -> Iterator[Batch]:
@@ -307,11 +338,11 @@ class GpuStreams:
     ) -> Iterator[Batch]:
         data = self.data
         placement = device_rows(self.sharding, global_batch)
-        decoders = [(self.decoders[device], rows) for device, rows in placement]
+        decoder_sets = [[(s[device], rows) for device, rows in placement] for s in self.decoders]
         host = tfds_input.host_iterator(records, num_threads=4, num_workers=data.num_workers)
         decoded = device_batches(
             host,
-            decoders,
+            decoder_sets,
             fallback,
             first_step=first_step,
             image_size=data.image_size,

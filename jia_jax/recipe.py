@@ -50,6 +50,7 @@ FREE_ON_RESUME = (
     "data.decode",
     "data.gpu_canvas",
     "data.gpu_fancy_upsampling",
+    "data.gpu_decode_depth",
     "distributed.*",
     "mesh.*",
     "comm.strategy",

@@ -3,6 +3,7 @@
 # with 2 GPUs and 32 or more cores, nvImageCodec installed (pip install -e ".[gpu]"); run from the
 # repository root:
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh      # PROFILE=0: without the profiled run
+#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh depth  # data.gpu_decode_depth 1 against 2
 # ResNet-50 64K config, bf16, on the generated JPEGs of scripts/bench/input.py: the trainer with
 # data.decode=gpu against synthetic data at 256 images per GPU on 1 GPU (16 cores, the synthetic
 # run at the same time on the other GPU and the other 16 cores) and on 2 GPUs (32 cores) in one
@@ -30,7 +31,9 @@ first="0-$((half - 1))" second="$half-$((2 * half - 1))" both="0-$((2 * half - 1
 CUDA_VISIBLE_DEVICES=0 python3 -m scripts.bench.gpu_decode smoke --data_dir="$data" \
   --out="$OUT/gpu_decode_smoke.json" >"$runs/smoke.log" 2>&1 ||
   { echo "smoke failed: the GPU path is broken, nothing else is worth timing"; tail -n 30 "$runs/smoke.log"; exit 1; }
-python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 \
+mode=${1:-all} depths=1
+if [[ "$mode" == depth ]]; then depths="1 2"; fi
+python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 --depth $depths \
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
 
 train() {  # train GPUS CORES PER_GPU STEPS LOG_EVERY VARIANTS WORKERS NAME [FLAG ...]
@@ -41,6 +44,19 @@ train() {  # train GPUS CORES PER_GPU STEPS LOG_EVERY VARIANTS WORKERS NAME [FLA
     || echo "train $8 failed: see the record's log tails"
 }
 
+if [[ "$mode" == depth ]]; then
+  # One GPU at 256 and 64 images: one decoder a GPU (the default) on GPU 0 beside two taking the
+  # batches in turn on GPU 1, 16 cores each, then the synthetic baseline on GPU 0 alone.
+  for batch in "256 100 20" "64 200 40"; do
+    set -- $batch
+    train 0 "$first" "$1" "$2" "$3" gpu $((half / 2)) "1gpu_$1_gpu" &
+    train 1 "$second" "$1" "$2" "$3" gpu $((half / 2)) "1gpu_$1_gpu_depth2" \
+      --override=--config.data.gpu_decode_depth=2 &
+    wait
+    train 0 "$first" "$1" "$2" "$3" synthetic 0 "1gpu_$1_synthetic"
+  done
+  PROFILE=0
+else
 # 1 GPU, 16 cores each: the GPU path (8 record-reading workers) and, beside it, the synthetic
 # baseline.
 for batch in "256 100 20" "64 200 40"; do
@@ -54,6 +70,7 @@ train 0,1 "$both" 256 100 20 synthetic,gpu "$half" 2gpu_256
 # The GPU path on 2 GPUs as 2 processes of 1 GPU (the same 16 workers in all, 8 a process): one
 # Python process and its input threads no longer feed both GPUs.
 train 0,1 "$both" 256 100 20 gpu "$half" 2gpu_256_2proc --processes=2
+fi
 
 # Where the GPU path's step loses time: one GPU at 256, a trace of steps 60-64 summarised per
 # device (idle: no kernel runs, the host is late; busy time per kind, the decoder's kernels

@@ -394,14 +394,17 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     }
     stage_path = tmp_path / "stage.json"
     stage = bench_gpu_decode.main(
-        ["decode", *common, "--per_gpu", "2", "--batches=1", "--repeats=1", f"--out={stage_path}"]
+        ["decode", *common, "--per_gpu", "2", "--batches=1", "--repeats=1", "--depth", "1", "2",
+         f"--out={stage_path}"]
     )
-    assert [(r["per_gpu"], r["gpus"]) for r in stage["results"]] == [(2, 1), (2, 8)]
+    assert [(r["per_gpu"], r["gpus"], r["depth"]) for r in stage["results"]] == [
+        (2, 1, 1), (2, 8, 1), (2, 1, 2), (2, 8, 2)]
     assert all(r["decode_images_per_s"] > 0 for r in stage["results"])
 
-    def train_input_run(path, variants, **processes):  # records before --processes: none
+    def train_input_run(path, variants, override=(), **processes):  # before --processes: none
         results = [{"variant": v, "images_per_s": rate} for v, rate in variants.items()]
-        doc = {"gpus": 8, "cores": 2, "args": {"per_gpu": 2}, "results": results, **processes}
+        args = {"per_gpu": 2, "override": list(override)}
+        doc = {"gpus": 8, "cores": 2, "args": args, "results": results, **processes}
         path.write_text(json.dumps(doc))
         return str(path)
 
@@ -432,6 +435,18 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     only = [runs[0], runs[-1]]
     doc = bench_gpu_decode.main(["report", f"--stage={stage_path}", "--runs", *only, f"--out={out}"])
     assert [(r["processes"], r["ratio"]) for r in doc["results"]] == [(2, pytest.approx(1.2))]
+    # Two decoders a GPU in turn: a row of its own, against the same synthetic run, beside the
+    # decode stage's rate at that depth.
+    deeper = train_input_run(tmp_path / "gpu_depth2.json", {"gpu": 990.0},
+                             override=["--config.data.gpu_decode_depth=2"])
+    doc = bench_gpu_decode.main(
+        ["report", f"--stage={stage_path}", "--runs", *runs[:2], deeper, f"--out={out}"])
+    assert [(r["depth"], r["ratio"]) for r in doc["results"]] == [
+        (1, pytest.approx(0.98)), (2, pytest.approx(0.99))]
+    assert doc["results"][1]["decode_images_per_s"] == stage["results"][3]["decode_images_per_s"]
+    table = render_benchmarks.table(str(out))
+    assert "| GPUs | CPU cores | images per GPU | decode depth |" in table
+    assert "| 8 | 2 | 2 | 2 | 990 | 1,000 | 0.990 |" in table
 
 
 def test_bench_gpu_decode_loaded_on_cpu(tmp_path, fake_gpu):  # noqa: F811

@@ -168,6 +168,51 @@ def test_refused_images_are_the_cpu_paths_examples(
     assert whole - {(0, 0, 150, 200), (8, 24, 144, 200)} == {(0, 0, 27, 42)}
 
 
+def test_two_decoders_a_device_give_the_same_batches_refused_images_included(
+    odd_dir, mesh, fake_gpu  # noqa: F811
+):
+    """`data.gpu_decode_depth=2`: each device's two decoders take the batches in turn; the
+    batches, the CPU path's examples for refused images among them, are those of one decoder."""
+    data = _data(odd_dir, name=_ODD, gpu_canvas=64)
+    one = _input(data, mesh, "gpu")
+    made = len(fake_gpu.options)  # nvImageCodec decoders of one decoder per device
+    two = _input(data, mesh, "gpu", gpu_decode_depth=2)
+    assert len(fake_gpu.options) == 3 * made
+    pairs = list(itertools.islice(zip(one.train(0), two.train(0)), 3))
+    pairs += list(zip(one.eval(), two.eval(), strict=True))
+    for expected, got in pairs:
+        for key in expected:
+            np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(expected[key]))
+    with pytest.raises(ValueError, match=r"data\.gpu_decode_depth=0 must be at least 1"):
+        _input(data, mesh, "gpu", gpu_decode_depth=0)
+
+
+def test_decode_sets_take_batches_in_turn_and_the_next_is_under_way_first(monkeypatch):
+    # Stand-ins for the decoders (decode_rows returns the set's name as the batch's pixels).
+    monkeypatch.setattr(
+        gpu_input, "decode_rows", lambda batch, rows, decoder, size, canvas: (decoder, [])
+    )
+    pulled = []
+
+    def records():
+        for k in range(5):
+            pulled.append(k)
+            yield {"label": np.array([k, k])}
+
+    for sets, ahead in (([["a"]], 1), ([["a"], ["b"]], 2)):
+        pulled.clear()
+        decoded = gpu_input.device_batches(
+            records(), [[(d, slice(0, 2)) for d in s] for s in sets], None,
+            first_step=0, image_size=8, canvas=16,
+        )
+        first = next(decoded)
+        assert len(pulled) == ahead  # the next batch was sent to the other set before this one
+        out = [first, *decoded]
+        assert [int(b["label"][0]) for b in out] == [0, 1, 2, 3, 4]
+        names = [s[0] for s in sets]
+        assert [b["image"] for b in out] == [[names[k % len(names)]] for k in range(5)]
+
+
 @pytest.mark.parametrize("damage", [tfds_data.truncate_jpeg, tfds_data.break_jpeg])
 def test_damaged_records_are_named_and_replaced_as_on_the_cpu_path(
     data_dir, mesh, tmp_path, caplog, damage, fake_gpu  # noqa: F811

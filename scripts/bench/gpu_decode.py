@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import functools
 import io
+import itertools
 import json
 import os
 import sys
@@ -227,9 +228,10 @@ def _record_batches(args: argparse.Namespace, local_batch: int, count: int) -> l
 def _stage_rate(
     records: list[dict], decoders, args: argparse.Namespace, canvas: int, wait_each: bool = True
 ) -> float:
-    """Images/s per GPU of `gpu_input.device_batches` over `records`, after a warm-up pass; each
-    batch waited for before the next if `wait_each`, else only the last (the trainer's input
-    thread waits for none: only its tile ring waits, for the crop that last read an array)."""
+    """Images/s per GPU of `gpu_input.device_batches` over `records` with the decoder sets
+    `decoders`, after a warm-up pass; each batch waited for before the next if `wait_each`, else
+    only the last (the trainer's input thread waits for none: only its tile ring waits, for the
+    crop that last read an array)."""
     import jax  # pylint: disable=import-outside-toplevel
 
     from jia_jax import gpu_input  # pylint: disable=import-outside-toplevel
@@ -256,7 +258,7 @@ def _stage_rate(
     start = time.perf_counter()
     run(records * args.repeats)
     seconds = time.perf_counter() - start
-    per_gpu = decoders[0][1].stop - decoders[0][1].start
+    per_gpu = decoders[0][0][1].stop - decoders[0][0][1].start
     return per_gpu * len(records) * args.repeats / seconds
 
 
@@ -293,21 +295,27 @@ def decode_stage(args: argparse.Namespace) -> dict[str, Any]:
 
     from jia_jax import gpu_input  # pylint: disable=import-outside-toplevel
 
-    devices = jax.local_devices()
+    all_devices = jax.local_devices()
     canvas = args.canvas
-    decoders = gpu_input.device_decoders(devices)
+    decoders = [gpu_input.device_decoders(all_devices) for _ in range(max(args.depth))]
     rows = []
-    for per_gpu in args.per_gpu:
-        for gpus in sorted({1, len(devices)}):
+    for per_gpu, depth in itertools.product(args.per_gpu, args.depth):
+        for gpus in sorted({1, len(all_devices)}):
             records = _record_batches(args, per_gpu * gpus, args.batches)
+            devices = all_devices[:gpus]
             placed = [
-                (decoders[d], slice(k * per_gpu, (k + 1) * per_gpu))
-                for k, d in enumerate(devices[:gpus])
+                [(s[d], slice(k * per_gpu, (k + 1) * per_gpu)) for k, d in enumerate(devices)]
+                for s in decoders[:depth]
             ]
             rate = functools.partial(_stage_rate, records, placed, args, canvas)
-            rows.append(_measured({"per_gpu": per_gpu, "gpus": gpus}, "decode_images_per_s", rate))
-        if devices[0].platform == "gpu":  # not where a stand-in decodes on the CPU (tests)
-            rate = functools.partial(_whole_image_rate, records, devices[0], per_gpu, args.repeats)
+            row = {"per_gpu": per_gpu, "gpus": gpus, "depth": depth}
+            rows.append(_measured(row, "decode_images_per_s", rate))
+    for per_gpu in args.per_gpu:
+        if all_devices[0].platform == "gpu":  # not where a stand-in decodes on the CPU (tests)
+            records = _record_batches(args, per_gpu, args.batches)
+            rate = functools.partial(
+                _whole_image_rate, records, all_devices[0], per_gpu, args.repeats
+            )
             row = {"per_gpu": per_gpu, "gpus": 1}
             rows.append(_measured(row, "whole_image_decode_images_per_s", rate))
     return {"canvas": canvas, "image_size": args.image_size, "results": rows}
@@ -328,12 +336,14 @@ def loaded(args: argparse.Namespace) -> dict[str, Any]:
     records = _record_batches(args, per_gpu, args.batches)
     rows = []
     with _training(device, per_gpu, args) as train_times, _phase_timer() as phases:
-        for options in args.decoder_options:
-            decoder = gpu_decode.new_decoder(device, options=options)
-            placed = [(gpu_input.DeviceDecoder(device, decoder, tile_ring.TileRing(device)),
-                       slice(0, per_gpu))]
+        for options, depth in itertools.product(args.decoder_options, args.depth):
+            placed = [
+                [(gpu_input.DeviceDecoder(device, gpu_decode.new_decoder(device, options=options),
+                                          tile_ring.TileRing(device)), slice(0, per_gpu))]
+                for _ in range(depth)
+            ]
             for beside_training in (False, True):
-                row = {"per_gpu": per_gpu, "decoder_options": options,
+                row = {"per_gpu": per_gpu, "decoder_options": options, "depth": depth,
                        "beside_training": beside_training}
                 train_times.run(beside_training)
                 start, before = time.perf_counter(), len(train_times)
@@ -473,7 +483,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     except OSError as e:  # the decode stage failed: the runs still have their rows
         stage = {"error": str(e), "results": []}
     rates = {
-        (r["per_gpu"], r["gpus"]): r["decode_images_per_s"]
+        (r["per_gpu"], r["gpus"], r.get("depth", 1)): r["decode_images_per_s"]
         for r in stage["results"]
         if "decode_images_per_s" in r
     }
@@ -484,13 +494,16 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         runs.append(run)
         # Records written before train_input's --processes ran one process.
         key = (run["gpus"], run["args"]["per_gpu"], run.get("processes", 1))
+        depth = decode_depth(run["args"].get("override", []))
         for r in run["results"]:
-            configs.setdefault(key, {})[r["variant"]] = {**r, "cores": run["cores"]}
+            # Synthetic runs decode nothing: one baseline for every depth.
+            slot = (*key, depth if r["variant"] == "gpu" else 0)
+            configs.setdefault(slot, {})[r["variant"]] = {**r, "cores": run["cores"]}
     # A configuration of synthetic runs only is another row's baseline, not a row of its own.
     shown = [k for k, v in configs.items() if "gpu" in v or "synthetic" not in v]
     rows = [
-        _report_row(key, configs, rates.get((key[1], key[0])))
-        for key in sorted(shown, key=lambda k: (k[0], -k[1], k[2]))
+        _report_row(key, configs, rates.get((key[1], key[0], key[3])))
+        for key in sorted(shown, key=lambda k: (k[0], -k[1], k[2], k[3]))
     ]
     return {
         "environment": stage.get("environment") or runs[0]["environment"],
@@ -501,24 +514,35 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def decode_depth(overrides: Sequence[str]) -> int:
+    """`data.gpu_decode_depth` as a run's `--config` overrides set it (the last wins), else 1."""
+    depth = 1
+    for override in overrides:
+        name, _, value = override.partition("=")
+        if name == "--config.data.gpu_decode_depth":
+            depth = int(value)
+    return depth
+
+
 def _report_row(
-    key: tuple[int, int, int], configs: dict[tuple, dict], decode_rate: float | None
+    key: tuple[int, int, int, int], configs: dict[tuple, dict], decode_rate: float | None
 ) -> dict[str, Any]:
-    """The GPU path's row of one (GPUs, images per GPU, processes). Its synthetic baseline is
-    the run of as many processes, else of one: the step's own speed in the trainer's fastest
-    form."""
-    gpus, per_gpu, processes = key
+    """The GPU path's row of one (GPUs, images per GPU, processes, decode depth). Its synthetic
+    baseline is the run of as many processes, else of one: the step's own speed in the
+    trainer's fastest form."""
+    gpus, per_gpu, processes, depth = key
     synthetic_processes = next(
-        (p for p in (processes, 1) if "synthetic" in configs.get((gpus, per_gpu, p), {})),
+        (p for p in (processes, 1) if "synthetic" in configs.get((gpus, per_gpu, p, 0), {})),
         processes,
     )
-    synthetic = configs.get((gpus, per_gpu, synthetic_processes), {}).get("synthetic", {})
+    synthetic = configs.get((gpus, per_gpu, synthetic_processes, 0), {}).get("synthetic", {})
     gpu = configs[key].get("gpu", {})
     row = {
         "gpus": gpus,
         "processes": processes,
         "cores": gpu.get("cores"),
         "per_gpu": per_gpu,
+        "depth": depth,
         "decode": "gpu",
         "images_per_s": gpu.get("images_per_s"),
         "synthetic_images_per_s": synthetic.get("images_per_s"),
@@ -546,6 +570,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--per_gpu", type=int, nargs="+", default=[256, 64], help="decode")
     parser.add_argument("--batches", type=int, default=4, help="decode: record batches held")
     parser.add_argument("--repeats", type=int, default=5, help="decode: passes over them")
+    parser.add_argument(
+        "--depth", type=int, nargs="+", default=[1],
+        help="decode, loaded: decoders per GPU taking the batches in turn (data.gpu_decode_depth)",
+    )
     parser.add_argument("--stage", help="report: the decode stage's JSON")
     parser.add_argument("--runs", nargs="*", default=[], help="report: train_input JSONs")
     parser.add_argument(

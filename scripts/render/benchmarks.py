@@ -238,8 +238,11 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
     (scripts/bench/gpu_decode.py, scripts/bench_gpu_decode.sh). A processes column where some
     row ran several (records without the field ran one)."""
     processes = any(r.get("processes", 1) > 1 for r in doc["results"])
+    depths = any(r.get("depth", 1) > 1 for r in doc["results"])
     head = ["GPUs", "CPU cores", "images per GPU", "images/s, decode=gpu", "images/s, synthetic"]
     head += ["ratio", "decode stage images/s per GPU"]
+    if depths:
+        head.insert(3, "decode depth")
     if processes:
         head.insert(1, "processes")
     lines = [
@@ -264,6 +267,8 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
         cells = [str(r["gpus"]), str(r["cores"]), str(r["per_gpu"])]
         cells += [cell(r["images_per_s"], ",.0f"), synthetic, cell(r.get("ratio"), ".3f")]
         cells.append(cell(r["decode_images_per_s"], ",.0f"))
+        if depths:
+            cells.insert(3, str(r.get("depth", 1)))
         if processes:
             cells.insert(1, str(r["processes"]))
         lines.append(f"| {' | '.join(cells)} |")
@@ -277,11 +282,12 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
 
 
 def _decoder_name(row: dict[str, Any]) -> str:
-    """The decoder a `loaded` row timed: its extra options, or its stream's priority (the first
-    records compared priorities)."""
+    """The decoder a `loaded` row timed: its extra options and how many took the batches in turn,
+    or its stream's priority (the first records compared priorities)."""
     if "highest_priority" in row:
         return f"stream of {'highest' if row['highest_priority'] else 'default'} priority"
-    return row["decoder_options"] or "the trainer's"
+    depth = f", {row['depth']} decoders in turn" if row.get("depth", 1) > 1 else ""
+    return (row["decoder_options"] or "the trainer's") + depth
 
 
 def decode_loaded_table(doc: dict[str, Any]) -> str:

@@ -1,11 +1,13 @@
 r"""The trainer across emulated hosts against the trainer on one GPU, in one run.
 
 Each row runs `python -m jia_jax.main` (the ResNet-50 64K config, or with `--tiny` the digits
-one, on synthetic data, the per-device batch as one microbatch) as `--hosts` processes of `--gpus_per_host` GPUs started by
-`scripts/launch_local.sh --hosts`: each process a host of its own to NCCL (TCP sockets between
-them, NVLink inside each), a cluster on one machine. The baseline is the same command on one GPU,
+one, on synthetic data, the per-device batch as one microbatch) as `--hosts` processes of
+`--gpus_per_host` GPUs started by `scripts/launch_local.sh --hosts`: each process a host of its
+own to NCCL (TCP sockets between them, NVLink inside each), a cluster on one machine. The baseline is the same command on one GPU,
 in the same run. Rates are the trainer's own logged images/s (one step in flight ahead, what
 training sees): the median over the logged intervals after the first (which holds the compile).
+Each row records what the trainer logged it told XLA's latency estimator (`told`; "" where it
+told nothing: `comm.tell_xla_network`).
 
   weak-scaling efficiency = images/s on hosts x gpus / (hosts x gpus x images/s on one GPU)
 

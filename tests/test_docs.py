@@ -1481,6 +1481,10 @@ def test_told_trainer_and_nccl_answers_quote_the_json():
         f"engines) {nccl[3, 64]:.3f}, against {nccl[1, 64]:.3f} and {nccl[4, 64]:.3f}",
         f"every run kept {min(at256):.3f} to {max(at256):.3f}.",
     ])
+    assert_quoted(read("docs/scaling.md"), [
+        f"own logged rate kept {two[True, 256]} of four GPUs at 256 images per GPU told against "
+        f"{two[False, 256]} untold, and {two[True, 64]} against {two[False, 64]} at 64, in one call.",
+    ])
     assert_quoted(read("README.md"), [
         f"told, kept {one[True, 256]} of two H200s as 2 emulated hosts of one GPU at 256 images "
         f"per GPU against {one[False, 256]} untold ({one[True, 64]} against {one[False, 64]} at "

@@ -13,6 +13,7 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told      # XLA told the hosts' GPUs and network, or
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_trainer  # not: the step; the trainer itself
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh nccl      # the told step with NCCL's GPU-side settings
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh told_half # XLA told half the network's bandwidth
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -132,6 +133,22 @@ case "$1" in
         --out="$OUT/bench_nccl_$run.json"
     done
     ;;
-  *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" >&2
+  told_half)
+    # The told step (buckets apart, as the trainer compiles it) with XLA told the emulated
+    # network's bandwidth, or half of it: about what the wire moved beside backward's kernels in
+    # the profile, so that XLA may put more of backward between each bucket's start and its done
+    # (it keeps one all-reduce in flight). Runs alternate (XLA reads it once a process).
+    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=256,64 --variants=overlap_cap \
+      --steps=10 --tell_xla_network=emulated --hlo_dir="$OUT/hlo_full_1" \
+      --out="$OUT/bench_told_full_1.json"
+    for run in half_1 full_2 half_2; do
+      python3 -m scripts.bench.overlap --layouts=2x1 --batches=256,64 --variants=overlap_cap \
+        --steps=10 --tell_xla_network=emulated --hlo_dir="$OUT/hlo_$run" \
+        --told_bandwidth="$([ "${run%_*}" = half ] && echo 0.5 || echo 1)" \
+        --out="$OUT/bench_told_$run.json"
+    done
+    ;;
+  *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
+       "|told_half" >&2
      exit 2 ;;
 esac

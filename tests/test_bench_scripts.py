@@ -15,6 +15,7 @@ import sys
 import jax
 import pytest
 
+from jia_jax import comm_model
 from scripts.bench import allreduce as bench_allreduce
 from scripts.bench import gpu_decode as bench_gpu_decode
 from scripts.bench import harness
@@ -686,6 +687,7 @@ def test_bench_overlap_tells_the_hosts_xla_the_network_and_marks_their_rows(monk
     args = argparse.Namespace(
         tell_xla_network="emulated", steps=1, warmup_steps=0, rounds=1, batches=[8],
         variants=["overlap"], layout_variants={}, tiny=False, hlo_dir="", nccl={}, timeout_s=9,
+        told_bandwidth=1.0,
     )
     two = bench_overlap._layout_rows(args, "2x1", math.inf)
     one = bench_overlap._layout_rows(args, "1x1", math.inf)
@@ -693,6 +695,12 @@ def test_bench_overlap_tells_the_hosts_xla_the_network_and_marks_their_rows(monk
     assert seen[0].startswith("--xla_dump_to=/d --xla_gpu_analytical_latency_estimator_options=")
     assert "gpus_per_node=1,partition_size=1," in seen[0] and seen[1] == "--xla_dump_to=/d"
     assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/d"
+    # Told half the network's bandwidth: the option says so, and so do the rows.
+    full = comm_model.network_model("emulated").inter.beta_bytes_per_s
+    halved = argparse.Namespace(**{**vars(args), "told_bandwidth": 0.5})
+    [half] = bench_overlap._layout_rows(halved, "2x1", math.inf)
+    assert f"nic_speed_gbps={full / 2e9:.3f}," in seen[-1]
+    assert half["told"] == "emulated x0.5 bandwidth"
 
 
 def test_bench_hosts_takes_the_median_after_the_compile_interval():

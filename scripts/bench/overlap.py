@@ -32,6 +32,7 @@ whose estimator is a global JAX setting, are timed on their own).
 With `--tell_xla_network=NETWORK` the processes of a layout of several hosts start with XLA's
 latency estimator told their GPUs and that network's links (what `comm.tell_xla_network` sets
 for the trainer, jia_jax/xla_network.py); XLA reads it once a process, so a run is told or not.
+`--told_bandwidth=F` tells it F times the network's bandwidth instead.
 
 Process 0 also records each collective's place in XLA's schedule (`schedule`): how many
 convolutions run between its start and its done, and whether XLA made it synchronous. An `auto`
@@ -477,8 +478,11 @@ def _layout_rows(
     told = args.tell_xla_network if processes > 1 else ""  # the network XLA's estimator is told
     if told:
         link = comm_model.network_model(told).inter
+        link = comm_model.Link(link.alpha_s, link.beta_bytes_per_s * args.told_bandwidth)
         xla_flags = env.get("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
         env["XLA_FLAGS"] = xla_network.with_estimator(xla_flags, gpus, link)
+        if args.told_bandwidth != 1:
+            told = f"{told} x{args.told_bandwidth:g} bandwidth"
     flags = [f"--{k}={getattr(args, k)}" for k in ("steps", "warmup_steps", "rounds")]
     variants = args.layout_variants.get(layout, args.variants)
     flags += [f"--batches={','.join(map(str, args.batches))}", f"--variants={','.join(variants)}"]
@@ -555,6 +559,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "--tell_xla_network", default="",
         help="a `comm.network` name: the processes of a layout of several hosts start with XLA's "
         "latency estimator told their GPUs and that network (jia_jax/xla_network.py)",
+    )
+    parser.add_argument(
+        "--told_bandwidth", type=float, default=1.0,
+        help="with --tell_xla_network: the fraction of that network's bandwidth XLA is told, e.g. "
+        "what it moves beside backward's kernels rather than alone",
     )
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--layout", default="1x1")

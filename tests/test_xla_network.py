@@ -116,10 +116,10 @@ def test_environment_appends_the_named_networks_links_to_the_users_flags():
     ids=["off", "absent", "no_gpu", "users_own", "one_process", "one_task", "one_launched",
          "local_launch", "one_node"],
 )
-def test_environment_adds_nothing_when_off_in_one_process_without_gpus_or_set_by_the_user(
+def test_environment_adds_nothing_when_off_on_one_host_without_gpus_or_set_by_the_user(
     comm, dist, env
 ):
-    # One process has no network to tell of: XLA keeps its own schedule there.
+    # One host has no network to tell of: XLA keeps its own schedule there.
     assert xla_network.environment(comm, dist, env) == {}
 
 

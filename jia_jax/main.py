@@ -157,7 +157,7 @@ def main(argv: list[str]) -> None:
         os.environ.update(added)
         if added:
             told = xla_network.told(added["XLA_FLAGS"])
-            logging.info("XLA's latency estimator told the hosts and network: %s", told)
+            logging.info("%s%s", xla_network.TOLD_LOG, told)
         check_mode_flags(_MODE.value, _STEP.value, _EXPORT_PATH.value)
         check_workdir(_WORKDIR.value)
         if _MODE.value == "train":

@@ -33,6 +33,8 @@ from jia_jax import comm_model
 from jia_jax import mesh
 
 OPTION = "--xla_gpu_analytical_latency_estimator_options"
+# What `jia_jax.main` logs before the option's value (`told`), read back by scripts/bench/hosts.py.
+TOLD_LOG = "XLA's latency estimator told the hosts and network: "
 
 
 def estimator_flag(gpus_per_host: int, link: comm_model.Link) -> str:
@@ -117,11 +119,11 @@ def environment(comm: Any, dist: Any, environ: Mapping[str, str]) -> dict[str, s
     if not comm.get("tell_xla_network", False):
         return {}
     link = comm_model.network_model(comm.network).inter  # a bad name fails in one process too
-    processes = mesh.process_count(dist, environ)
-    if processes == 1 or local_processes(environ) >= processes:
+    processes, local = mesh.process_count(dist, environ), local_processes(environ)
+    if processes == 1 or local >= processes:
         return {}  # one host: no network
     flags = environ.get("XLA_FLAGS", "")
-    gpus = visible_gpus(environ) * local_processes(environ)
+    gpus = visible_gpus(environ) * local
     if gpus < 1:
         return {}
     told = with_estimator(flags, gpus, link)

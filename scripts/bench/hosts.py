@@ -49,6 +49,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from jia_jax import xla_network
 from scripts.bench import harness, profile_trace
 
 DEFAULT = "default"  # the config's own comm settings
@@ -85,7 +86,7 @@ def trainer_args(args: argparse.Namespace, batch: int, devices: int, strategy: s
 def told(log: str) -> str:
     """What the trainer's log says it told XLA's latency estimator (`comm.tell_xla_network`),
     or "" where it told nothing."""
-    found = re.search(r"XLA's latency estimator told the hosts and network: (\S+)", log)
+    found = re.search(re.escape(xla_network.TOLD_LOG) + r"(\S+)", log)
     return found.group(1) if found else ""
 
 

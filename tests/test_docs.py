@@ -1493,6 +1493,38 @@ def test_told_trainer_and_nccl_answers_quote_the_json():
     ])
 
 
+def test_told_half_bandwidth_prose_quotes_the_json():
+    every = load("bench_overlap_told_half_2xH200.json")["results"]
+    rows = [r for r in every if r["layout"] == "2x1"]
+    alone64 = next(r for r in every if r["layout"] == "1x1" and r["per_device_batch"] == 64)
+    rate = {(r["told"], r["run"], r["per_device_batch"]): r["images_per_s"] for r in rows}
+    full, half = "emulated", "emulated x0.5 bandwidth"
+    assert [r["run"] for r in rows if r["told"] == half] == [2, 2, 4, 4]  # alternating
+
+    def rates(told, batch):
+        return [round(v) for (t, _, b), v in sorted(rate.items()) if t == told and b == batch]
+
+    def starts(run, batch):
+        row = next(r for r in rows if r["run"] == run and r["per_device_batch"] == batch)
+        return [s["convolutions_before_start"] for s in row["schedule"]]
+
+    mean = {(t, b): sum(rates(t, b)) / 2 for t in (full, half) for b in (256, 64)}
+    assert all(h < min(rates(full, 256)) for h in rates(half, 256))  # "slower both times"
+    spread = max(rates(full, 64)) / min(rates(full, 64)) - 1
+    assert spread > max(rates(half, 64)) / min(rates(half, 64)) - 1
+    assert_quoted(_section("## Across hosts"), [
+        f"at 256 images per GPU the first after {starts(2, 256)[0]} of the 158 convolutions "
+        f"instead of {starts(1, 256)[0]}, at 64 the third after {starts(2, 64)[2]} instead of "
+        f"{starts(1, 64)[2]}.",
+        "told half ran {:,} and {:,} images/s at 256".format(*rates(half, 256)),
+        "against {:,} and {:,}, slower both times, and {:,} and {:,} at 64 against {:,} and {:,}"
+        .format(*rates(full, 256), *rates(half, 64), *rates(full, 64)),
+        f"{mean[half, 64] / mean[full, 64] - 1:.1%} faster in the mean",
+        f"the two runs of one setting differed ({spread:.1%})",
+        f"The one-GPU row at 64 ran host-bound in this call ({alone64['idle_ms']:.1f} ms idle",
+    ])
+
+
 def test_scaling_prose_on_the_round_robin_plans_call_quotes_the_json():
     import statistics
 

@@ -1114,6 +1114,46 @@ def _peers_step_rows() -> dict:
             for r in load("bench_peers_step_1xH100.json")["results"] if "images_per_s" in r}
 
 
+def test_one_h200_step_prose_quotes_the_json():
+    from scripts.bench import peers as bench_peers
+
+    def rows(name):
+        return {(r["model"], r["per_device_batch"], r["kind"], bench_peers.variant(r)):
+                r["images_per_s"] for r in load(name)["results"] if "images_per_s" in r}
+
+    step, later = rows("bench_peers_step_1xH200.json"), rows("bench_peers_cmdbuf_1xH200.json")
+    plain, cmdbuf = "no_space_to_depth_stem+no_sliced_max_pool", \
+        "--xla_gpu_enable_command_buffer=+CONVOLUTION"
+    r = {b: step["resnet50", b, "trainer", ""] for b in (256, 64)}
+    flax = {b: step["resnet50", b, "flax", ""] for b in (256, 64)}
+    torch = {b: step["resnet50", b, "torch", ""] for b in (256, 64)}
+    bare = {b: step["resnet50", b, "trainer", plain] for b in (256, 64)}
+    alex = [step["alexnet_bn", b, "trainer", ""] / step["alexnet_bn", b, "flax", ""]
+            for b in (256, 64)]
+    assert flax[256] < torch[256] and flax[64] > torch[64]  # the faster peer of each batch
+    [profile] = load("profile_step_1xH200.json")["results"][1:]
+    idle = {c["per_device_batch"]: c["devices"]["/device:GPU:0"]["idle_us"] / 1e3
+            for c in load("profile_step_1xH200.json")["results"]}
+    kernels = [c["devices"]["/device:GPU:0"]["kernels_per_step"]
+               for c in load("profile_step_1xH200.json")["results"]]
+    assert profile["per_device_batch"] == 64 and all(1300 < k < 1500 for k in kernels)
+    assert_quoted(_section("## One GPU"), [
+        f"default step ran {r[256]:,.0f} images/s queued at 256 images per GPU, "
+        f"{r[256] / torch[256]:.3f}× the faster peer, torch.compile ({torch[256]:,.0f}; plain "
+        f"flax {flax[256]:,.0f}), and {r[256] / bare[256]:.3f}× the trainer's step with the plain "
+        f"layers ({bare[256]:,.0f}); at 64 images per GPU {r[64]:,.0f}, "
+        f"{r[64] / flax[64]:.3f}× plain flax ({flax[64]:,.0f}; torch.compile {torch[64]:,.0f}) "
+        f"and {r[64] / bare[64]:.3f}× the plain layers ({bare[64]:,.0f}).",
+        f"step keeps {r[64] / r[256]:.3f} of the 256-image throughput.",
+        f"64-image step {step['resnet50', 64, 'trainer', cmdbuf] / r[64]:.3f}× faster.",
+        "AlexNet-BN ran at {:.3f} and {:.3f} of its plain flax step.".format(*alex),
+        "the step ran {:.3f}× faster with it at 256 images per GPU and {:.3f}× at 64.".format(*(
+            later["resnet50", b, "trainer", cmdbuf] / later["resnet50", b, "trainer", ""]
+            for b in (256, 64))),
+        f"the GPU idle {idle[64]:.2f} ms a step ({idle[256]:.2f} at 256)",
+    ])
+
+
 def test_default_config_quotes_the_model_options_measurement():
     rows = _peers_step_rows()
     plain = "no_space_to_depth_stem+no_sliced_max_pool"

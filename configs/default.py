@@ -56,7 +56,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.data.gpu_fancy_upsampling = True
     # GPU decoding: batches each GPU decodes at once, each by a decoder with its own CUDA stream
     # and tile ring (another ring of tiles in GPU memory per batch). With 1 the next batch's
-    # decode waits for this one's; with 2 it runs beside this batch's crops.
+    # decode waits for this one's; with 2 it runs beside this batch's crops: faster alone, not
+    # beside ResNet-50's step on one H200 (docs/input_pipeline.md, "Tuning").
     config.data.gpu_decode_depth = 1
 
     config.global_batch_size = 256

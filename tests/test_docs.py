@@ -448,6 +448,31 @@ def test_gpu_decode_prose_quotes_the_json():
     )
 
 
+def test_decode_depth_prose_quotes_the_json():
+    """The Tuning note on `gpu_decode_depth`: depth 2 faster alone at both batches, not in the
+    sequential training runs, mixed in the side-by-side ones; figures from the raw records."""
+    doc = load("bench_gpu_decode_depth_2xH200.json")
+    stage = {(r["per_gpu"], r["depth"]): r["decode_images_per_s"]
+             for r in doc["decode_stage"]["results"] if r.get("gpus") == 1 and "depth" in r}
+    train = {(r["per_gpu"], r["depth"]): r["images_per_s"] for r in doc["results"]}
+    seq = {r["depth"]: r["images_per_s"]
+           for r in load("gpu_decode_depth_sequential_1xH200.json")["results"]}
+    intervals = [float(line.split("|")[4].split()[0]) for run in doc["runs"]
+                 for row in run["results"] if row["variant"] == "gpu"
+                 and run["args"]["per_gpu"] == 256
+                 for line in row["log_tail"] if "img/s" in line]
+    assert all(stage[b, 2] > stage[b, 1] for b in (256, 64)) and seq[2] < seq[1]
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"the decode stage ran {stage[256, 2]:,.0f} images/s per GPU at depth 2 against "
+        f"{stage[256, 1]:,.0f} at 256 images a batch ({stage[64, 2]:,.0f} against "
+        f"{stage[64, 1]:,.0f} at 64)",
+        f"gave {seq[2]:,.0f} images/s at depth 2 and {seq[1]:,.0f} at depth 1",
+        f"intervals ranged from {min(intervals):,.0f} to {max(intervals):,.0f} images/s",
+        f"depth 2 ran {train[256, 2]:,.0f} against {train[256, 1]:,.0f} at 256 images and "
+        f"{train[64, 2]:,.0f} against {train[64, 1]:,.0f} at 64",
+    ])
+
+
 def test_hardware_engines_share_prose_quotes_the_json():
     """The Tuning note on the hardware JPEG engines: its figures, and the comparisons it draws
     (the engines decoding every whole image win alone and beside training, and stay ahead of the

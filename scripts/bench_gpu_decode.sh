@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
-# The GPU-decode measurements of docs/input_pipeline.md in one call (about 10 minutes) on a host
-# with 2 GPUs and 32 or more cores, nvImageCodec installed (pip install -e ".[gpu]"); run from the
-# repository root:
-#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh      # PROFILE=0: without the profiled run
+# The GPU-decode measurements of docs/input_pipeline.md on a host with 2 GPUs and 32 or more
+# cores, nvImageCodec installed (pip install -e ".[gpu]"), in parts that each fit a 10-minute
+# call; run from the repository root:
+#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh one    # 1 GPU, 256 and 64 images; PROFILE=0:
+#                                                        # without the profiled run
+#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh two    # 2 GPUs: one process, one per GPU
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh depth  # data.gpu_decode_depth 1 against 2
 # ResNet-50 64K config, bf16, on the generated JPEGs of scripts/bench/input.py: the trainer with
-# data.decode=gpu against synthetic data at 256 images per GPU on 1 GPU (16 cores, the synthetic
-# run at the same time on the other GPU and the other 16 cores) and on 2 GPUs (32 cores) in one
-# process, and at 64 per GPU on 1 GPU; the GPU path alone on 2 GPUs as 2 processes of 1 GPU
-# (scripts/launch_local.sh, NCCL over NVLink; the same 32 cores and workers in all), against the
-# one-process synthetic run; the decode stage alone per GPU; and the smoke check (GPU path
-# against CPU path on the same images and parameters), first: if it fails, nothing else runs.
+# data.decode=gpu against synthetic data, one run after another, never beside another run (a
+# run on the other GPU takes a share of the host's memory bandwidth and PCIe): at 256 and 64
+# images per GPU on 1 GPU (16 cores); at 256 on 2 GPUs (32 cores) in one process, and the GPU
+# path on 2 GPUs as 2 processes of 1 GPU (scripts/launch_local.sh, NCCL over NVLink; the same 32
+# cores and workers in all) against the one-process synthetic run. Each run trains long enough
+# for 5 logged intervals of several seconds. First the smoke check (GPU path against CPU path on
+# the same images and parameters; if it fails, nothing else runs), then the decode stage alone.
 # Writes $OUT/bench_gpu_decode.json (the record docs/input_pipeline.md renders),
-# $OUT/gpu_decode_smoke.json, a profile of the 1-GPU step ($OUT/gpu_decode_profile.json) and the
-# logs' tails in $OUT/bench_gpu_decode.log, and prints a summary last.
+# $OUT/gpu_decode_smoke.json, with `one` a profile of the 1-GPU step ($OUT/gpu_decode_profile.json),
+# and the logs' tails in $OUT/bench_gpu_decode.log, and prints a summary last.
 set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
+mode=${1:-}
+case "$mode" in
+  one|two|depth) ;;
+  *) echo "usage: OUT=<folder> $0 one|two|depth" >&2; exit 2 ;;
+esac
 export PYTHONUNBUFFERED=1
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
 data=/tmp/jia_bench_data
@@ -24,14 +32,14 @@ mkdir -p "$OUT" "$runs"
 rm -f "$runs"/*.json "$runs"/*.log
 # Cores per GPU: 16, or half the host's if it has fewer than 32.
 half=$(( $(nproc) / 2 < 16 ? $(nproc) / 2 : 16 ))
-first="0-$((half - 1))" second="$half-$((2 * half - 1))" both="0-$((2 * half - 1))"
+first="0-$((half - 1))" both="0-$((2 * half - 1))"
 
 # First the smoke check (it writes the dataset; a broken GPU path shows here in a minute), then
 # the decode stage alone.
 CUDA_VISIBLE_DEVICES=0 python3 -m scripts.bench.gpu_decode smoke --data_dir="$data" \
   --out="$OUT/gpu_decode_smoke.json" >"$runs/smoke.log" 2>&1 ||
   { echo "smoke failed: the GPU path is broken, nothing else is worth timing"; tail -n 30 "$runs/smoke.log"; exit 1; }
-mode=${1:-all} depths=1
+depths=1
 if [[ "$mode" == depth ]]; then depths="1 2"; fi
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 --depth $depths \
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
@@ -44,33 +52,35 @@ train() {  # train GPUS CORES PER_GPU STEPS LOG_EVERY VARIANTS WORKERS NAME [FLA
     || echo "train $8 failed: see the record's log tails"
 }
 
-if [[ "$mode" == depth ]]; then
-  # One GPU at 256 and 64 images: one decoder a GPU (the default) on GPU 0 beside two taking the
-  # batches in turn on GPU 1, 16 cores each, then the synthetic baseline on GPU 0 alone.
-  for batch in "256 100 20" "64 200 40"; do
-    set -- $batch
-    train 0 "$first" "$1" "$2" "$3" gpu $((half / 2)) "1gpu_$1_gpu" &
-    train 1 "$second" "$1" "$2" "$3" gpu $((half / 2)) "1gpu_$1_gpu_depth2" \
-      --override=--config.data.gpu_decode_depth=2 &
-    wait
-    train 0 "$first" "$1" "$2" "$3" synthetic 0 "1gpu_$1_synthetic"
-  done
-  PROFILE=0
-else
-# 1 GPU, 16 cores each: the GPU path (8 record-reading workers) and, beside it, the synthetic
-# baseline.
-for batch in "256 100 20" "64 200 40"; do
-  set -- $batch
-  train 0 "$first" "$1" "$2" "$3" gpu $((half / 2)) "1gpu_$1_gpu" &
-  train 1 "$second" "$1" "$2" "$3" synthetic 0 "1gpu_$1_synthetic" &
-  wait
-done
-# 2 GPUs, 32 cores, one process (16 record-reading workers).
-train 0,1 "$both" 256 100 20 synthetic,gpu "$half" 2gpu_256
-# The GPU path on 2 GPUs as 2 processes of 1 GPU (the same 16 workers in all, 8 a process): one
-# Python process and its input threads no longer feed both GPUs.
-train 0,1 "$both" 256 100 20 gpu "$half" 2gpu_256_2proc --processes=2
-fi
+one_gpu() {  # one_gpu PER_GPU VARIANTS WORKERS NAME [FLAG ...]: GPU 0, its 16 cores, 5 logged
+  # intervals of about 2-3 s after the first.
+  train 0 "$first" "$1" $(( $1 == 256 ? 300 : 600 )) $(( $1 == 256 ? 50 : 100 )) "${@:2}"
+}
+case "$mode" in
+  one)
+    # 1 GPU: the synthetic baseline, then the GPU path (8 record-reading workers).
+    for batch in 256 64; do
+      one_gpu "$batch" synthetic 0 "1gpu_${batch}_synthetic"
+      one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu"
+    done ;;
+  two)
+    # 2 GPUs, 32 cores, one process (16 record-reading workers); then the GPU path as 2
+    # processes of 1 GPU (the same 16 workers in all, 8 a process): one Python process and its
+    # input threads no longer feed both GPUs.
+    train 0,1 "$both" 256 300 50 synthetic,gpu "$half" 2gpu_256
+    train 0,1 "$both" 256 300 50 gpu "$half" 2gpu_256_2proc --processes=2
+    PROFILE=0 ;;
+  depth)
+    # 1 GPU: the synthetic baseline, then one decoder a GPU (the default) and two taking the
+    # batches in turn.
+    for batch in 256 64; do
+      one_gpu "$batch" synthetic 0 "1gpu_${batch}_synthetic"
+      one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu"
+      one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu_depth2" \
+        --override=--config.data.gpu_decode_depth=2
+    done
+    PROFILE=0 ;;
+esac
 
 # Where the GPU path's step loses time: one GPU at 256, a trace of steps 60-64 summarised per
 # device (idle: no kernel runs, the host is late; busy time per kind, the decoder's kernels

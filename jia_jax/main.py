@@ -12,6 +12,7 @@ import os
 import re
 import sys
 
+import ml_collections
 from absl import app
 from absl import flags
 from absl import logging
@@ -20,6 +21,7 @@ from ml_collections import config_flags
 from jia_jax import bad_records
 from jia_jax import checkpoint
 from jia_jax import checkpoint_restore
+from jia_jax import command_buffers
 from jia_jax import console
 from jia_jax import evaluate
 from jia_jax import export
@@ -142,6 +144,19 @@ def check_workdir(workdir: str) -> None:
         )
 
 
+def set_xla_environment(config: ml_collections.ConfigDict) -> None:
+    """Adds `config`'s process-wide XLA options to XLA_FLAGS (XLA reads them once, when JAX
+    starts its backend: call before then), logging each one added."""
+    added = xla_network.environment(config.comm, config.distributed, os.environ)
+    os.environ.update(added)
+    if added:
+        logging.info("%s%s", xla_network.TOLD_LOG, xla_network.told(added["XLA_FLAGS"]))
+    added = command_buffers.environment(config.get("xla"), os.environ)
+    os.environ.update(added)
+    if added:
+        logging.info("Convolutions in XLA's command buffers: %s", command_buffers.FLAG)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         sys.exit(
@@ -152,12 +167,7 @@ def main(argv: list[str]) -> None:
     # Before JAX starts CUDA and XLA, which read these once (every mode may decode on the GPU).
     os.environ.update(gpu_decode.cuda_environment(_CONFIG.value.data.decode, os.environ))
     try:
-        config = _CONFIG.value
-        added = xla_network.environment(config.comm, config.distributed, os.environ)
-        os.environ.update(added)
-        if added:
-            told = xla_network.told(added["XLA_FLAGS"])
-            logging.info("%s%s", xla_network.TOLD_LOG, told)
+        set_xla_environment(_CONFIG.value)
         check_mode_flags(_MODE.value, _STEP.value, _EXPORT_PATH.value)
         check_workdir(_WORKDIR.value)
         if _MODE.value == "train":

@@ -61,6 +61,7 @@ FREE_ON_RESUME = (
     "comm.overlap",
     "comm.network",
     "comm.tell_xla_network",
+    "xla.*",
     "model.space_to_depth_stem",
     "model.sliced_max_pool",
     # When to give up (on bad records, on overflowing fp16 steps): never what a step computes.

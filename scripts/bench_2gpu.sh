@@ -14,6 +14,7 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_trainer  # not: the step; the trainer itself
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh nccl      # the told step with NCCL's GPU-side settings
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_half # XLA told half the network's bandwidth
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh cmdbuf    # convolutions in XLA's command buffers
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -148,7 +149,18 @@ case "$1" in
         --out="$OUT/bench_told_$run.json"
     done
     ;;
+  cmdbuf)
+    # Convolutions in XLA's command buffers (what `xla.command_buffer_convolutions` sets; here in
+    # XLA_FLAGS, so the one-GPU rows have it too) against without: the trainer's logged rate on
+    # one GPU and across 2 emulated hosts x 1 GPU, one run without, then one with.
+    for run in off on; do
+      flags=""
+      if [[ $run == on ]]; then flags="--xla_gpu_enable_command_buffer=+CONVOLUTION"; fi
+      XLA_FLAGS="$XLA_FLAGS $flags" python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 \
+        --batches=256,64 --strategies=default --out="$OUT/bench_hosts_cmdbuf_$run.json"
+    done
+    ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
-       "|told_half" >&2
+       "|told_half|cmdbuf" >&2
      exit 2 ;;
 esac

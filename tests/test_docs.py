@@ -1162,6 +1162,16 @@ def test_one_h200_step_prose_quotes_the_json():
     kernels = [c["devices"]["/device:GPU:0"]["kernels_per_step"]
                for c in load("profile_step_1xH200.json")["results"]]
     assert profile["per_device_batch"] == 64 and all(1300 < k < 1500 for k in kernels)
+    device = profile["devices"]["/device:GPU:0"]
+    busy = sum(v for k, v in device.items() if k.startswith("busy_")) / 1e3
+    queued, span = profile["queued_step_s"] * 1e3, device["span_us"] / 1e3
+    assert abs(busy - queued) < 0.01 * queued  # "as long as": within 1%
+    trace = json.loads(gzip.decompress(
+        (RAW / "profile_step_1xH200.json.kernels.json.gz").read_bytes()))
+    [traced] = trace["resnet50:1x1:xla:64"].values()
+    steps = device["steps"]
+    assert len(traced) == steps * kernels[1]
+    short = [k[2] - k[1] for k in traced if k[2] - k[1] < 3.0]  # kernels' [name, start, end, ...]
     assert_quoted(_section("## One GPU"), [
         f"default step ran {r[256]:,.0f} images/s queued at 256 images per GPU, "
         f"{r[256] / torch[256]:.3f}× the faster peer, torch.compile ({torch[256]:,.0f}; plain "
@@ -1175,7 +1185,11 @@ def test_one_h200_step_prose_quotes_the_json():
         "the step ran {:.3f}× faster with it at 256 images per GPU and {:.3f}× at 64.".format(*(
             later["resnet50", b, "trainer", cmdbuf] / later["resnet50", b, "trainer", ""]
             for b in (256, 64))),
-        f"the GPU idle {idle[64]:.2f} ms a step ({idle[256]:.2f} at 256)",
+        f"At 64 images the kernels take {busy:.2f} ms a step, as long as the queued step untraced "
+        f"({queued:.2f} ms; the trace's own overhead stretches its span to {span:.2f} ms, "
+        f"{idle[64]:.2f} of them idle)",
+        f"{len(short) / steps:.0f} of its {kernels[1]:,.0f} kernels a step run under 3 µs each "
+        f"({sum(short) / steps / 1e3:.2f} ms in all)",
     ])
 
 

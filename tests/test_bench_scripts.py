@@ -450,6 +450,27 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     assert "| 8 | 2 | 2 | 2 | 990 | 1,000 | 0.990 |" in table
 
 
+def test_bench_gpu_decode_whole_image_rate_is_the_best_call_and_names_its_format(monkeypatch):
+    clock = iter([0.0, 0.03, 1.0, 1.01, 2.0, 2.02])  # calls of 30, 10 and 20 ms
+    monkeypatch.setattr(bench_gpu_decode.time, "perf_counter", lambda: next(clock))
+    calls = []
+    rate = bench_gpu_decode._best_rate(lambda: calls.append(1), 64, 3)
+    assert len(calls) == 3 and rate == pytest.approx(64 / 0.01)  # the best call, not the mean
+    monkeypatch.undo()
+    stage = {"results": [{"per_gpu": 64, "gpus": 1, "whole_image_decode_images_per_s": 7000.0},
+                         {"per_gpu": 64, "gpus": 1, "sample_format": "I_RGBA",
+                          "whole_image_decode_images_per_s": 9000.0},
+                         {"per_gpu": 64, "gpus": 1, "sample_format": "I_RGB", "error": "x"}]}
+    row = {"gpus": 1, "cores": 16, "per_gpu": 64, "images_per_s": 4000.0, "ratio": 0.8,
+           "synthetic_images_per_s": 5000.0, "decode_images_per_s": 8000.0}
+    table = render_benchmarks.gpu_decode_table(
+        {"decode_stage": stage, "results": [row], "environment": {
+            "device_count": 1, "device_kind": "GPU", "jax_version": "0", "xla_flags": ""}})
+    assert "64 per call, one GPU: 7,000 images/s." in table  # records from before the formats
+    assert "64 per call, one GPU, into I_RGBA: 9,000 images/s." in table
+    assert "I_RGB:" not in table  # a failed format has no rate to show
+
+
 def test_bench_gpu_decode_loaded_on_cpu(tmp_path, fake_gpu):  # noqa: F811
     """The `loaded` mode times the decode stage alone and beside training, per decoder options
     (which reach the library), and the training runs only in the rows beside it."""

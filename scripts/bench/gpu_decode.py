@@ -9,7 +9,8 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
   * `decode`: the decode stage alone (`gpu_input.device_batches`, as in training: tiles decoded
     into each GPU's tile ring, cropped and resized there; the host's records read beforehand;
     each batch waited for before the next), in images/s per GPU, on one GPU and on all of them
-    at once; and nvImageCodec's whole-image decode of the same JPEGs, for reference.
+    at once; and nvImageCodec's whole-image decode of the same JPEGs, for reference, into each
+    of --sample_formats, with its top kernels per image.
   * `loaded`: the decode stage on one GPU (the first --per_gpu) alone and while the trainer's
     ResNet-50 step trains on that GPU in another thread, for each --decoder_options, batches not
     waited for one by one (as the trainer's input thread); each row has the training's images/s
@@ -262,9 +263,11 @@ def _stage_rate(
     return per_gpu * len(records) * args.repeats / seconds
 
 
-def _whole_image_rate(records: list[dict], device, per_gpu: int, repeats: int) -> float:
-    """nvImageCodec's whole-image decode of the same JPEGs (lists of `per_gpu`), best of
-    `repeats` calls, in images/s: the figure to compare with the library's own."""
+def _whole_image_decode(
+    records: list[dict], device, per_gpu: int, sample_format: str
+) -> Callable[[], None]:
+    """One call of nvImageCodec's whole-image decode of the same JPEGs (lists of `per_gpu`) on
+    its hardware decoder, into `sample_format` (a `nvimgcodec.SampleFormat` name), waited for."""
     import jax  # pylint: disable=import-outside-toplevel
     from nvidia import nvimgcodec  # pylint: disable=import-outside-toplevel
 
@@ -272,21 +275,48 @@ def _whole_image_rate(records: list[dict], device, per_gpu: int, repeats: int) -
         device_id=device.local_hardware_id,
         backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)],
     )
-    params = nvimgcodec.DecodeParams(apply_exif_orientation=False)
+    params = nvimgcodec.DecodeParams(
+        apply_exif_orientation=False, sample_format=getattr(nvimgcodec.SampleFormat, sample_format)
+    )
     batch = records[0]
     offsets = batch["offsets"]
     encoded = [batch["encoded"][offsets[i] : offsets[i + 1]] for i in range(per_gpu)]
     streams = [nvimgcodec.CodeStream(e) for e in encoded]
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+
+    def decode() -> None:
         images = decoder.decode(streams, params=params)
         refused = sum(im is None for im in images)
         if refused:  # from_dlpack(None) would fail with a message about DLPack
             raise RuntimeError(f"the hardware decoder refused {refused} of {per_gpu} JPEGs")
         jax.block_until_ready([jax.dlpack.from_dlpack(im) for im in images])
+
+    return decode
+
+
+def _best_rate(decode: Callable[[], None], per_call: int, repeats: int) -> float:
+    """Images/s of `decode` (`per_call` images a call), best of `repeats` calls."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        decode()
         best = min(best, time.perf_counter() - start)
-    return per_gpu / best
+    return per_call / best
+
+
+def _top_kernels(decode: Callable[[], None], per_call: int) -> list[dict[str, Any]]:
+    """The 3 kernels of one traced call of `decode` with the most time, per image: a decoder's
+    own kernels (its colour conversion) run on the SMs the train step needs."""
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    import jax  # pylint: disable=import-outside-toplevel
+
+    from scripts.bench import profile_trace  # pylint: disable=import-outside-toplevel
+
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            decode()
+        kernels = [k for ks in profile_trace.load_kernels(trace_dir).values() for k in ks]
+    return profile_trace.top_kernels(kernels, per_call, n=3)
 
 
 def decode_stage(args: argparse.Namespace) -> dict[str, Any]:
@@ -310,14 +340,20 @@ def decode_stage(args: argparse.Namespace) -> dict[str, Any]:
             rate = functools.partial(_stage_rate, records, placed, args, canvas)
             row = {"per_gpu": per_gpu, "gpus": gpus, "depth": depth}
             rows.append(_measured(row, "decode_images_per_s", rate))
-    for per_gpu in args.per_gpu:
+    for per_gpu, sample_format in itertools.product(args.per_gpu, args.sample_formats):
         if all_devices[0].platform == "gpu":  # not where a stand-in decodes on the CPU (tests)
             records = _record_batches(args, per_gpu, args.batches)
-            rate = functools.partial(
-                _whole_image_rate, records, all_devices[0], per_gpu, args.repeats
-            )
-            row = {"per_gpu": per_gpu, "gpus": 1}
+            row = {"per_gpu": per_gpu, "gpus": 1, "sample_format": sample_format}
+            try:
+                decode = _whole_image_decode(records, all_devices[0], per_gpu, sample_format)
+            except Exception as e:  # pylint: disable=broad-except
+                rows.append({**row, "error": harness.error_text(e)})  # the others still run
+                continue
+            rate = functools.partial(_best_rate, decode, per_gpu, args.repeats)
             rows.append(_measured(row, "whole_image_decode_images_per_s", rate))
+            if "error" not in row:
+                kernels = functools.partial(_top_kernels, decode, per_gpu)
+                _measured(row, "kernels_per_image", kernels)
     return {"canvas": canvas, "image_size": args.image_size, "results": rows}
 
 
@@ -573,6 +609,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--depth", type=int, nargs="+", default=[1],
         help="decode, loaded: decoders per GPU taking the batches in turn (data.gpu_decode_depth)",
+    )
+    parser.add_argument(
+        "--sample_formats", nargs="+", default=["I_RGB"],
+        help="decode: nvimgcodec.SampleFormat names of the whole-image decode (e.g. I_RGB I_RGBA)",
     )
     parser.add_argument("--stage", help="report: the decode stage's JSON")
     parser.add_argument("--runs", nargs="*", default=[], help="report: train_input JSONs")

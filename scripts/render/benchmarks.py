@@ -276,9 +276,14 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
     for r in whole:
         lines.append(
             f"\nnvImageCodec's whole-image decode of the same JPEGs, {r['per_gpu']} per call, "
-            f"one GPU: {r['whole_image_decode_images_per_s']:,.0f} images/s."
+            f"one GPU{into(r)}: {r['whole_image_decode_images_per_s']:,.0f} images/s."
         )
     return "\n".join(lines)
+
+
+def into(row: dict[str, Any]) -> str:
+    """", into <sample format>" for a whole-image decode row that names its format, else ""."""
+    return f", into {row['sample_format']}" if "sample_format" in row else ""
 
 
 def _decoder_name(row: dict[str, Any]) -> str:

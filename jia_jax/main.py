@@ -151,10 +151,16 @@ def set_xla_environment(config: ml_collections.ConfigDict) -> None:
     os.environ.update(added)
     if added:
         logging.info("%s%s", xla_network.TOLD_LOG, xla_network.told(added["XLA_FLAGS"]))
-    added = command_buffers.environment(config.get("xla"), os.environ)
+    xla = config.get("xla")
+    added = command_buffers.environment(xla, os.environ)
     os.environ.update(added)
     if added:
         logging.info("Convolutions in XLA's command buffers: %s", command_buffers.FLAG)
+    elif xla is not None and xla.get("command_buffer_convolutions", False):
+        logging.info(
+            "config.xla.command_buffer_convolutions left alone: no GPU visible, or XLA_FLAGS "
+            "choose %s themselves.", command_buffers.OPTION
+        )
 
 
 def main(argv: list[str]) -> None:

@@ -36,6 +36,17 @@ def test_nothing_is_added_unless_asked_with_a_gpu_and_no_choice_of_the_users(xla
     assert command_buffers.environment(xla, environ) == {}
 
 
+def test_a_request_left_to_the_users_flags_is_logged(monkeypatch, caplog):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION")
+    config = default.get_config()
+    config.xla.command_buffer_convolutions = True
+    with caplog.at_level("INFO"):
+        main_lib.set_xla_environment(config)
+    assert os.environ["XLA_FLAGS"] == "--xla_gpu_enable_command_buffer=FUSION"
+    assert "command_buffer_convolutions left alone" in caplog.text
+
+
 def test_default_config_leaves_xla_flags_alone(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/hlo")

@@ -146,6 +146,12 @@ def get_config() -> ml_collections.ConfigDict:
     # Off, XLA assumes 8 GPUs a host and a fast network: across 2 emulated hosts the trainer ran
     # 3-7% slower (docs/benchmarks.md). On one host: no effect. Same mean.
     config.comm.tell_xla_network = True
+    # The share of `comm.network`'s bandwidth told to XLA where it is told. XLA keeps one
+    # all-reduce in flight and places each bucket's start and done by the told wire time: told
+    # less, it starts the buckets earlier in backward. Told half across 2 emulated hosts, the
+    # in-process step ran about 1.5% slower at 256 images per GPU and 8.6% faster at 64, within
+    # the link's spread between runs (docs/benchmarks.md, "Across hosts"). Same mean.
+    config.comm.told_bandwidth_scale = 1.0
 
     # XLA options of the whole process, which `jia_jax.main` adds to XLA_FLAGS before JAX starts
     # (where XLA_FLAGS set the same option, the user's own wins). Same mean.

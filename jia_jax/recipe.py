@@ -61,6 +61,7 @@ FREE_ON_RESUME = (
     "comm.overlap",
     "comm.network",
     "comm.tell_xla_network",
+    "comm.told_bandwidth_scale",
     "xla.*",
     "model.space_to_depth_stem",
     "model.sliced_max_pool",

@@ -105,20 +105,38 @@ def visible_gpus(environ: Mapping[str, str]) -> int:
     return count
 
 
+def told_link(comm: Any) -> comm_model.Link:
+    """The network link told to XLA: `comm.network`'s, its bandwidth times
+    `comm.told_bandwidth_scale` (1 where the config has none).
+
+    Raises:
+      ValueError: `comm.network` names no network of the calibration, or the scale is not a
+        positive number.
+    """
+    link = comm_model.network_model(comm.network).inter
+    scale = comm.get("told_bandwidth_scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise ValueError(
+            f"comm.told_bandwidth_scale={scale!r}: give a positive number, the share of "
+            "comm.network's bandwidth to tell XLA (1 tells it as calibrated)."
+        )
+    return comm_model.Link(link.alpha_s, link.beta_bytes_per_s * scale)
+
+
 def environment(comm: Any, dist: Any, environ: Mapping[str, str]) -> dict[str, str]:
     """The variables to add to `environ` before JAX starts: XLA_FLAGS with the estimator told
     the hosts' size (the GPUs this process sees times the job's processes on this host,
-    `local_processes`) and `comm.network`'s links, where `comm.tell_xla_network` asks for it,
+    `local_processes`) and the link `told_link` gives, where `comm.tell_xla_network` asks for it,
     the run spans hosts (`dist`, the `distributed` block, and the launcher's environment: one
     host has no network), the process sees a GPU, and the user's XLA_FLAGS do not set the option
     already.
 
     Raises:
-      ValueError: `comm.network` names no network of the calibration.
+      ValueError: as `told_link`.
     """
     if not comm.get("tell_xla_network", False):
         return {}
-    link = comm_model.network_model(comm.network).inter  # a bad name fails in one process too
+    link = told_link(comm)  # a bad name or scale fails in one process too
     processes, local = mesh.process_count(dist, environ), local_processes(environ)
     if processes == 1 or local >= processes:
         return {}  # one host: no network

@@ -15,6 +15,7 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh nccl      # the told step with NCCL's GPU-side settings
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_half # XLA told half the network's bandwidth
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_half64  # at 64 images: x0.5, x1, x2, twice
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh told_scale_trainer  # the trainer told x0.5, x1, x2
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh cmdbuf    # convolutions in XLA's command buffers
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
@@ -163,6 +164,14 @@ case "$1" in
       layouts=2x1
     done
     ;;
+  told_scale_trainer)
+    # The trainer itself (its logged rate, 2 emulated hosts x 1 GPU against one GPU) told the
+    # network's bandwidth, half of it and twice it (`comm.told_bandwidth_scale`).
+    python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches=256,64 \
+      --strategies=default --row_variant="--config.comm.told_bandwidth_scale=0.5" \
+      --row_variant="--config.comm.told_bandwidth_scale=2" \
+      --out="$OUT/bench_hosts_told_scale_2gpu.json"
+    ;;
   cmdbuf)
     # Convolutions in XLA's command buffers (what `xla.command_buffer_convolutions` sets; here in
     # XLA_FLAGS, so the one-GPU rows have it too) against without: the trainer's logged rate on
@@ -175,6 +184,6 @@ case "$1" in
     done
     ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
-       "|told_half|told_half64|cmdbuf" >&2
+       "|told_half|told_half64|told_scale_trainer|cmdbuf" >&2
      exit 2 ;;
 esac

@@ -1602,6 +1602,10 @@ def test_told_half_bandwidth_prose_quotes_the_json():
         f"the two runs of one setting differed ({spread:.1%})",
         f"The one-GPU row at 64 ran host-bound in this call ({alone64['idle_ms']:.1f} ms idle",
     ])
+    assert_quoted(read("configs/default.py").replace("#", ""), [
+        f"step ran about {1 - mean[half, 256] / mean[full, 256]:.1%} slower at 256 images per GPU "
+        f"and {mean[half, 64] / mean[full, 64] - 1:.1%} faster at 64",
+    ])
 
 
 def test_scaling_prose_on_the_round_robin_plans_call_quotes_the_json():

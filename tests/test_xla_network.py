@@ -91,6 +91,25 @@ def test_environment_appends_the_named_networks_links_to_the_users_flags():
     assert f"nic_speed_gbps={fabric['beta_bytes_per_s'] / 1e9:.3f}," in told
 
 
+def test_told_bandwidth_scale_scales_the_told_bandwidth_only():
+    fit = comm_model.network_model("emulated").inter
+    comm = ml_collections.ConfigDict(
+        {"tell_xla_network": True, "network": "emulated", "told_bandwidth_scale": 0.5})
+    told = xla_network.environment(comm, LAUNCHED, {"CUDA_VISIBLE_DEVICES": "0"})["XLA_FLAGS"]
+    assert told == xla_network.estimator_flag(
+        1, comm_model.Link(fit.alpha_s, fit.beta_bytes_per_s / 2))
+    assert f"nic_speed_gbps={fit.beta_bytes_per_s / 2e9:.3f}," in told  # half, same latency
+    assert xla_network.told_link(_comm(True)) == fit  # configs from before the field: as fitted
+
+
+@pytest.mark.parametrize("scale", [0, -1.0, "half", True])
+def test_a_told_bandwidth_scale_that_is_no_positive_number_names_the_field(scale):
+    comm = ml_collections.ConfigDict(
+        {"tell_xla_network": True, "network": "emulated", "told_bandwidth_scale": scale})
+    with pytest.raises(ValueError, match="comm.told_bandwidth_scale"):
+        xla_network.environment(comm, LAUNCHED, {"CUDA_VISIBLE_DEVICES": "0"})
+
+
 @pytest.mark.parametrize(
     "comm, dist, env",
     [

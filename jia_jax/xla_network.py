@@ -105,16 +105,15 @@ def visible_gpus(environ: Mapping[str, str]) -> int:
     return count
 
 
-def told_link(comm: Any) -> comm_model.Link:
-    """The network link told to XLA: `comm.network`'s, its bandwidth times
-    `comm.told_bandwidth_scale` (1 where the config has none).
+def told_link(network: str, scale: float = 1.0) -> comm_model.Link:
+    """The network link told to XLA: `network`'s (`comm.network`), its bandwidth times `scale`
+    (`comm.told_bandwidth_scale`).
 
     Raises:
-      ValueError: `comm.network` names no network of the calibration, or the scale is not a
-        positive number.
+      ValueError: `network` names no network of the calibration, or `scale` is not a positive
+        number.
     """
-    link = comm_model.network_model(comm.network).inter
-    scale = comm.get("told_bandwidth_scale", 1.0)
+    link = comm_model.network_model(network).inter
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
         raise ValueError(
             f"comm.told_bandwidth_scale={scale!r}: give a positive number, the share of "
@@ -136,7 +135,8 @@ def environment(comm: Any, dist: Any, environ: Mapping[str, str]) -> dict[str, s
     """
     if not comm.get("tell_xla_network", False):
         return {}
-    link = told_link(comm)  # a bad name or scale fails in one process too
+    # A bad name or scale fails in one process too.
+    link = told_link(comm.network, comm.get("told_bandwidth_scale", 1.0))
     processes, local = mesh.process_count(dist, environ), local_processes(environ)
     if processes == 1 or local >= processes:
         return {}  # one host: no network

@@ -64,7 +64,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from jia_jax import comm_model, xla_network
+from jia_jax import xla_network
 from scripts.bench import emulated_hosts, harness
 
 MIB = 1 << 20
@@ -477,8 +477,7 @@ def _layout_rows(
     )
     told = args.tell_xla_network if processes > 1 else ""  # the network XLA's estimator is told
     if told:
-        link = comm_model.network_model(told).inter
-        link = comm_model.Link(link.alpha_s, link.beta_bytes_per_s * args.told_bandwidth)
+        link = xla_network.told_link(told, args.told_bandwidth)
         xla_flags = env.get("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))
         env["XLA_FLAGS"] = xla_network.with_estimator(xla_flags, gpus, link)
         if args.told_bandwidth != 1:

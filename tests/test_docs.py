@@ -1131,20 +1131,18 @@ def test_first_bucket_answers_agree_with_the_json():
     assert train.step_compiler_options(comm, xla_told=False) == measured["xla"]
 
 
-def _peers_step_rows() -> dict:
-    """(model, per GPU, kind, variant) -> row of the one-GPU call of today's default step."""
+def _peers_step_rows(name: str = "bench_peers_step_1xH100.json") -> dict:
+    """(model, per GPU, kind, variant) -> row of a one-GPU peers call (by default the H100 call of
+    today's default step)."""
     from scripts.bench import peers as bench_peers
 
     return {(r["model"], r["per_device_batch"], r["kind"], bench_peers.variant(r)): r
-            for r in load("bench_peers_step_1xH100.json")["results"] if "images_per_s" in r}
+            for r in load(name)["results"] if "images_per_s" in r}
 
 
 def test_one_h200_step_prose_quotes_the_json():
-    from scripts.bench import peers as bench_peers
-
     def rows(name):
-        return {(r["model"], r["per_device_batch"], r["kind"], bench_peers.variant(r)):
-                r["images_per_s"] for r in load(name)["results"] if "images_per_s" in r}
+        return {key: r["images_per_s"] for key, r in _peers_step_rows(name).items()}
 
     step, later = rows("bench_peers_step_1xH200.json"), rows("bench_peers_cmdbuf_1xH200.json")
     plain, cmdbuf = "no_space_to_depth_stem+no_sliced_max_pool", \
@@ -1156,11 +1154,10 @@ def test_one_h200_step_prose_quotes_the_json():
     alex = [step["alexnet_bn", b, "trainer", ""] / step["alexnet_bn", b, "flax", ""]
             for b in (256, 64)]
     assert flax[256] < torch[256] and flax[64] > torch[64]  # the faster peer of each batch
-    [profile] = load("profile_step_1xH200.json")["results"][1:]
-    idle = {c["per_device_batch"]: c["devices"]["/device:GPU:0"]["idle_us"] / 1e3
-            for c in load("profile_step_1xH200.json")["results"]}
-    kernels = [c["devices"]["/device:GPU:0"]["kernels_per_step"]
-               for c in load("profile_step_1xH200.json")["results"]]
+    cases = load("profile_step_1xH200.json")["results"]
+    [profile] = cases[1:]
+    idle = {c["per_device_batch"]: c["devices"]["/device:GPU:0"]["idle_us"] / 1e3 for c in cases}
+    kernels = [c["devices"]["/device:GPU:0"]["kernels_per_step"] for c in cases]
     assert profile["per_device_batch"] == 64 and all(1300 < k < 1500 for k in kernels)
     device = profile["devices"]["/device:GPU:0"]
     busy = sum(v for k, v in device.items() if k.startswith("busy_")) / 1e3

@@ -21,6 +21,19 @@
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
 peers=peer_ad_psum,peer_ad_psum_raveled,peer_concat_buckets
+told_runs() {  # told_runs BATCHES HLO SCALE_RUN...: the told step (overlap_cap) across 2
+  # emulated hosts x 1 GPU, XLA told SCALE times the emulated bandwidth, one run per SCALE_RUN
+  # (e.g. 0.5_1), the first with the one-GPU rows; HLO non-empty keeps each run's HLO.
+  local batches=$1 hlo=$2 layouts=1x1,2x1 run
+  shift 2
+  for run in "$@"; do
+    python3 -m scripts.bench.overlap --layouts=$layouts --batches="$batches" \
+      --variants=overlap_cap --steps=10 --tell_xla_network=emulated \
+      --told_bandwidth="${run%_*}" ${hlo:+--hlo_dir="$OUT/hlo_told_x$run"} \
+      --out="$OUT/bench_told_${batches/,/_}_x$run.json"
+    layouts=2x1
+  done
+}
 case "$1" in
   steps)
     python3 -m scripts.bench.step --models=resnet50 --meshes=1x1,1xn \
@@ -141,28 +154,13 @@ case "$1" in
     # network's bandwidth, or half of it: about what the wire moved beside backward's kernels in
     # the profile, so that XLA may put more of backward between each bucket's start and its done
     # (it keeps one all-reduce in flight). Runs alternate (XLA reads it once a process).
-    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=256,64 --variants=overlap_cap \
-      --steps=10 --tell_xla_network=emulated --hlo_dir="$OUT/hlo_full_1" \
-      --out="$OUT/bench_told_full_1.json"
-    for run in half_1 full_2 half_2; do
-      python3 -m scripts.bench.overlap --layouts=2x1 --batches=256,64 --variants=overlap_cap \
-        --steps=10 --tell_xla_network=emulated --hlo_dir="$OUT/hlo_$run" \
-        --told_bandwidth="$([ "${run%_*}" = half ] && echo 0.5 || echo 1)" \
-        --out="$OUT/bench_told_$run.json"
-    done
+    told_runs 256,64 hlo 1_1 0.5_1 1_2 0.5_2
     ;;
   told_half64)
     # The same at 64 images per GPU only, where told half won 8.6% in the mean, as much as runs
     # of one setting differed; and told twice the bandwidth, which places each done earlier
-    # (the traced told step's wire sat idle between buckets). Six runs that alternate the three,
-    # the first with the one-GPU row.
-    layouts=1x1,2x1
-    for run in 1_1 0.5_1 2_1 1_2 0.5_2 2_2; do
-      python3 -m scripts.bench.overlap --layouts=$layouts --batches=64 --variants=overlap_cap \
-        --steps=10 --tell_xla_network=emulated --told_bandwidth="${run%_*}" \
-        --out="$OUT/bench_told64_x$run.json"
-      layouts=2x1
-    done
+    # (the traced told step's wire sat idle between buckets). Six runs that alternate the three.
+    told_runs 64 "" 1_1 0.5_1 2_1 1_2 0.5_2 2_2
     ;;
   told_scale_trainer)
     # The trainer itself (its logged rate, 2 emulated hosts x 1 GPU against one GPU) told the

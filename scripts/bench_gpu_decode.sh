@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU-decode measurements of docs/input_pipeline.md on a host with 2 GPUs and 32 or more
-# cores, nvImageCodec installed (pip install -e ".[gpu]"), in parts that each fit a 10-minute
-# call; run from the repository root:
+# cores (`one` and `depth`: 1 GPU and 16 cores), nvImageCodec installed (pip install -e
+# ".[gpu]"), in parts that each fit a 10-minute call; run from the repository root:
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh one    # 1 GPU, 256 and 64 images; PROFILE=0:
 #                                                        # without the profiled run
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh two    # 2 GPUs: one process, one per GPU
@@ -32,8 +32,11 @@ data=/tmp/jia_bench_data
 runs=/tmp/jia_gpu_decode_runs
 mkdir -p "$OUT" "$runs"
 rm -f "$runs"/*.json "$runs"/*.log
-# Cores per GPU: 16, or half the host's if it has fewer than 32.
-half=$(( $(nproc) / 2 < 16 ? $(nproc) / 2 : 16 ))
+# Cores per GPU: 16, or the host's share per GPU if it has fewer (`one` runs on a 1-GPU host of
+# 16 cores as on a 2-GPU host of 32).
+gpus=$(nvidia-smi -L | wc -l)
+share=$(( $(nproc) / (gpus > 0 ? gpus : 1) ))
+half=$(( share < 16 ? share : 16 ))
 first="0-$((half - 1))" both="0-$((2 * half - 1))"
 
 # First the smoke check (it writes the dataset; a broken GPU path shows here in a minute), then

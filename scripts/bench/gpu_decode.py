@@ -15,12 +15,17 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
     ResNet-50 step trains on that GPU in another thread, for each --decoder_options, batches not
     waited for one by one (as the trainer's input thread); each row has the training's images/s
     meanwhile and the ms a batch spent in each phase.
+  * `crop`: the crop-and-resize program alone (`crop_resize.crop_resize`, as the decode stage
+    runs it after each batch's decode, on XLA's stream, so its time adds to the step's) on one
+    GPU, for each --per_gpu: ms a batch (best of --repeats) and its top kernels a batch, on
+    tiles of the generated JPEGs' size with train crop windows.
   * `report`: the record of scripts/bench_gpu_decode.sh: one row per training configuration
     (`scripts.bench.train_input` JSONs) with the decode stage's rate beside it.
 
   python -m scripts.bench.gpu_decode smoke --data_dir=/tmp/jia_bench_data --out=smoke.json
   python -m scripts.bench.gpu_decode decode --data_dir=/tmp/jia_bench_data --out=stage.json
   python -m scripts.bench.gpu_decode loaded --per_gpu 256 --out=loaded.json
+  python -m scripts.bench.gpu_decode crop --per_gpu 256 64 --out=crop.json
 """
 
 from __future__ import annotations
@@ -303,9 +308,12 @@ def _best_rate(decode: Callable[[], None], per_call: int, repeats: int) -> float
     return per_call / best
 
 
-def _top_kernels(decode: Callable[[], None], per_call: int) -> list[dict[str, Any]]:
-    """The 3 kernels of one traced call of `decode` with the most time, per image: a decoder's
-    own kernels (its colour conversion) run on the SMs the train step needs."""
+def _top_kernels(
+    decode: Callable[[], None], per_call: int, n: int = 3
+) -> list[dict[str, Any]]:
+    """The `n` kernels of one traced call of `decode` with the most time, per image (per call
+    if `per_call` is 1): a decoder's own kernels (its colour conversion) run on the SMs the
+    train step needs."""
     import tempfile  # pylint: disable=import-outside-toplevel
 
     import jax  # pylint: disable=import-outside-toplevel
@@ -316,7 +324,7 @@ def _top_kernels(decode: Callable[[], None], per_call: int) -> list[dict[str, An
         with jax.profiler.trace(trace_dir):
             decode()
         kernels = [k for ks in profile_trace.load_kernels(trace_dir).values() for k in ks]
-    return profile_trace.top_kernels(kernels, per_call, n=3)
+    return profile_trace.top_kernels(kernels, per_call, n=n)
 
 
 def decode_stage(args: argparse.Namespace) -> dict[str, Any]:
@@ -357,6 +365,48 @@ def decode_stage(args: argparse.Namespace) -> dict[str, Any]:
     return {"canvas": canvas, "image_size": args.image_size, "results": rows}
 
 
+def crop(args: argparse.Namespace) -> dict[str, Any]:
+    """ms a batch and top kernels of the crop-and-resize program on one GPU (see `crop` above)."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    from jia_jax import crop_resize, crop_windows  # pylint: disable=import-outside-toplevel
+
+    device, rows = jax.local_devices()[0], []
+    rng = np.random.default_rng(0)
+    width, height = 500, 375  # scripts/bench/input.py's images
+    for per_gpu in args.per_gpu:
+        windows = [crop_windows.train_window(rng, width, height) for _ in range(per_gpu)]
+        plan = crop_resize.plan_tiles(
+            np.array([w for w, _ in windows], np.float64),
+            np.tile([width, height], (per_gpu, 1)),
+            np.array([f for _, f in windows]),
+            np.ones(per_gpu, bool),
+            args.image_size,
+            args.canvas,
+        )
+        plan = crop_resize.pad_plan(plan, crop_resize.padded_count(per_gpu, per_gpu), per_gpu)
+        tiles = jax.device_put(
+            rng.integers(0, 256, (len(plan.example), args.canvas, args.canvas, 3), np.uint8),
+            device,
+        )
+        example, params = jax.device_put((plan.example, plan.params), device)
+
+        def run(tiles=tiles, example=example, params=params, batch=per_gpu) -> None:
+            out = crop_resize.crop_resize(
+                tiles, example, params, batch=batch, image_size=args.image_size
+            )
+            jax.block_until_ready(out)
+
+        run()  # compiles
+        row = {"per_gpu": per_gpu, "tiles": len(plan.example)}
+        _measured(row, "batches_per_s", functools.partial(_best_rate, run, 1, args.repeats))
+        if "error" not in row:
+            row["ms_per_batch"] = 1e3 / row["batches_per_s"]
+            _measured(row, "kernels_per_batch", functools.partial(_top_kernels, run, 1, 8))
+        rows.append(row)
+    return {"canvas": args.canvas, "image_size": args.image_size, "results": rows}
+
+
 def loaded(args: argparse.Namespace) -> dict[str, Any]:
     """The decode stage on one GPU, alone and while the trainer's ResNet-50 step trains on the
     same GPU in another thread (synthetic data), for each of `--decoder_options` (nvImageCodec's
@@ -372,15 +422,19 @@ def loaded(args: argparse.Namespace) -> dict[str, Any]:
     records = _record_batches(args, per_gpu, args.batches)
     rows = []
     with _training(device, per_gpu, args) as train_times, _phase_timer() as phases:
-        for options, depth in itertools.product(args.decoder_options, args.depth):
+        cases = itertools.product(args.decoder_options, args.depth, args.stream_priorities)
+        for options, depth, priority in cases:
+            decoder = functools.partial(
+                gpu_decode.new_decoder, options=options, urgent=priority == "highest"
+            )
             placed = [
-                [(gpu_input.DeviceDecoder(device, gpu_decode.new_decoder(device, options=options),
-                                          tile_ring.TileRing(device)), slice(0, per_gpu))]
+                [(gpu_input.DeviceDecoder(device, decoder(device), tile_ring.TileRing(device)),
+                  slice(0, per_gpu))]
                 for _ in range(depth)
             ]
             for beside_training in (False, True):
                 row = {"per_gpu": per_gpu, "decoder_options": options, "depth": depth,
-                       "beside_training": beside_training}
+                       "stream_priority": priority, "beside_training": beside_training}
                 train_times.run(beside_training)
                 start, before = time.perf_counter(), len(train_times)
                 phases.clear()
@@ -595,7 +649,7 @@ def _report_row(
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("smoke", "decode", "loaded", "report"))
+    parser.add_argument("mode", choices=("smoke", "decode", "loaded", "crop", "report"))
     parser.add_argument("--data_dir", default="/tmp/jia_bench_data")
     parser.add_argument("--num_images", type=int, default=1024, help="JPEGs to write if absent")
     parser.add_argument("--image_size", type=int, default=224)
@@ -623,6 +677,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="loaded: nvImageCodec decoder options to compare ('' = the trainer's)",
     )
     parser.add_argument(
+        "--stream_priorities", nargs="+", default=["default"], choices=("default", "highest"),
+        help="loaded: the decoder's CUDA stream priorities to compare",
+    )
+    parser.add_argument(
         "--tiny_model", action="store_true", help="loaded: a tiny ResNet trains (CPU tests)"
     )
     parser.add_argument("--out", required=True)
@@ -637,7 +695,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     flags.FLAGS.mark_as_parsed()  # grain's worker processes read an absl flag
     bench_input.prepare(args.data_dir, args.num_images, "array_record")  # unless there
-    doc = {"smoke": smoke, "decode": decode_stage, "loaded": loaded}[args.mode](args)
+    modes = {"smoke": smoke, "decode": decode_stage, "loaded": loaded, "crop": crop}
+    doc = modes[args.mode](args)
     doc = {"command": " ".join(sys.argv), "args": vars(args), **doc}
     harness.close_record(args.out, doc)
     print(json.dumps({k: v for k, v in doc.items() if k not in ("odd_images", "args")}, indent=1))

@@ -14,8 +14,10 @@ traced values, not shapes.
 The resize is the one Pillow's `Image.resize(size, BILINEAR, box=box)` computes (the CPU path):
 a triangle filter whose support widens with the downscale factor (antialiasing), over the
 image's pixels only, each output pixel's weights normalised to sum to 1. Per axis it is a dense
-[out, canvas] weight matrix; a tile contributes `Wy @ tile @ Wx^T`, and an example's tiles are
-summed and divided by the sum of their weights. Pixels past the image's edge get weight 0, so the
+[out, canvas] weight matrix, scaled beforehand so that an example's weights sum to 1 over all
+its tiles (`normalised_weights`); a tile contributes `Wy @ tile @ Wx^T`, and an example's tiles
+are summed (nothing to sum where each example has one tile, the common case: that program skips
+it). Pixels past the image's edge get weight 0, so the
 filter is renormalised at the image's borders exactly as Pillow's is. `jax.image.
 scale_and_translate` computes the same filter but normalises over the whole array it is given,
 padding included, so it is used only as a cross-check where a tile holds nothing but image
@@ -176,6 +178,35 @@ def axis_weights(
     return jnp.where(jnp.arange(canvas)[None, :] < valid, weight, 0.0)
 
 
+def normalised_weights(
+    wy: jax.Array, wx: jax.Array, example: jax.Array, batch: int, one_tile_each: bool
+) -> tuple[jax.Array, jax.Array]:
+    """Per-axis weights [T, out, canvas] scaled so that summing each example's tiles'
+    `Wy @ tile @ Wx^T` gives its normalised resize, with no division after the products.
+
+    An example's weight at output (s, k), summed over its grid of R x C tiles, is
+    (sum over its tile rows of wy's row sums) x (sum over its tile columns of wx's): the grid
+    splits each axis into disjoint ranges, and a tile's wy depends on its grid row only, its wx
+    on its grid column. Summed over all n = R x C tiles, wy's row sums give C times the first
+    factor (SY) and wx's R times the second (SX), so the normaliser is SY x SX / n: scaling each
+    tile's wy by n / SY and its wx by 1 / SX normalises the sum. Examples without a tile need
+    nothing; padding tiles (example `batch`) are dropped later.
+    """
+    sy, sx = wy.sum(-1), wx.sum(-1)  # [T, out]
+    if one_tile_each:
+        total_y, total_x, tiles = sy, sx, 1.0
+    else:
+        segments = functools.partial(
+            jax.ops.segment_sum, segment_ids=example, num_segments=batch + 1,
+            indices_are_sorted=True,
+        )
+        tiles = segments(jnp.ones_like(sy[:, :1]))[example]
+        total_y, total_x = segments(sy)[example], segments(sx)[example]
+    scale_y = tiles / jnp.where(total_y > 0, total_y, 1.0)
+    scale_x = 1.0 / jnp.where(total_x > 0, total_x, 1.0)
+    return wy * scale_y[..., None], wx * scale_x[..., None]
+
+
 def resize_tiles(
     tiles: jax.Array,
     example: jax.Array,
@@ -184,6 +215,7 @@ def resize_tiles(
     batch: int,
     image_size: int,
     dtype: jnp.dtype = jnp.bfloat16,
+    one_tile_each: bool = False,
 ) -> jax.Array:
     """The resized crops, float32 [batch, image_size, image_size, 3], unrounded.
 
@@ -194,33 +226,51 @@ def resize_tiles(
       batch: examples in the batch.
       image_size: output height and width.
       dtype: the weights' and pixels' dtype in the products (float32 accumulation).
+      one_tile_each: the plan is one tile per example, in order (`is_one_tile_each`): the sum
+        over each example's tiles is skipped.
     """
     canvas = tiles.shape[1]
     weights = jax.vmap(functools.partial(axis_weights, out_size=image_size, canvas=canvas))
-    wy = weights(params[:, Y_START], params[:, Y_LENGTH], params[:, Y_VALID]).astype(dtype)
+    wy = weights(params[:, Y_START], params[:, Y_LENGTH], params[:, Y_VALID])
     wx = weights(params[:, X_START], params[:, X_LENGTH], params[:, X_VALID])
     # Flipping the output left-right is reading the horizontal weights' rows in reverse.
-    wx = jnp.where(params[:, FLIP, None, None] > 0.5, wx[:, ::-1], wx).astype(dtype)
+    wx = jnp.where(params[:, FLIP, None, None] > 0.5, wx[:, ::-1], wx)
+    wy, wx = normalised_weights(wy, wx, example, batch, one_tile_each)
+    # The rows keep channels ahead of columns, so the horizontal pass contracts their minor
+    # axis: neither product needs its operands or result transposed in memory.
     rows = jnp.einsum(
-        "tsh,thwc->tswc", wy, tiles.astype(dtype), preferred_element_type=jnp.float32
+        "tsh,thwc->tcsw", wy.astype(dtype), tiles.astype(dtype),
+        preferred_element_type=jnp.float32,
     ).astype(dtype)
-    num = jnp.einsum("tkw,tswc->tskc", wx, rows, preferred_element_type=jnp.float32)
-    # An example's weights, summed over its tiles, are (sum of wy) x (sum of wx): its grid of
-    # tiles splits each axis into disjoint ranges.
-    den = jnp.einsum(
-        "ts,tk->tsk", wy.astype(jnp.float32).sum(-1), wx.astype(jnp.float32).sum(-1)
+    out = jnp.einsum(
+        "tcsw,tkw->tskc", rows, wx.astype(dtype), preferred_element_type=jnp.float32
     )
+    if one_tile_each:
+        return out
     # `plan_tiles` lists an example's tiles together and in example order, padding last.
-    num = jax.ops.segment_sum(num, example, num_segments=batch, indices_are_sorted=True)
-    den = jax.ops.segment_sum(den, example, num_segments=batch, indices_are_sorted=True)
-    return num / jnp.where(den > 0, den, 1.0)[..., None]
+    return jax.ops.segment_sum(out, example, num_segments=batch, indices_are_sorted=True)
 
 
-@functools.partial(jax.jit, static_argnames=("batch", "image_size"))
+def is_one_tile_each(plan: TilePlan, batch: int) -> bool:
+    """Whether `plan` (padded) holds exactly one tile per example of `batch`, in order: every
+    image fits a canvas and none is missing, as for ImageNet at the default canvas."""
+    return np.array_equal(plan.example, np.arange(batch))
+
+
+@functools.partial(jax.jit, static_argnames=("batch", "image_size", "one_tile_each"))
 def crop_resize(
-    tiles: jax.Array, example: jax.Array, params: jax.Array, *, batch: int, image_size: int
+    tiles: jax.Array,
+    example: jax.Array,
+    params: jax.Array,
+    *,
+    batch: int,
+    image_size: int,
+    one_tile_each: bool = False,
 ) -> jax.Array:
     """uint8 [batch, image_size, image_size, 3]: the decoded tiles, uint8 [T, canvas, canvas, 3],
-    cropped, resized and flipped per `TilePlan`, rounded to pixels."""
-    resized = resize_tiles(tiles, example, params, batch=batch, image_size=image_size)
+    cropped, resized and flipped per `TilePlan`, rounded to pixels (`one_tile_each`: see
+    `resize_tiles`)."""
+    resized = resize_tiles(
+        tiles, example, params, batch=batch, image_size=image_size, one_tile_each=one_tile_each
+    )
     return jnp.clip(jnp.round(resized), 0, 255).astype(jnp.uint8)

@@ -123,6 +123,7 @@ def decode_rows(
             jax.device_put(plan.params, decoder.device),
             batch=stop - first,
             image_size=image_size,
+            one_tile_each=crop_resize.is_one_tile_each(plan, stop - first),
         )
     finally:
         decoder.ring.give(tiles, images)

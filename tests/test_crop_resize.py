@@ -213,3 +213,29 @@ def test_decoded_jpeg_tiles_resize_like_the_cpu_path():
     cpu = PIL.Image.fromarray(decoded).resize((_OUT, _OUT), PIL.Image.BILINEAR, box=box)
     cpu = np.asarray(cpu)[:, ::-1] if flip else np.asarray(cpu)
     assert np.abs(np.clip(np.round(out[0]), 0, 255) - cpu).max() <= _PILLOW_LEVELS
+
+
+def test_one_tile_each_program_equals_the_general_one_and_pillows_filter():
+    """Images that all fit a canvas, none missing: the plan is one tile per example, and the
+    program that skips the per-example sum gives the general program's result exactly, within
+    the bfloat16 bound of Pillow's filter; a larger image or a missing one is not such a plan."""
+    rng = np.random.default_rng(4)
+    images, boxes, flips = [], [], []
+    for height, width in [(20, 27), (31, 31), (9, 7), (32, 18)]:
+        images.append(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+        box, flip = crop_windows.train_window(rng, width, height)
+        boxes.append(box), flips.append(flip)
+    general, plan = resized(images, np.array(boxes), np.array(flips), jnp.bfloat16)
+    assert crop_resize.is_one_tile_each(plan, len(images))
+    fast = crop_resize.resize_tiles(
+        jnp.asarray(tiles_of(images, plan)), jnp.asarray(plan.example),
+        jnp.asarray(plan.params), batch=len(images), image_size=_OUT, one_tile_each=True,
+    )
+    np.testing.assert_array_equal(np.asarray(fast, np.float64), general)
+    expected = np.stack([reference(*args) for args in zip(images, boxes, flips, strict=True)])
+    assert np.abs(general - expected).max() <= _BF16_LEVELS
+    many, many_plan = cases()[0], resized(*cases(), jnp.float32)[1]
+    assert not crop_resize.is_one_tile_each(many_plan, len(many))  # larger images: grids
+    missing = np.array([True, True, False, True])
+    _, missing_plan = resized(images, np.array(boxes), np.array(flips), jnp.float32, missing)
+    assert not crop_resize.is_one_tile_each(missing_plan, len(images))

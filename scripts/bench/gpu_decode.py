@@ -391,9 +391,10 @@ def crop(args: argparse.Namespace) -> dict[str, Any]:
         )
         example, params = jax.device_put((plan.example, plan.params), device)
 
-        def run(tiles=tiles, example=example, params=params, batch=per_gpu) -> None:
+        def run(tiles=tiles, example=example, params=params, plan=plan, batch=per_gpu) -> None:
             out = crop_resize.crop_resize(
-                tiles, example, params, batch=batch, image_size=args.image_size
+                tiles, example, params, batch=batch, image_size=args.image_size,
+                one_tile_each=crop_resize.is_one_tile_each(plan, batch),
             )
             jax.block_until_ready(out)
 

@@ -236,14 +236,16 @@ def resize_tiles(
     # Flipping the output left-right is reading the horizontal weights' rows in reverse.
     wx = jnp.where(params[:, FLIP, None, None] > 0.5, wx[:, ::-1], wx)
     wy, wx = normalised_weights(wy, wx, example, batch, one_tile_each)
-    # The rows keep channels ahead of columns, so the horizontal pass contracts their minor
-    # axis: neither product needs its operands or result transposed in memory.
+    # The rows keep the tiles' layout: asked for channels ahead of columns (so that the
+    # horizontal product reads them without a transpose), XLA transposed the tiles instead, and
+    # the program took 1.21 ms a batch of 256 on an H200 against 1.05 ms this way
+    # (docs/input_pipeline.md).
     rows = jnp.einsum(
-        "tsh,thwc->tcsw", wy.astype(dtype), tiles.astype(dtype),
+        "tsh,thwc->tswc", wy.astype(dtype), tiles.astype(dtype),
         preferred_element_type=jnp.float32,
     ).astype(dtype)
     out = jnp.einsum(
-        "tcsw,tkw->tskc", rows, wx.astype(dtype), preferred_element_type=jnp.float32
+        "tswc,tkw->tskc", rows, wx.astype(dtype), preferred_element_type=jnp.float32
     )
     if one_tile_each:
         return out

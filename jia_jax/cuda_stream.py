@@ -22,17 +22,14 @@ _NON_BLOCKING = 0x1
 
 class CudaStream:
     """A non-blocking stream on the GPU of CUDA ordinal `ordinal` (a JAX device's
-    `local_hardware_id`). `handle` is the `cudaStream_t` as an integer. With `urgent`, the
-    stream has the highest priority the GPU offers: where its kernels and those of default
-    priority streams (XLA's compute stream) wait for the same SMs, the GPU starts its blocks
-    first, so a few short kernels do not queue behind a train step's long ones.
+    `local_hardware_id`). `handle` is the `cudaStream_t` as an integer.
 
     Raises:
       OSError: no CUDA driver on this host.
       RuntimeError: a driver call failed (its name and CUDA's error name say which and why).
     """
 
-    def __init__(self, ordinal: int, urgent: bool = False) -> None:
+    def __init__(self, ordinal: int) -> None:
         self._cuda = ctypes.CDLL(_LIBRARY)
         self._call("cuInit", 0)
         device = ctypes.c_int()
@@ -41,14 +38,9 @@ class CudaStream:
         # Retained for the life of the process, as JAX retains it: the stream must outlive
         # every decode, and the process ends with both.
         self._call("cuDevicePrimaryCtxRetain", ctypes.byref(self._context), device)
-        stream, least, greatest = ctypes.c_void_p(), ctypes.c_int(), ctypes.c_int()
+        stream = ctypes.c_void_p()
         with self._current():
-            # Numerically lower is more urgent: greatest is e.g. -5, least (the default) 0.
-            self._call("cuCtxGetStreamPriorityRange", ctypes.byref(least), ctypes.byref(greatest))
-            self.priority: int = greatest.value if urgent else 0
-            self._call(
-                "cuStreamCreateWithPriority", ctypes.byref(stream), _NON_BLOCKING, self.priority
-            )
+            self._call("cuStreamCreate", ctypes.byref(stream), _NON_BLOCKING)
         self.handle: int = stream.value
 
     def synchronize(self) -> None:

@@ -155,12 +155,11 @@ def cuda_environment(decode: str, environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def new_decoder(
-    device: jax.Device, options: str = "", fancy_upsampling: bool = True, urgent: bool = False
+    device: jax.Device, options: str = "", fancy_upsampling: bool = True
 ) -> TileDecoder:
     """The decoder the GPU path uses on `device` (tests replace this factory): chroma upsampled
     as Pillow does if `fancy_upsampling` (`data.gpu_fancy_upsampling`), with `options` for
-    nvImageCodec's decoders besides that one (benchmarks compare some), on a stream of the
-    highest priority if `urgent` (`cuda_stream.CudaStream`).
+    nvImageCodec's decoders besides that one (benchmarks compare some).
 
     Raises:
       DecoderUnavailableError: no CUDA stream or no working nvImageCodec decoder on `device`.
@@ -168,7 +167,7 @@ def new_decoder(
     from nvidia import nvimgcodec  # pylint: disable=import-outside-toplevel
 
     try:
-        stream = cuda_stream.CudaStream(_ordinal(device), urgent)
+        stream = cuda_stream.CudaStream(_ordinal(device))
     except (OSError, RuntimeError) as e:
         raise DecoderUnavailableError(
             f"No CUDA stream for nvImageCodec on {device} ({e}); use --config.data.decode=cpu."

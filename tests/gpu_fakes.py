@@ -126,7 +126,6 @@ class FakeNvImageCodec:
         self.decodes_cut_jpegs = decodes_cut_jpegs
         self.decoded: list[tuple[str, Region]] = []
         self.options: list[str] = []  # each decoder's options, as created
-        self.urgent: list[bool] = []  # whether each decoder's stream was asked to be urgent
 
     @staticmethod
     def Backend(kind):  # noqa: N802  nvImageCodec's name
@@ -161,12 +160,11 @@ def fake_gpu(monkeypatch):
     """The GPU path on this CPU host: `NvImageCodecDecoder` over `FakeNvImageCodec`."""
     library = FakeNvImageCodec()
     monkeypatch.setattr(gpu_decode, "available", lambda: True)
-
-    def new_decoder(device, options="", fancy_upsampling=True, urgent=False):
-        library.urgent.append(urgent)
-        return gpu_decode.NvImageCodecDecoder(
+    monkeypatch.setattr(
+        gpu_decode,
+        "new_decoder",
+        lambda device, options="", fancy_upsampling=True: gpu_decode.NvImageCodecDecoder(
             device, library, FakeStream(), options, fancy_upsampling
-        )
-
-    monkeypatch.setattr(gpu_decode, "new_decoder", new_decoder)
+        ),
+    )
     return library

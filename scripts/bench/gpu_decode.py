@@ -423,19 +423,15 @@ def loaded(args: argparse.Namespace) -> dict[str, Any]:
     records = _record_batches(args, per_gpu, args.batches)
     rows = []
     with _training(device, per_gpu, args) as train_times, _phase_timer() as phases:
-        cases = itertools.product(args.decoder_options, args.depth, args.stream_priorities)
-        for options, depth, priority in cases:
-            decoder = functools.partial(
-                gpu_decode.new_decoder, options=options, urgent=priority == "highest"
-            )
+        for options, depth in itertools.product(args.decoder_options, args.depth):
             placed = [
-                [(gpu_input.DeviceDecoder(device, decoder(device), tile_ring.TileRing(device)),
-                  slice(0, per_gpu))]
+                [(gpu_input.DeviceDecoder(device, gpu_decode.new_decoder(device, options=options),
+                                          tile_ring.TileRing(device)), slice(0, per_gpu))]
                 for _ in range(depth)
             ]
             for beside_training in (False, True):
                 row = {"per_gpu": per_gpu, "decoder_options": options, "depth": depth,
-                       "stream_priority": priority, "beside_training": beside_training}
+                       "beside_training": beside_training}
                 train_times.run(beside_training)
                 start, before = time.perf_counter(), len(train_times)
                 phases.clear()
@@ -676,10 +672,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         nargs="+",
         default=["", _PREALLOCATED],
         help="loaded: nvImageCodec decoder options to compare ('' = the trainer's)",
-    )
-    parser.add_argument(
-        "--stream_priorities", nargs="+", default=["default"], choices=("default", "highest"),
-        help="loaded: the decoder's CUDA stream priorities to compare",
     )
     parser.add_argument(
         "--tiny_model", action="store_true", help="loaded: a tiny ResNet trains (CPU tests)"

@@ -153,15 +153,6 @@ def get_config() -> ml_collections.ConfigDict:
     # the link's spread between runs (docs/benchmarks.md, "Across hosts"). Same mean.
     config.comm.told_bandwidth_scale = 1.0
 
-    # XLA options of the whole process, which `jia_jax.main` adds to XLA_FLAGS before JAX starts
-    # (where XLA_FLAGS set the same option, the user's own wins). Same mean.
-    config.xla = ml_collections.ConfigDict()
-    # Convolutions recorded into XLA's command buffers (CUDA graphs) with the kinds it records by
-    # default (jia_jax/command_buffers.py): on one H200 the ResNet-50 step ran 1.010x faster at
-    # 256 images per GPU and 1.026-1.036x at 64 (docs/benchmarks.md, "The same on one H200").
-    # Off by default: runs of several GPUs have not been measured with it.
-    config.xla.command_buffer_convolutions = False
-
     # A jax.profiler trace of `steps` steps from `first_step` (-1: none) in
     # <workdir>/profile/process_<i>, for TensorBoard's profile plugin or scripts/bench/hosts.py.
     config.profile = ml_collections.ConfigDict({"first_step": -1, "steps": 5})

@@ -21,7 +21,6 @@ from ml_collections import config_flags
 from jia_jax import bad_records
 from jia_jax import checkpoint
 from jia_jax import checkpoint_restore
-from jia_jax import command_buffers
 from jia_jax import console
 from jia_jax import evaluate
 from jia_jax import export
@@ -151,16 +150,6 @@ def set_xla_environment(config: ml_collections.ConfigDict) -> None:
     os.environ.update(added)
     if added:
         logging.info("%s%s", xla_network.TOLD_LOG, xla_network.told(added["XLA_FLAGS"]))
-    xla = config.get("xla")
-    added = command_buffers.environment(xla, os.environ)
-    os.environ.update(added)
-    if added:
-        logging.info("Convolutions in XLA's command buffers: %s", command_buffers.FLAG)
-    elif xla is not None and xla.get("command_buffer_convolutions", False):
-        logging.info(
-            "config.xla.command_buffer_convolutions left alone: no GPU visible, or XLA_FLAGS "
-            "choose %s themselves.", command_buffers.OPTION
-        )
 
 
 def main(argv: list[str]) -> None:

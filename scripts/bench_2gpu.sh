@@ -171,9 +171,10 @@ case "$1" in
       --out="$OUT/bench_hosts_told_scale_2gpu.json"
     ;;
   cmdbuf)
-    # Convolutions in XLA's command buffers (what `xla.command_buffer_convolutions` sets; here in
-    # XLA_FLAGS, so the one-GPU rows have it too) against without: the trainer's logged rate on
-    # one GPU and across 2 emulated hosts x 1 GPU, one run without, then one with.
+    # Convolutions in XLA's command buffers (in XLA_FLAGS, so the one-GPU rows have it too)
+    # against without: the trainer's logged rate on one GPU and across 2 emulated hosts x 1 GPU,
+    # one run without, then one with (with it the trainer failed on an H200 at 64 images:
+    # docs/benchmarks/trainer_cmdbuf_64_2xH200.log).
     for run in off on; do
       flags=""
       if [[ $run == on ]]; then flags="--xla_gpu_enable_command_buffer=+CONVOLUTION"; fi

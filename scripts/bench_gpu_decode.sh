@@ -14,10 +14,10 @@
 # cores and workers in all) against the one-process synthetic run. Each run trains long enough
 # for 5 logged intervals of several seconds. First the smoke check (GPU path against CPU path on
 # the same images and parameters; if it fails, nothing else runs), then the decode stage alone,
-# and nvImageCodec's whole-image decode into RGB and into RGBA (which its hardware decoder may
-# write without the per-image conversion kernel it runs for RGB), with each one's top kernels.
-# Writes $OUT/bench_gpu_decode.json (the record docs/input_pipeline.md renders),
-# $OUT/gpu_decode_smoke.json, with `one` a profile of the 1-GPU step ($OUT/gpu_decode_profile.json),
+# nvImageCodec's whole-image decode with its top kernels per image, and the crop-and-resize
+# program alone. Writes $OUT/bench_gpu_decode.json (the record docs/input_pipeline.md renders),
+# $OUT/gpu_decode_smoke.json, $OUT/gpu_decode_crop.json, with `one` a profile of the 1-GPU step
+# ($OUT/gpu_decode_profile.json),
 # and the logs' tails in $OUT/bench_gpu_decode.log, and prints a summary last.
 set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
@@ -47,8 +47,10 @@ CUDA_VISIBLE_DEVICES=0 python3 -m scripts.bench.gpu_decode smoke --data_dir="$da
 depths=1
 if [[ "$mode" == depth ]]; then depths="1 2"; fi
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 --depth $depths \
-  --sample_formats I_RGB I_RGBA --out="$runs/stage.json" >"$runs/stage.log" 2>&1 ||
-  echo "decode stage failed"
+  --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
+# The crop-and-resize program alone: its time adds to the step's on the GPU path.
+python3 -m scripts.bench.gpu_decode crop --data_dir="$data" --per_gpu 256 64 \
+  --out="$OUT/gpu_decode_crop.json" >"$runs/crop.log" 2>&1 || echo "crop program failed"
 
 train() {  # train GPUS CORES PER_GPU STEPS LOG_EVERY VARIANTS WORKERS NAME [FLAG ...]
   CUDA_VISIBLE_DEVICES=$1 taskset -c "$2" python3 -m scripts.bench.train_input \

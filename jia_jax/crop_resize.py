@@ -239,7 +239,7 @@ def resize_tiles(
     # The rows keep the tiles' layout: asked for channels ahead of columns (so that the
     # horizontal product reads them without a transpose), XLA transposed the tiles instead, and
     # the program took 1.21 ms a batch of 256 on an H200 against 1.05 ms this way
-    # (docs/input_pipeline.md).
+    # (docs/benchmarks/gpu_decode_crop_1xH200.json).
     rows = jnp.einsum(
         "tsh,thwc->tswc", wy.astype(dtype), tiles.astype(dtype),
         preferred_element_type=jnp.float32,

@@ -452,6 +452,11 @@ def test_gpu_decode_on_one_h200_prose_quotes_the_json():
     crop = {(r["variant"], r["per_gpu"]): r["ms_per_batch"]
             for r in load("gpu_decode_crop_1xH200.json")["results"]}
     assert crop["tiles_layout_rows", 256] < crop["channels_first_rows", 256]
+    [kept] = [r for r in load("gpu_decode_crop_1xH200.json")["results"]
+              if r["variant"] == "tiles_layout_rows" and r["per_gpu"] == 256]
+    top3 = kept["kernels_per_batch"][:3]
+    assert [k["name"] for k in top3] == ["loop_convert_fusion", "gemm_fusion_dot",
+                                         "gemm_fusion_dot_1"]
     top = load("gpu_decode_profile_1xH200.json")["devices"]["/device:GPU:0"]["top"]
     colour = next(k for k in top if k["name"].startswith("void nvjpeg::ycbcr_to_format"))
     copies = next(k for k in top if k["name"] == "MemcpyH2D")
@@ -477,6 +482,8 @@ def test_gpu_decode_on_one_h200_prose_quotes_the_json():
         f"{crop['tiles_layout_rows', 256]:.2f} ms a batch of 256 and "
         f"{crop['tiles_layout_rows', 64]:.2f} ms of 64 on an H200, down from "
         f"{crop['before', 256]:.2f} and {crop['before', 64]:.2f} ms",
+        "uint8 tiles to bfloat16 ({:.0f} µs at 256) and the two products ({:.0f} and {:.0f} "
+        "µs)".format(*(k["us_per_step"] for k in top3)),
         f"({colour['count_per_step']:.0f} kernels, {colour['us_per_step'] / 1e3:.1f} ms, a step "
         f"of 256",
         f"({copies['count_per_step']:.0f} a step, on the copy engines)",

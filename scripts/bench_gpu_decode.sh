@@ -17,8 +17,8 @@
 # nvImageCodec's whole-image decode with its top kernels per image, and the crop-and-resize
 # program alone. Writes $OUT/bench_gpu_decode.json (the record docs/input_pipeline.md renders),
 # $OUT/gpu_decode_smoke.json, $OUT/gpu_decode_crop.json, with `one` a profile of the 1-GPU step
-# ($OUT/gpu_decode_profile.json),
-# and the logs' tails in $OUT/bench_gpu_decode.log, and prints a summary last.
+# ($OUT/gpu_decode_profile.json), and the logs' tails in $OUT/bench_gpu_decode.log, and prints a
+# summary last.
 set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 mode=${1:-}

@@ -370,10 +370,11 @@ def crop(args: argparse.Namespace) -> dict[str, Any]:
     import jax  # pylint: disable=import-outside-toplevel
 
     from jia_jax import crop_resize, crop_windows  # pylint: disable=import-outside-toplevel
+    from scripts.bench import input as bench_input  # pylint: disable=import-outside-toplevel
 
     device, rows = jax.local_devices()[0], []
     rng = np.random.default_rng(0)
-    width, height = 500, 375  # scripts/bench/input.py's images
+    width, height = bench_input.WIDTH, bench_input.HEIGHT  # the generated JPEGs' size
     for per_gpu in args.per_gpu:
         windows = [crop_windows.train_window(rng, width, height) for _ in range(per_gpu)]
         plan = crop_resize.plan_tiles(
@@ -390,13 +391,13 @@ def crop(args: argparse.Namespace) -> dict[str, Any]:
             device,
         )
         example, params = jax.device_put((plan.example, plan.params), device)
+        program = functools.partial(
+            crop_resize.crop_resize, batch=per_gpu, image_size=args.image_size,
+            one_tile_each=crop_resize.is_one_tile_each(plan, per_gpu),
+        )
 
-        def run(tiles=tiles, example=example, params=params, plan=plan, batch=per_gpu) -> None:
-            out = crop_resize.crop_resize(
-                tiles, example, params, batch=batch, image_size=args.image_size,
-                one_tile_each=crop_resize.is_one_tile_each(plan, batch),
-            )
-            jax.block_until_ready(out)
+        def run(tiles=tiles, example=example, params=params, program=program) -> None:
+            jax.block_until_ready(program(tiles, example, params))
 
         run()  # compiles
         row = {"per_gpu": per_gpu, "tiles": len(plan.example)}

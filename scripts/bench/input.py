@@ -31,7 +31,7 @@ from jia_jax import tfds_input
 from scripts.bench import harness
 
 _NAME = "jia_bench_jpeg"
-_WIDTH, _HEIGHT = 500, 375
+WIDTH, HEIGHT = 500, 375
 _NUM_CLASSES = 1000
 # What the grain pipeline hands the trainer: host-bf16 images normalised on the host (the pipeline
 # before uint8), or host-uint8 pixels that the train step normalises on the device (the trainer's).
@@ -69,8 +69,8 @@ class JiaBenchJpeg(tfds.core.GeneratorBasedBuilder):
         rng = np.random.default_rng(0)
         for i in range(self._num_images):
             coarse = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)
-            smooth = PIL.Image.fromarray(coarse).resize((_WIDTH, _HEIGHT), PIL.Image.BICUBIC)
-            noisy = np.asarray(smooth, np.float32) + rng.normal(0, 20, (_HEIGHT, _WIDTH, 3))
+            smooth = PIL.Image.fromarray(coarse).resize((WIDTH, HEIGHT), PIL.Image.BICUBIC)
+            noisy = np.asarray(smooth, np.float32) + rng.normal(0, 20, (HEIGHT, WIDTH, 3))
             encoded = io.BytesIO()
             PIL.Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(
                 encoded, format="JPEG", quality=90
@@ -265,7 +265,7 @@ def measure_each(configs: list[dict], common: dict) -> list[dict]:
 def print_table(dataset: dict, args: argparse.Namespace, cpu: str, results: list[dict]) -> None:
     """Prints the dataset and machine line, then one line per result row."""
     print(
-        f"{dataset['images']} JPEGs of {_WIDTH}x{_HEIGHT}, {dataset['mean_kb']:.0f} KB mean; "
+        f"{dataset['images']} JPEGs of {WIDTH}x{HEIGHT}, {dataset['mean_kb']:.0f} KB mean; "
         f"batch {args.batch}, {args.image_size}px; {cpu}, "
         f"{os.cpu_count()} cores"
     )

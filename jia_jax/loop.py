@@ -6,7 +6,8 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 import flax.linen as nn
 import jax
@@ -290,6 +291,7 @@ class _TrainRun:
         self.results.update({f"train/{k}": v for k, v in values.items()})
         if throughput is not None:
             self.results["train/images_per_sec"] = throughput.images_per_sec
+            self.results["train/input_wait_fraction"] = throughput.input_wait_fraction
         self.writer.write_scalars(step, self.results)
         logging.info(metrics_lib.format_progress(step, steps, values, throughput))
 
@@ -297,6 +299,15 @@ class _TrainRun:
         """Adds the eval split's metrics at `step` to the results and writes them."""
         self.results.update(evaluate(self.eval_step, self.state, self.trainer.data))
         self.writer.write_scalars(step, self.results)
+
+    def next_batch(self, batches: Iterator[input_pipeline.Batch]) -> input_pipeline.Batch:
+        """The next batch; the time blocked on it counts as input wait in the progress meter."""
+        # With input ahead of the step (the GPU path's producer thread), this returns at once:
+        # a wait here is training time lost to input.
+        start = time.perf_counter()
+        batch = next(batches)
+        self.progress.add_input_wait(time.perf_counter() - start)
+        return batch
 
     def run_steps(
         self,
@@ -319,7 +330,7 @@ class _TrainRun:
         for step in range(self.start_step, steps):
             tracing.before(step, self.state)
             self.state, device_metrics = train_step(
-                self.state, next(batches), stop_flags[preemption.requested]
+                self.state, self.next_batch(batches), stop_flags[preemption.requested]
             )
             done = step + 1
             peers.step = done

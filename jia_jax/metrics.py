@@ -7,6 +7,9 @@ only after step t+1 is queued, so the device always has work while the host logs
   meter = ProgressMeter(total_steps=n, global_batch_size=b, start_step=start)
   with MetricsWriter(workdir) as writer:
     for step in range(start, n):
+      start_wait = time.perf_counter()
+      batch = next(batches)
+      meter.add_input_wait(time.perf_counter() - start_wait)
       state, metrics = train_step(state, batch)  # dispatched, not finished
       fetched = lagged.push(step, metrics, fetch=step % log_every_steps == 0)
       if fetched is not None:
@@ -14,9 +17,11 @@ only after step t+1 is queued, so the device always has work while the host logs
         throughput = meter.measure(done_step)
         logging.info(format_progress(done_step, n, values, throughput))
         writer.write_scalars(done_step, {"train/" + k: v for k, v in values.items()}
-                             | {"train/images_per_sec": throughput.images_per_sec})
+                             | {"train/images_per_sec": throughput.images_per_sec,
+                                "train/input_wait_fraction": throughput.input_wait_fraction})
 
-Tags written by the trainer: ``train/{loss,lr,accuracy,images_per_sec,loss_scale}`` and
+Tags written by the trainer:
+``train/{loss,lr,accuracy,images_per_sec,input_wait_fraction,loss_scale}`` and
 ``eval/{top1,top5}``.
 """
 
@@ -190,6 +195,9 @@ class Throughput:
     steps_per_sec: float
     images_per_sec: float
     eta_seconds: float
+    # Share of the interval's wall time the host spent blocked on the next batch: near 0 when
+    # input keeps up, large when training is input-bound.
+    input_wait_fraction: float = 0.0
 
 
 def eta_seconds(step: int, total_steps: int, steps_per_sec: float) -> float:
@@ -212,7 +220,7 @@ def format_duration(seconds: float) -> str:
 
 
 class ProgressMeter:
-    """Measures training throughput and ETA between successive log steps.
+    """Measures training throughput, input wait and ETA between successive log steps.
 
     Only training time counts: `restart` begins a new interval after what is not training (a
     run's first step, which compiles and follows the restore of a checkpoint; an evaluation; a
@@ -241,6 +249,12 @@ class ProgressMeter:
     def restart(self, step: int) -> None:
         """Starts the next interval at `step` (just completed), now."""
         self._last_step, self._last_time = step, self._clock()
+        # Waits before now fall outside any measured interval, as the time does.
+        self._input_wait = 0.0
+
+    def add_input_wait(self, seconds: float) -> None:
+        """Counts `seconds` the host spent waiting for the next batch in this interval."""
+        self._input_wait += seconds
 
     def measure(self, step: int) -> Throughput | None:
         """Throughput from the previous call (or restart) to `step`, and the ETA; None if no
@@ -250,24 +264,27 @@ class ProgressMeter:
         now = self._clock()
         elapsed = now - self._last_time
         steps_per_sec = (step - self._last_step) / elapsed if elapsed > 0 else 0.0
-        self._last_step, self._last_time = step, now
+        wait_fraction = self._input_wait / elapsed if elapsed > 0 else 0.0
+        self._last_step, self._last_time, self._input_wait = step, now, 0.0
         return Throughput(
             steps_per_sec=steps_per_sec,
             images_per_sec=steps_per_sec * self._global_batch_size,
             eta_seconds=eta_seconds(step, self._total_steps, steps_per_sec),
+            input_wait_fraction=wait_fraction,
         )
 
 
 def format_progress(
     step: int, total_steps: int, metrics: Mapping[str, float], throughput: Throughput | None
 ) -> str:
-    """One console line: step/total, each metric, images/s and ETA (when measured)."""
+    """One console line: step/total, each metric, images/s, input wait and ETA (when measured)."""
     width = len(str(total_steps))
     fields = [f"step {step:>{width}d}/{total_steps}"]
     fields += [f"{name} {value:.4g}" for name, value in metrics.items()]
     if throughput is not None:
         fields += [
             f"{throughput.images_per_sec:.1f} img/s",
+            f"input wait {round(100 * throughput.input_wait_fraction)}%",
             f"ETA {format_duration(throughput.eta_seconds)}",
         ]
     return " | ".join(fields)

@@ -16,6 +16,7 @@ import jax
 import pytest
 
 from jia_jax import comm_model
+from jia_jax import metrics
 from scripts.bench import allreduce as bench_allreduce
 from scripts.bench import gpu_decode as bench_gpu_decode
 from scripts.bench import harness
@@ -285,6 +286,33 @@ def test_trainer_progress_reads_every_logged_interval():
     ]
 
 
+def test_trainer_progress_reads_the_input_wait_and_lines_without_it():
+    # Lines as jia_jax.metrics writes them (the trainer's metrics start with the learning rate),
+    # and one of a trainer from before input wait was logged: its rate is still read, its wait
+    # is None.
+    def line(step, rate, wait):
+        measured = metrics.Throughput(rate / 256, rate, 10.0, wait)
+        values = {"learning_rate": 0.1, "loss": 2.5}
+        return "I0 loop.py:300] " + metrics.format_progress(step, 1000, values, measured)
+
+    old = "I0 loop.py] step  150/1000 | learning_rate 0.1 | loss 6.7 | 420.7 img/s | ETA 0:04:03"
+    log = "\n".join([line(50, 1280.0, 0.25), line(100, 2560.0, 0.034), old])
+    assert "| 1280.0 img/s | input wait 25% | ETA 0:00:10" in log  # the format read here
+    progress = harness.trainer_progress(log)
+    assert [(p["step"], p["images_per_s"], p["input_wait"]) for p in progress] == [
+        (50, 1280.0, 0.25),
+        (100, 2560.0, 0.03),  # the line's integer percent: 3.4% prints as 3
+        (150, 420.7, None),
+    ]
+
+
+def test_bench_train_input_input_wait_is_the_median_after_the_first_interval():
+    progress = [{"input_wait": w} for w in (0.9, 0.1, 0.5, 0.3)]
+    # The first interval (compilation, the workers' start) is left out: median of 0.1, 0.5, 0.3.
+    assert bench_train_input.steady_input_wait(progress) == 0.3
+    assert bench_train_input.steady_input_wait([{"input_wait": None}] * 3) is None
+
+
 def test_trainer_progress_counts_each_step_of_several_processes_once():
     # Both processes of scripts/launch_local.sh log each step's global rate (recorded on CPU,
     # 2 x 4 devices): each step counts once, and the steady intervals are steps 4 and 6 alone.
@@ -329,6 +357,8 @@ def test_bench_train_input_compares_real_jpegs_with_synthetic_data(tmp_path):
     assert set(rows) == {"synthetic", "host"}, rows
     for r in rows.values():
         assert r["returncode"] == 0 and [s for s, _ in r["intervals"]] == [2, 4, 6], r["log_tail"]
+        # The trainer logs each interval's wait; the row holds a fraction, not the percent.
+        assert 0.0 <= r["input_wait"] <= 1.0, r
     ratio = rows["host"]["images_per_s"] / rows["synthetic"]["images_per_s"]
     assert rows["host"]["ratio_vs_synthetic"] == pytest.approx(ratio)
     assert json.loads(out.read_text())["results"][1]["variant"] == "host"

@@ -15,6 +15,7 @@ import pytest
 from configs import digits, resnet50_64k
 from jia_jax import loop
 from tests.main_util import run_main
+from tests.test_metrics import read_scalars
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -38,7 +39,12 @@ def test_resnet50_64k_config_runs_on_cpu_with_small_overrides(tmp_path):
     assert "step 2/2" in result.stderr
     assert "{'node': 2, 'gpu': 4}" in result.stderr
     assert (tmp_path / "checkpoints" / "2").is_dir()
-    assert list(tmp_path.glob("events.out.tfevents.*"))
+    # Step 2 is the first timed interval (step 1 compiled): its line and scalars say how much
+    # of it went to waiting for input.
+    line = re.search(r"step 2/2 \|.*", result.stderr)[0]
+    assert re.search(r"\| [\d.]+ img/s \| input wait \d+% \| ETA ", line), line
+    _, scalars = read_scalars(tmp_path)
+    assert 0.0 <= scalars[("train/input_wait_fraction", 2)] <= 1.0, scalars
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,7 @@
-"""Tests for jia_jax.metrics: event files, lagged fetch, ETA and the non-finite loss check."""
+"""Tests for jia_jax.metrics: event files, lagged fetch, ETA, input wait and the non-finite loss
+check."""
 
+import dataclasses
 import math
 import struct
 
@@ -101,12 +103,31 @@ def test_progress_meter_and_line_use_interval_rates():
     meter = metrics.ProgressMeter(
         total_steps=1000, global_batch_size=256, start_step=0, clock=lambda: next(times)
     )
+    meter.add_input_wait(1.0)
+    meter.add_input_wait(1.5)  # summed: 2.5 s of the 10 s interval, exactly 0.25
     first = meter.measure(50)  # 50 steps in 10 s
-    assert first == metrics.Throughput(5.0, 5.0 * 256, (1000 - 50) / 5.0)
+    assert first == metrics.Throughput(5.0, 5.0 * 256, (1000 - 50) / 5.0, 0.25)
+    # No wait since: the measure reset it (kept, it would read 2.5 / 5 = 0.5).
     second = meter.measure(100)  # 50 steps in 5 s
-    assert second == metrics.Throughput(10.0, 10.0 * 256, (1000 - 100) / 10.0)
+    assert second == metrics.Throughput(10.0, 10.0 * 256, (1000 - 100) / 10.0, 0.0)
     line = metrics.format_progress(50, 1000, {"loss": 2.34567, "lr": 0.1}, first)
-    assert line == "step   50/1000 | loss 2.346 | lr 0.1 | 1280.0 img/s | ETA 0:03:10"
+    assert line == (
+        "step   50/1000 | loss 2.346 | lr 0.1 | 1280.0 img/s | input wait 25% | ETA 0:03:10"
+    )
+    # Integer percent, rounded: 3.4% prints as 3%, 99.6% as 100%.
+    for fraction, shown in ((0.034, "3%"), (0.996, "100%")):
+        measured = dataclasses.replace(second, input_wait_fraction=fraction)
+        line = metrics.format_progress(100, 1000, {}, measured)
+        assert f"| 2560.0 img/s | input wait {shown} | ETA " in line, line
+
+
+def test_input_wait_is_zero_over_an_interval_of_no_time():
+    times = iter([5.0, 5.0])
+    meter = metrics.ProgressMeter(
+        total_steps=10, global_batch_size=1, start_step=0, clock=lambda: next(times)
+    )
+    meter.add_input_wait(1.0)
+    assert meter.measure(1) == metrics.Throughput(0.0, 0.0, math.inf, 0.0)
 
 
 def test_progress_counts_only_training_time_after_a_restart():
@@ -116,11 +137,17 @@ def test_progress_counts_only_training_time_after_a_restart():
     meter = metrics.ProgressMeter(
         total_steps=1000, global_batch_size=10, start_step=500, clock=lambda: next(times)
     )
+    meter.add_input_wait(30.0)  # the input pipeline's start, before the first step
     meter.restart(501)  # at 60 s: step 501 done, compiled
+    meter.add_input_wait(0.5)
     assert meter.measure(501) is None  # nothing trained since the restart: no rate to show
-    assert meter.measure(521) == metrics.Throughput(10.0, 100.0, (1000 - 521) / 10.0)
+    # The wait before the restart is gone (kept: 30.5 / 2 s = 15.25); the one after it, kept
+    # through the measure that had no interval, is 0.5 of the 2 s.
+    assert meter.measure(521) == metrics.Throughput(10.0, 100.0, (1000 - 521) / 10.0, 0.25)
+    meter.add_input_wait(4.0)  # before the restart: dropped with the evaluation's 18 s
     meter.restart(521)  # at 80 s: after an evaluation of 18 s
-    assert meter.measure(531).steps_per_sec == 10.0  # 10 steps in 1 s
+    third = meter.measure(531)
+    assert (third.steps_per_sec, third.input_wait_fraction) == (10.0, 0.0)  # 10 steps in 1 s
     line = metrics.format_progress(501, 1000, {"loss": 2.0}, None)
     assert line == "step  501/1000 | loss 2"
 

@@ -38,6 +38,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 _PROGRESS = re.compile(
     r"step\s+(\d+)/\d+ \|.*?\| loss ([\d.eE+-]+|nan|inf) \|(?:.*?\|)? ([\d.]+) img/s \|"
 )
+# The field right after `img/s |` in lines logged since the trainer measured input wait.
+_INPUT_WAIT = re.compile(r" input wait (\d+)% \|")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,15 +252,24 @@ def run_logged(
         return 124, f"{out}{err}\ntimed out after {timeout:g} s: stopped\n"
 
 
-def trainer_progress(log: str) -> list[dict[str, float]]:
-    """Step, loss and images/s of each logged step of a `jia_jax.main` log, in order.
+def trainer_progress(log: str) -> list[dict[str, float | None]]:
+    """Step, loss, images/s and input wait of each logged step of a `jia_jax.main` log, in order.
 
-    Every process of a multi-process run (scripts/launch_local.sh) logs each step's line, with
-    the global images/s it measured over the same steps: a step's first line counts, once.
+    `input_wait` is the fraction of the interval the loop waited for input (the line's percent
+    / 100), None in lines without the field (logs from before it was added). Every process of a
+    multi-process run (scripts/launch_local.sh) logs each step's line, with the global images/s
+    it measured over the same steps: a step's first line counts, once.
     """
-    steps: dict[int, dict[str, float]] = {}
-    for step, loss, rate in _PROGRESS.findall(log):
-        line = {"step": int(step), "loss": float(loss), "images_per_s": float(rate)}
+    steps: dict[int, dict[str, float | None]] = {}
+    for found in _PROGRESS.finditer(log):
+        step, loss, rate = found.groups()
+        wait = _INPUT_WAIT.match(log, found.end())
+        line = {
+            "step": int(step),
+            "loss": float(loss),
+            "images_per_s": float(rate),
+            "input_wait": int(wait[1]) / 100 if wait else None,
+        }
         steps.setdefault(int(step), line)
     return list(steps.values())
 

@@ -11,8 +11,9 @@ first GPUs, joined by jax.distributed; NCCL between them, over NVLink where the 
     its records read by `data.num_workers` worker processes.
 The rate of a run is the median of the trainer's own logged images/s (the global rate, which
 every process logs: counted once) over the logging intervals after the first (which holds
-compilation and the workers' start). Writes JSON with each run's command, log tail and ratio to
-`synthetic`.
+compilation and the workers' start); its `input_wait` is the median, over the same intervals,
+of the logged fraction of time the loop waited for the next batch. Writes JSON with each run's
+command, log tail and ratio to `synthetic`.
 
   python -m scripts.bench.input --data_dir=/tmp/jia_bench_data --cores 16   # writes the dataset
   python -m scripts.bench.train_input --data_dir=/tmp/jia_bench_data --num_workers=15 \
@@ -79,7 +80,8 @@ def config_flags(variant: str, args: argparse.Namespace, gpus: int) -> list[str]
 
 
 def run(variant: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
-    """One training run; its steady images/s (median of the intervals after the first)."""
+    """One training run; its steady images/s and input wait (medians of the intervals after the
+    first)."""
     cmd = command(variant, args, gpus, tempfile.mkdtemp(prefix=f"jia_jax_{variant}_"))
     returncode, log = harness.run_logged(cmd, env=args.child_env, timeout=args.timeout_s)
     row: dict[str, Any] = {
@@ -88,13 +90,21 @@ def run(variant: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
         "returncode": returncode,
     }
     row["log_tail"] = log.splitlines()[-12:]
-    intervals = [(p["step"], p["images_per_s"]) for p in harness.trainer_progress(log)]
-    row["intervals"] = intervals
-    if returncode or len(intervals) < 2:
+    progress = harness.trainer_progress(log)
+    row["intervals"] = [(p["step"], p["images_per_s"]) for p in progress]
+    if returncode or len(progress) < 2:
         row["error"] = "the run failed or logged fewer than two intervals"
         return row
-    row["images_per_s"] = statistics.median(rate for _, rate in intervals[1:])
+    row["images_per_s"] = statistics.median(p["images_per_s"] for p in progress[1:])
+    row["input_wait"] = steady_input_wait(progress)
     return row
+
+
+def steady_input_wait(progress: Sequence[dict[str, Any]]) -> float | None:
+    """Median input-wait fraction over the intervals after the first (those of the rate); None
+    if their lines have no such field (a trainer from before it was logged)."""
+    waits = [p["input_wait"] for p in progress[1:] if p.get("input_wait") is not None]
+    return statistics.median(waits) if waits else None
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -147,9 +157,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for r in rows:
         if base and "images_per_s" in r:
             r["ratio_vs_synthetic"] = r["images_per_s"] / base["images_per_s"]
+        wait = "?" if r.get("input_wait") is None else f"{r['input_wait']:.0%}"
         print(
             f"{r['variant']:<10} {r.get('images_per_s', float('nan')):>9.1f} img/s  "
-            f"ratio {r.get('ratio_vs_synthetic', float('nan')):.3f}  {r.get('error', '')}"
+            f"ratio {r.get('ratio_vs_synthetic', float('nan')):.3f}  input wait {wait}  "
+            f"{r.get('error', '')}"
         )
     doc = {
         "environment": environment,

@@ -1693,6 +1693,34 @@ def test_told_half_bandwidth_prose_quotes_the_json():
     ])
 
 
+
+def test_told_scale_at_64_prose_quotes_the_json():
+    """The second told-half call (64 images per GPU, told x1 / x0.5 / x2 alternating): its rates,
+    the spread within a setting, the stalled first all-reduces, and the range over both calls."""
+    rows = [r for r in load("bench_overlap_told_scale64_2xH200.json")["results"]
+            if r["layout"] == "2x1"]
+    earlier = [r for r in load("bench_overlap_told_half_2xH200.json")["results"]
+               if r["layout"] == "2x1" and r["per_device_batch"] == 64]
+    full, half, double = "emulated", "emulated x0.5 bandwidth", "emulated x2 bandwidth"
+    assert [r["told"] for r in rows] == [full, half, double] * 2  # alternating
+
+    def rates(told, among=rows):
+        return [round(r["images_per_s"]) for r in among if r["told"] == told]
+
+    spread = max(max(rates(t)) / min(rates(t)) - 1 for t in (full, half, double))
+    first = [c[1] - c[0] for c in (r["timeline"]["collectives_ms"][0] for r in rows)]
+    stalled = sorted(ms for ms in first if ms > 10)
+    both = {t: rates(t) + rates(t, earlier) for t in (full, half)}
+    assert_quoted(_section("## Across hosts"), [
+        "told the bandwidth {:,} and {:,} images/s, told half {:,} and {:,}, told twice {:,} and "
+        "{:,}.".format(*rates(full), *rates(half), *rates(double)),
+        f"differed by up to {spread:.0%}, and in {len(stalled)} of the {len(rows)} traced steps the first "
+        f"all-reduce took {stalled[0]:.0f} to {stalled[-1]:.0f} ms where it takes about "
+        f"{min(first):.0f}",
+        f"told half ran {min(both[half]):,} to {max(both[half]):,} images/s in four runs and told "
+        f"the bandwidth {min(both[full]):,} to {max(both[full]):,} in four",
+    ])
+
 def test_scaling_prose_on_the_round_robin_plans_call_quotes_the_json():
     import statistics
 

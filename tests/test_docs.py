@@ -1714,8 +1714,8 @@ def test_told_scale_at_64_prose_quotes_the_json():
     assert_quoted(_section("## Across hosts"), [
         "told the bandwidth {:,} and {:,} images/s, told half {:,} and {:,}, told twice {:,} and "
         "{:,}.".format(*rates(full), *rates(half), *rates(double)),
-        f"differed by up to {spread:.0%}, and in {len(stalled)} of the {len(rows)} traced steps the first "
-        f"all-reduce took {stalled[0]:.0f} to {stalled[-1]:.0f} ms where it takes about "
+        f"differed by up to {spread:.0%}, and in {len(stalled)} of the {len(rows)} traced steps "
+        f"the first all-reduce took {stalled[0]:.0f} to {stalled[-1]:.0f} ms where it takes about "
         f"{min(first):.0f}",
         f"told half ran {min(both[half]):,} to {max(both[half]):,} images/s in four runs and told "
         f"the bandwidth {min(both[full]):,} to {max(both[full]):,} in four",

@@ -286,6 +286,14 @@ class GpuStreams:
         if depth < 1:
             raise ValueError(f"data.gpu_decode_depth={depth} must be at least 1.")
         devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
+        if len(devices) > 1:
+            # Its decoding threads share the interpreter with the train loop and each other.
+            logging.warning(
+                "Decoding on %d GPUs from one process: one process per GPU keeps up far better "
+                "(docs/input_pipeline.md, \"How fast it is\"); e.g. scripts/launch_local.sh %d 1 "
+                "<config> <workdir> on one machine, one task per GPU under SLURM.",
+                len(devices), len(devices),
+            )
         fancy = bool(data.gpu_fancy_upsampling)
         decoders = tuple(device_decoders(devices, fancy) for _ in range(depth))
         return cls(data, sharding, global_batch, eval_batch, seed, decoders)

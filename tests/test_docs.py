@@ -7,7 +7,7 @@ import pathlib
 import re
 import statistics
 
-from scripts.bench import profile_trace
+from scripts.bench import harness, profile_trace
 from scripts import render
 from scripts.render import large_batch, scaling
 
@@ -497,6 +497,23 @@ def test_gpu_decode_on_one_h200_prose_quotes_the_json():
         "chroma averaged over 2 x 2",
         f"ran slower than the step trains at 256 images ({rows[256]['synthetic_images_per_s']:,.0f}"
         " images/s, first table)",
+    ])
+    rehost = load("bench_gpu_decode_rehost_1xH200.json")
+    other = {r["per_gpu"]: r["ratio"] for r in rehost["results"]}
+    logged = {(run["args"]["per_gpu"], r["variant"]): r["intervals"][1:]
+              for run in rehost["runs"] for r in run["results"]}
+    waits = [p["input_wait"] for run in rehost["runs"] if run["args"]["per_gpu"] == 256
+             for r in run["results"] if r["variant"] == "gpu"
+             for p in harness.trainer_progress("\n".join(r["log_tail"]))]
+    assert len(waits) == 6  # every logged interval of the run
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"the same command gave {other[256]:.3f} at 256 and {other[64]:.3f} at 64",
+        f"waited for input {min(waits):.0%} to {max(waits):.0%} of each interval at 256 images",
+        "the synthetic run itself ranged from {:,.0f} to {:,.0f} images/s".format(
+            min(r for _, r in logged[64, "synthetic"]), max(r for _, r in logged[64, "synthetic"])),
+    ])
+    assert_quoted(read("README.md"), [
+        f"at 64 ({other[256]:.3f} and {other[64]:.3f} on another host)",
     ])
     assert_quoted(read("README.md"), [
         f"on one H200 with 16 cores the trainer kept {rows[256]['ratio']:.3f} of its "

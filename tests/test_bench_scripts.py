@@ -450,6 +450,18 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     assert row["decode_images_per_s"] == stage["results"][1]["decode_images_per_s"]
     table = render_benchmarks.table(str(out))
     assert "| 8 | 2 | 2 | 980 | 1,000 | 0.980 |" in table and "processes" not in table
+    assert "input wait" not in table and "input_wait" not in row  # runs without the figure
+    # Runs that logged the input wait: the GPU path's share in a column of its own.
+    waited = json.loads(open(runs[1]).read())
+    waited["results"][0]["input_wait"] = 0.25
+    (tmp_path / "gpu_waited.json").write_text(json.dumps(waited))
+    wait_runs = [runs[0], str(tmp_path / "gpu_waited.json")]
+    doc = bench_gpu_decode.main(
+        ["report", f"--stage={stage_path}", "--runs", *wait_runs, f"--out={out}"])
+    assert doc["results"][0]["input_wait"] == 0.25
+    table = render_benchmarks.table(str(out))
+    assert "| decode stage images/s per GPU | input wait, decode=gpu |" in table
+    assert "| 0.980 | " in table and " | 25% |" in table
     # The GPU path as 2 processes, against the one-process synthetic run (no 2-process one).
     runs.append(train_input_run(tmp_path / "gpu_2proc.json", {"gpu": 1200.0}, processes=2))
     doc = bench_gpu_decode.main(["report", f"--stage={stage_path}", "--runs", *runs, f"--out={out}"])

@@ -637,6 +637,8 @@ def _report_row(
         "synthetic_processes": synthetic_processes,
         "decode_images_per_s": decode_rate,
     }
+    if gpu.get("input_wait") is not None:  # runs logged since the trainer measures it
+        row["input_wait"] = gpu["input_wait"]
     if row["images_per_s"] and row["synthetic_images_per_s"]:
         row["ratio"] = row["images_per_s"] / row["synthetic_images_per_s"]
     failed = [r.get("error", "no run") for r in (synthetic, gpu) if not r or "error" in r]

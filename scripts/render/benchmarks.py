@@ -236,11 +236,15 @@ def train_input_table(doc: dict[str, Any]) -> str:
 def gpu_decode_table(doc: dict[str, Any]) -> str:
     """The trainer with data.decode=gpu against synthetic data, and the decode stage alone
     (scripts/bench/gpu_decode.py, scripts/bench_gpu_decode.sh). A processes column where some
-    row ran several (records without the field ran one)."""
+    row ran several (records without the field ran one); the share of time the GPU path's train
+    loop waited for input where the runs logged it."""
     processes = any(r.get("processes", 1) > 1 for r in doc["results"])
     depths = any(r.get("depth", 1) > 1 for r in doc["results"])
+    waits = any("input_wait" in r for r in doc["results"])
     head = ["GPUs", "CPU cores", "images per GPU", "images/s, decode=gpu", "images/s, synthetic"]
     head += ["ratio", "decode stage images/s per GPU"]
+    if waits:
+        head.append("input wait, decode=gpu")
     if depths:
         head.insert(3, "decode depth")
     if processes:
@@ -267,6 +271,8 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
         cells = [str(r["gpus"]), str(r["cores"]), str(r["per_gpu"])]
         cells += [cell(r["images_per_s"], ",.0f"), synthetic, cell(r.get("ratio"), ".3f")]
         cells.append(cell(r["decode_images_per_s"], ",.0f"))
+        if waits:
+            cells.append(f"{r['input_wait']:.0%}" if r.get("input_wait") is not None else "-")
         if depths:
             cells.insert(3, str(r.get("depth", 1)))
         if processes:

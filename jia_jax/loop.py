@@ -302,8 +302,8 @@ class _TrainRun:
 
     def next_batch(self, batches: Iterator[input_pipeline.Batch]) -> input_pipeline.Batch:
         """The next batch; the time blocked on it counts as input wait in the progress meter."""
-        # With input ahead of the step (the GPU path's producer thread), this returns at once:
-        # a wait here is training time lost to input.
+        # With input ahead of the step (the GPU path's producer thread), this returns at once;
+        # a wait here means the input, not the device, is the slower side.
         start = time.perf_counter()
         batch = next(batches)
         self.progress.add_input_wait(time.perf_counter() - start)

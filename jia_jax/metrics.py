@@ -196,7 +196,8 @@ class Throughput:
     images_per_sec: float
     eta_seconds: float
     # Share of the interval's wall time the host spent blocked on the next batch: near 0 when
-    # input keeps up, large when training is input-bound.
+    # input keeps up, large when input is the slower side (with a step in flight the device may
+    # still be busy while the host waits, so it is not the device's idle share).
     input_wait_fraction: float = 0.0
 
 

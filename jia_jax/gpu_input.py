@@ -287,7 +287,7 @@ class GpuStreams:
             raise ValueError(f"data.gpu_decode_depth={depth} must be at least 1.")
         devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
         if len(devices) > 1:
-            # Its decoding threads share the interpreter with the train loop and each other.
+            # Measured: one process's decode stage did not scale past one GPU.
             logging.warning(
                 "Decoding on %d GPUs from one process: one process per GPU keeps up far better "
                 "(docs/input_pipeline.md, \"How fast it is\"); e.g. scripts/launch_local.sh %d 1 "

@@ -463,10 +463,41 @@ def test_gpu_decode_on_one_h200_prose_quotes_the_json():
               for r in load("gpu_decode_loaded_priority_1xH200.json")["results"]}
     fast, slow = loaded[64, "highest", True], loaded[64, "default", True]
     assert fast["train_images_per_s"] < slow["train_images_per_s"]
-    wait = {r["tag"]: r for r in (
-        dict(run["results"][0], tag=run["tag"])
-        for run in load("gpu_decode_input_wait64_1xH200.json")["runs"])}
-    at64 = load("gpu_decode_input_wait64_1xH200.json")["profile"]["devices"]["/device:GPU:0"]
+    assert_quoted(read("README.md"), [
+        f"on one H200 with 16 cores the trainer kept {rows[256]['ratio']:.3f} of its "
+        f"synthetic-data speed at 256 images per GPU and {rows[64]['ratio']:.3f} at 64",
+    ])
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"the trainer keeps {rows[256]['ratio']:.3f} of its synthetic-data speed at 256 images per "
+        f"GPU and {rows[64]['ratio']:.3f} at 64, while the decode stage alone runs "
+        f"{stage[256]:,.0f} images/s",
+        "(after the first) ranged from {:,.0f} to {:,.0f} images/s".format(
+            min(intervals[64, "gpu"]), max(intervals[64, "gpu"])),
+        "stayed within {:,.0f} and {:,.0f}".format(
+            min(intervals[64, "synthetic"]), max(intervals[64, "synthetic"])),
+        f"{crop['tiles_layout_rows', 256]:.2f} ms a batch of 256 and "
+        f"{crop['tiles_layout_rows', 64]:.2f} ms of 64 on an H200, down from "
+        f"{crop['before', 256]:.2f} and {crop['before', 64]:.2f} ms",
+        "uint8 tiles to bfloat16 ({:.0f} µs at 256) and the two products ({:.0f} and {:.0f} "
+        "µs)".format(*(k["us_per_step"] for k in top3)),
+        f"({colour['count_per_step']:.0f} kernels, {colour['us_per_step'] / 1e3:.1f} ms, a step "
+        f"of 256",
+        f"({copies['count_per_step']:.0f} a step, on the copy engines)",
+        f"decoded {fast['decode_images_per_s']:,.0f} images/s against "
+        f"{slow['decode_images_per_s']:,.0f} at the default priority, but the step ran "
+        f"{fast['train_images_per_s']:,.0f} images/s against {slow['train_images_per_s']:,.0f},"
+        f" and at 256 it decoded {loaded[256, 'highest', True]['decode_images_per_s']:,.0f} "
+        f"against {loaded[256, 'default', True]['decode_images_per_s']:,.0f}",
+    ])
+
+
+def test_gpu_decode_at_64_planar_yuv_and_another_host_prose_quotes_the_json():
+    """"How fast it is", continued: the input wait and the trace at 64 images, the planar
+    YCbCr probes, and the same command on another host; figures from the raw records."""
+    rows = {r["per_gpu"]: r for r in load("bench_gpu_decode_1xH200.json")["results"]}
+    record = load("gpu_decode_input_wait64_1xH200.json")
+    wait = {run["tag"]: run["results"][0] for run in record["runs"]}
+    at64 = record["profile"]["devices"]["/device:GPU:0"]
     assert at64["top"][0]["name"].startswith("void nvjpeg::ycbcr_to_format")
     assert at64["top"][0]["count_per_step"] == 64
     gpu_runs = [wait[f"gpu_ahead{a}_{n}"] for a in (2, 4) for n in (1, 2)]
@@ -514,32 +545,6 @@ def test_gpu_decode_on_one_h200_prose_quotes_the_json():
     ])
     assert_quoted(read("README.md"), [
         f"at 64 ({other[256]:.3f} and {other[64]:.3f} on another host)",
-    ])
-    assert_quoted(read("README.md"), [
-        f"on one H200 with 16 cores the trainer kept {rows[256]['ratio']:.3f} of its "
-        f"synthetic-data speed at 256 images per GPU and {rows[64]['ratio']:.3f} at 64",
-    ])
-    assert_quoted(read("docs/input_pipeline.md"), [
-        f"the trainer keeps {rows[256]['ratio']:.3f} of its synthetic-data speed at 256 images per "
-        f"GPU and {rows[64]['ratio']:.3f} at 64, while the decode stage alone runs "
-        f"{stage[256]:,.0f} images/s",
-        "(after the first) ranged from {:,.0f} to {:,.0f} images/s".format(
-            min(intervals[64, "gpu"]), max(intervals[64, "gpu"])),
-        "stayed within {:,.0f} and {:,.0f}".format(
-            min(intervals[64, "synthetic"]), max(intervals[64, "synthetic"])),
-        f"{crop['tiles_layout_rows', 256]:.2f} ms a batch of 256 and "
-        f"{crop['tiles_layout_rows', 64]:.2f} ms of 64 on an H200, down from "
-        f"{crop['before', 256]:.2f} and {crop['before', 64]:.2f} ms",
-        "uint8 tiles to bfloat16 ({:.0f} µs at 256) and the two products ({:.0f} and {:.0f} "
-        "µs)".format(*(k["us_per_step"] for k in top3)),
-        f"({colour['count_per_step']:.0f} kernels, {colour['us_per_step'] / 1e3:.1f} ms, a step "
-        f"of 256",
-        f"({copies['count_per_step']:.0f} a step, on the copy engines)",
-        f"decoded {fast['decode_images_per_s']:,.0f} images/s against "
-        f"{slow['decode_images_per_s']:,.0f} at the default priority, but the step ran "
-        f"{fast['train_images_per_s']:,.0f} images/s against {slow['train_images_per_s']:,.0f},"
-        f" and at 256 it decoded {loaded[256, 'highest', True]['decode_images_per_s']:,.0f} "
-        f"against {loaded[256, 'default', True]['decode_images_per_s']:,.0f}",
     ])
 
 

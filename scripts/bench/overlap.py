@@ -122,6 +122,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # forward runs (`comm.deferred_buckets`), combining capped as the told trainer compiles it.
     "defer1_cap": {"comm.deferred_buckets": 1, "xla": _CAP},
     "defer2_cap": {"comm.deferred_buckets": 2, "xla": _CAP},
+    # Two deferred buckets queue at the top of the next step (XLA made the first synchronous):
+    # one larger first bucket deferred instead, against the same first bucket not deferred.
+    "first32_cap": {"comm.first_bucket_bytes": 32 * MIB, "xla": _CAP},
+    "defer1_first24_cap": {
+        "comm.deferred_buckets": 1, "comm.first_bucket_bytes": 24 * MIB, "xla": _CAP
+    },
+    "defer1_first32_cap": {
+        "comm.deferred_buckets": 1, "comm.first_bucket_bytes": 32 * MIB, "xla": _CAP
+    },
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.
     "hierarchical": {"comm.strategy": "hierarchical"},
     "hybrid": {"comm.strategy": "hybrid"},

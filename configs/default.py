@@ -134,11 +134,6 @@ def get_config() -> ml_collections.ConfigDict:
     # Explicit strategies: each bucket's collective runs while backward computes the buckets after
     # it (`allreduce.hold_until_all_reduced`; docs/benchmarks.md, "Across hosts"). Same mean.
     config.comm.overlap = True
-    # Explicit strategies: how many of the first buckets backward fills (the last layers'
-    # gradients) are summed while the next step's forward runs, before it reaches those layers,
-    # instead of during this step's backward (jia_jax/deferred.py). The same update, applied at
-    # the top of the next step; not with float16 compute. 0: every bucket in its own step.
-    config.comm.deferred_buckets = 0
     # The links `comm.strategy='auto'` plans for (jia_jax/comm_model.py, `network_model`) when
     # the run spans processes: "" the calibration's default fabric (a published 400 Gb/s
     # InfiniBand), a fabric name of jia_jax/comm_calibration.json, or "emulated": processes that

@@ -231,46 +231,27 @@ def reduce_gradients(
 
     plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order, first_bucket_bytes)
     devices = jax.lax.axis_size((node_axis, gpu_axis))
-    reduced = [
-        sum_bucket(flat, strategy, hybrid_crossover_bytes, node_axis, gpu_axis)
-        for flat in pack_for_mean(grads, plan, devices)
-    ]
+    divide_first = divide_before_sum(plan.wire_dtype)
+    if divide_first:
+        # fp16's range is small: divide in fp32 before the cast, so the sum on the wire is bounded
+        # by the largest per-device gradient; with a loss scale, summing first can overflow to inf
+        # (a false overflow that skips the step) once many devices add up. Pre-dividing can only
+        # underflow tiny entries, which loss scaling keeps rare and which cost far less than an inf.
+        grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32) / devices, grads)
+    buckets = pack(grads, plan)
+
+    reduced = []
+    for flat, nbytes in zip(buckets, plan.bucket_nbytes()):
+        hierarchical = bucketing.reduces_hierarchically(strategy, nbytes, hybrid_crossover_bytes)
+        reduce = _hierarchical_sum if hierarchical else _flat_sum
+        reduced.append(reduce(flat, node_axis, gpu_axis))
+
     if overlap:
         reduced = hold_until_all_reduced(reduced)
-    return unpack_mean(reduced, plan, devices)
-
-
-def pack_for_mean(grads: Any, plan: BucketPlan, devices: int) -> list[jax.Array]:
-    """`grads` packed into `plan`'s buckets, ready to be summed over `devices` devices.
-
-    fp16's range is small: its gradients are divided in fp32 before the cast, so the sum on the
-    wire is bounded by the largest per-device gradient; with a loss scale, summing first can
-    overflow to inf (a false overflow that skips the step) once many devices add up.
-    Pre-dividing can only underflow tiny entries, which loss scaling keeps rare and which cost far
-    less than an inf. Other wire dtypes are divided after the sum (`unpack_mean`).
-    """
-    if divide_before_sum(plan.wire_dtype):
-        grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32) / devices, grads)
-    return pack(grads, plan)
-
-
-def sum_bucket(
-    flat: jax.Array, strategy: str, hybrid_crossover_bytes: int, node_axis: str, gpu_axis: str
-) -> jax.Array:
-    """One packed bucket summed over both mesh axes by `strategy`'s collective for its size."""
-    nbytes = flat.size * flat.dtype.itemsize
-    hierarchical = bucketing.reduces_hierarchically(strategy, nbytes, hybrid_crossover_bytes)
-    return (_hierarchical_sum if hierarchical else _flat_sum)(flat, node_axis, gpu_axis)
-
-
-def unpack_mean(reduced: list[jax.Array], plan: BucketPlan, devices: int) -> Any:
-    """The tree of means from `plan`'s buckets summed over `devices` devices (`pack_for_mean`).
-
-    The plan was made from the gradients' own dtypes, so `unpack` restores them. fp32 and bf16
-    share fp32's exponent range, so their sums cannot overflow where the gradients did not: they
-    are divided here, where the division fuses into the slices' consumers (no pass of its own).
-    """
-    scale = None if divide_before_sum(plan.wire_dtype) else 1.0 / devices
+    # The plan was made from `grads`' own dtypes, so `unpack` restores them. fp32 and bf16 share
+    # fp32's exponent range, so their sums cannot overflow where the gradients did not: they are
+    # divided here, where the division fuses into the slices' consumers (no pass of its own).
+    scale = None if divide_first else 1.0 / devices
     return unpack(reduced, plan, scale=scale)
 
 

@@ -93,7 +93,6 @@ class Trainer:
     tx: optax.GradientTransformation
     init_state: Callable[[], train.TrainState]
     abstract_state: train.TrainState
-    image_shape: tuple[int, int, int]
 
 
 def build_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> Trainer:
@@ -124,7 +123,7 @@ def build_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) ->
     init_state, abstract_state = train.state_initializer(
         model, tx, mesh, image_shape, config.precision, config.seed
     )
-    return Trainer(data, steps, model, schedule, tx, init_state, abstract_state, image_shape)
+    return Trainer(data, steps, model, schedule, tx, init_state, abstract_state)
 
 
 class Tracing:
@@ -235,16 +234,13 @@ class _TrainRun:
         ckpt: checkpoint.Checkpointer,
         writer: metrics_lib.MetricsWriter,
         overflow: metrics_lib.OverflowWatch,
-        steps: tuple[train.TrainStep, Callable | None],
+        eval_step: Callable | None,
         start_step: int,
         state: train.TrainState,
     ) -> None:
         self.config, self.mesh, self.trainer = config, mesh, trainer
-        self.ckpt, self.writer, self.overflow = ckpt, writer, overflow
-        self.train_step, self.eval_step = steps
-        self.start_step = start_step
-        # A state fresh from init or a checkpoint, ready for the step (`TrainStep.begin`).
-        self.state = self.train_step.begin(state, trainer.image_shape)
+        self.ckpt, self.writer, self.overflow, self.eval_step = ckpt, writer, overflow, eval_step
+        self.start_step, self.state = start_step, state
         self.progress = metrics_lib.ProgressMeter(
             total_steps=trainer.steps,
             start_step=start_step,
@@ -264,12 +260,9 @@ class _TrainRun:
         if not self.ckpt.should_save(step, force=force):
             return
         # Commit only what was checked finite: this step's loss (the save waits for the step
-        # anyway), then the state itself, which fp16 keeps finite by skipping steps. A state
-        # that carries gradients to the next step applies them first: a checkpoint holds none.
+        # anyway), then the state itself, which fp16 keeps finite by skipping steps.
         self.log(self.pending.flush())
-        self.state = self.train_step.settle(self.state)
-        saved = self.state.replace(deferred=None)
-        metrics_lib.check_state_finite(step, saved, _DIVERGED_HINT)
+        metrics_lib.check_state_finite(step, self.state, _DIVERGED_HINT)
         # The data position is the step: every train stream is a pure function of (seed, step).
         meta = {
             "step": step,
@@ -277,7 +270,7 @@ class _TrainRun:
             "config": self.config.to_json(),
             "num_devices": self.mesh.devices.size,
         }
-        self.ckpt.save(step, saved, meta, force=force)
+        self.ckpt.save(step, self.state, meta, force=force)
         self.progress.restart(step)  # a save (and its wait for the previous one) is not training
 
     def log(self, fetched: metrics_lib.HostMetrics | None) -> None:
@@ -304,7 +297,6 @@ class _TrainRun:
 
     def _evaluate(self, step: int) -> None:
         """Adds the eval split's metrics at `step` to the results and writes them."""
-        self.state = self.train_step.settle(self.state)
         self.results.update(evaluate(self.eval_step, self.state, self.trainer.data))
         self.writer.write_scalars(step, self.results)
 
@@ -319,6 +311,7 @@ class _TrainRun:
 
     def run_steps(
         self,
+        train_step: Callable,
         peers: peer_watch.PeerWatch,
         preemption: preemption_lib.PreemptionHandler,
         profile_dir: str,
@@ -336,7 +329,7 @@ class _TrainRun:
         tracing = Tracing(self.config.profile, os.path.abspath(profile_dir))
         for step in range(self.start_step, steps):
             tracing.before(step, self.state)
-            self.state, device_metrics = self.train_step(
+            self.state, device_metrics = train_step(
                 self.state, self.next_batch(batches), stop_flags[preemption.requested]
             )
             done = step + 1
@@ -403,10 +396,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     resume_step = functools.partial(liveness.newest_checkpoint, ckpt.directory)
     with peers.reporting(resume_step), ckpt, writer, preemption:
         start_step, state = _resume_or_start(ckpt, trainer, config, mesh.devices.size)
-        run = _TrainRun(
-            config, mesh, trainer, ckpt, writer, overflow, (train_step, eval_step), start_step, state
-        )
+        run = _TrainRun(config, mesh, trainer, ckpt, writer, overflow, eval_step, start_step, state)
         profile_dir = os.path.join(workdir, "profile", f"process_{jax.process_index()}")
-        if run.run_steps(peers, preemption, profile_dir):
+        if run.run_steps(train_step, peers, preemption, profile_dir):
             run.final_eval()
     return run.results

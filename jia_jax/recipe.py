@@ -27,10 +27,8 @@ from absl import logging
 #   order of fp32 additions). The device count itself is compared (``num_devices``): it sets the
 #   per-device BatchNorm batch.
 # - `comm` strategy, buckets and crossover may change (`comm.first_bucket_bytes`,
-#   `comm.start_when_ready`, `comm.tell_xla_network` and `comm.deferred_buckets` may also be
-#   absent, in checkpoints from before they existed): every strategy computes the same mean (up to
-#   summation order), and a deferred bucket's update is the same update, one program later (a
-#   checkpoint holds none pending); so may
+#   `comm.start_when_ready` and `comm.tell_xla_network` may also be absent, in checkpoints from
+#   before they existed): every strategy computes the same mean (up to summation order); so may
 #   `comm.network`, which only picks the plan, and what XLA is told of it, which only moves the
 #   schedule. `comm.dtype`, the precision on the wire, is compared.
 # - `model.space_to_depth_stem` / `model.sliced_max_pool` may change (or be absent, in
@@ -61,7 +59,6 @@ FREE_ON_RESUME = (
     "comm.start_when_ready",
     "comm.hybrid_crossover_bytes",
     "comm.overlap",
-    "comm.deferred_buckets",
     "comm.network",
     "comm.tell_xla_network",
     "comm.told_bandwidth_scale",
@@ -81,12 +78,16 @@ FREE_ON_RESUME = (
 # on one H100: the step with it ran at 0.996 / 0.992 of the step without it at 256 / 64 images)
 # and broke autodiff inside `jax.shard_map` with replicated params;
 # `xla.command_buffer_convolutions` (off by default) only changed how the step's kernels were
-# launched, and with it the trainer failed on an H200 (docs/benchmarks.md, "The same on one H200").
+# launched, and with it the trainer failed on an H200 (docs/benchmarks.md, "The same on one H200");
+# `comm.deferred_buckets` (the first buckets summed under the next step's forward, off by default)
+# applied the same updates bit for bit, one program later, and was measured slower (docs/
+# benchmarks.md, "Does summing the first buckets under the next step's forward hide them?").
 RETIRED = (
     "comm.backward_cuts",
     "model.weight_grads_first",
     "model.fused_bn",
     "xla.command_buffer_convolutions",
+    "comm.deferred_buckets",
 )
 _MISSING = object()
 

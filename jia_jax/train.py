@@ -8,7 +8,6 @@ al.), and reduces the gradients with the configured strategy (`jia_jax.allreduce
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jia_jax import allreduce, comm_model, deferred, normalize, precision, xla_network
+from jia_jax import allreduce, comm_model, normalize, precision, xla_network
 from jia_jax import loss as loss_lib
 from jia_jax import mesh as mesh_lib
 from jia_jax.models import call_order
@@ -37,18 +36,13 @@ STOP_KEY = "stop"
 
 
 class TrainState(flax.struct.PyTreeNode):
-    """Everything a step reads and writes; replicated, fp32 except counters.
-
-    `deferred` is the gradients a step hands the next (`jia_jax.deferred`, with
-    `comm.deferred_buckets`), else None; checkpoints hold states without it (`TrainStep.settle`).
-    """
+    """Everything a step reads and writes; all replicated, all fp32 except counters."""
 
     step: jax.Array
     params: Any
     batch_stats: Any
     opt_state: optax.OptState
     loss_scale: precision.LossScaleState
-    deferred: deferred.Carry | None = None
 
 
 def state_initializer(
@@ -169,14 +163,12 @@ def device_index(mesh: Mesh) -> jax.Array:
     return jax.lax.axis_index(mesh_lib.NODE_AXIS) * gpus + jax.lax.axis_index(mesh_lib.GPU_AXIS)
 
 
-def _per_device_step(model, config, comm, mesh, image_shape, deferral=None):
+def _per_device_step(model, config, comm, mesh, image_shape):
     """The `shard_map`ped part of the step: local gradients, then their reduction by `comm`.
 
     Returns `f(params, batch_stats, scale, batch, key) -> (grads, new_stats, metrics)`. With
     `comm.strategy='xla'` each output is stacked along a device axis (its mean is left to XLA);
-    otherwise all three are already averaged over the devices. With `deferral`, a `(plan, count)`
-    of `jia_jax.deferred`, `grads` is `deferred.split_reduce`'s pair instead: the first `count`
-    buckets per device, the others summed.
+    otherwise all three are already averaged over the devices.
     """
     compute = precision.compute_dtype(config.precision.compute)
     grads_fn = accumulate_microbatches(
@@ -186,22 +178,6 @@ def _per_device_step(model, config, comm, mesh, image_shape, deferral=None):
     )
     xla_reduces = comm.strategy == "xla"
     leaf_order = None if xla_reduces else call_order.backward_leaf_order(model, image_shape)
-
-    def reduce(grads):
-        if deferral is not None:
-            return deferred.split_reduce(grads, *deferral, comm)
-        return allreduce.reduce_gradients(
-            grads,
-            strategy=comm.strategy,
-            bucket_bytes=comm.bucket_bytes,
-            wire_dtype=comm.dtype,
-            hybrid_crossover_bytes=comm.hybrid_crossover_bytes,
-            node_axis=mesh_lib.NODE_AXIS,
-            gpu_axis=mesh_lib.GPU_AXIS,
-            leaf_order=leaf_order,
-            overlap=comm.overlap,
-            first_bucket_bytes=comm.first_bucket_bytes,
-        )
 
     def per_device(params, batch_stats, scale, batch, key):
         batch = dict(batch)
@@ -217,34 +193,29 @@ def _per_device_step(model, config, comm, mesh, image_shape, deferral=None):
             # Hand per-device values out stacked along a device axis; their mean is written as
             # array code outside, so XLA chooses and combines the collectives itself.
             return jax.tree.map(lambda x: x[None], (grads, new_stats, metrics))
-        grads = reduce(grads)
+        grads = allreduce.reduce_gradients(
+            grads,
+            strategy=comm.strategy,
+            bucket_bytes=comm.bucket_bytes,
+            wire_dtype=comm.dtype,
+            hybrid_crossover_bytes=comm.hybrid_crossover_bytes,
+            node_axis=mesh_lib.NODE_AXIS,
+            gpu_axis=mesh_lib.GPU_AXIS,
+            leaf_order=leaf_order,
+            overlap=comm.overlap,
+            first_bucket_bytes=comm.first_bucket_bytes,
+        )
         # Keep the running BN averages identical on every device (cheap: a few KB).
         new_stats, metrics = allreduce.pmean_packed((new_stats, metrics), mesh_lib.BATCH_AXES)
         return grads, new_stats, metrics
 
     reduced = P(mesh_lib.BATCH_AXES) if xla_reduces else P()
-    grads_spec = (P(mesh_lib.BATCH_AXES), P()) if deferral is not None else reduced
     return jax.shard_map(
         per_device,
         mesh=mesh,
         in_specs=(P(), P(), P(), P(mesh_lib.BATCH_AXES), P()),
-        out_specs=(grads_spec, reduced, reduced),
+        out_specs=(reduced, reduced, reduced),
         check_vma=False,
-    )
-
-
-def deferral_plan(
-    comm: ml_collections.ConfigDict,
-    model: nn.Module,
-    params: Any,
-    compute: jnp.dtype,
-    image_shape: tuple[int, ...],
-) -> allreduce.BucketPlan:
-    """The buckets `allreduce.reduce_gradients` packs the step's gradients into (shapes only)."""
-    grads = jax.eval_shape(lambda p: cast_floats(p, compute), params)
-    order = call_order.backward_leaf_order(model, image_shape)
-    return allreduce.plan_buckets(
-        grads, comm.bucket_bytes, comm.dtype, order, comm.first_bucket_bytes
     )
 
 
@@ -340,42 +311,17 @@ def update_fn(
     return update
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainStep:
-    """The jitted train step, and the two calls a loop makes around it.
-
-    `TrainStep(state, batch, stop=None) -> (state, metrics)` runs one step (`make_train_step`).
-    With `comm.deferred_buckets`, a state between steps carries the last step's gradients
-    (`jia_jax.deferred`): `begin` gives a state fresh from init or a checkpoint its empty carry,
-    `settle` applies what the carry holds (before a checkpoint or an evaluation reads the
-    parameters). Without, both return the state unchanged.
-    """
-
-    jitted: Callable[..., tuple[TrainState, Metrics]]
-    begin: Callable[[TrainState, tuple[int, ...]], TrainState]
-    settle: Callable[[TrainState], TrainState]
-
-    def __call__(self, *args: Any) -> tuple[TrainState, Metrics]:
-        return self.jitted(*args)
-
-    def lower(self, *args: Any) -> Any:
-        """The jitted step lowered for these arguments (`jax.jit(...).lower`)."""
-        return self.jitted.lower(*args)
-
-
 def make_train_step(
     model: nn.Module,
     tx: optax.GradientTransformation,
     learning_rate: optax.Schedule,
     config: ml_collections.ConfigDict,
     mesh: Mesh,
-) -> TrainStep:
+) -> Callable[..., tuple[TrainState, Metrics]]:
     """Returns the jitted `step(state, batch, stop=None) -> (state, metrics)`; `state` is donated.
 
     Three pieces, in order: per-device gradients (forward/backward, microbatches), their
-    reduction over the mesh (`comm.strategy`), the fp32 update of the replicated state. With
-    `comm.deferred_buckets`, the update of the step before comes first instead, on the buckets
-    its state carries (`jia_jax.deferred`), and the last comes out as the next carry.
+    reduction over the mesh (`comm.strategy`), the fp32 update of the replicated state.
 
     `stop`, if given, is a per-device int array sharded like the batch (`stop_flags`): 1 where
     the device's process asks the run to stop. `metrics["stop"]` is then its mean over the
@@ -393,25 +339,8 @@ def make_train_step(
     if config.comm.strategy not in known:
         raise ValueError(f"comm.strategy={config.comm.strategy!r} is not one of {known}.")
     comm_model.network_model(config.comm.get("network", ""))  # a bad name fails here, not later
-    count = deferred.check_config(config)
-    compute = precision.compute_dtype(config.precision.compute)
     update = update_fn(tx, learning_rate, config)
-    built = {}  # per image shape: (comm, plan, shard_mapped step); shapes are known when tracing
-
-    def build(params: Any, image_shape: tuple[int, ...]):
-        if image_shape not in built:
-            comm = resolve_comm(config.comm, model, mesh, params, image_shape)
-            plan = deferral_plan(comm, model, params, compute, image_shape) if count else None
-            deferral = (plan, count) if count else None
-            sharded = _per_device_step(model, config, comm, mesh, image_shape, deferral)
-            built[image_shape] = comm, plan, sharded
-        return built[image_shape]
-
-    def apply_carry(state: TrainState) -> TrainState:
-        # The update of the step before, where one is pending: the same update, one step later.
-        bare = state.replace(deferred=None)
-        applied, _ = update(bare, deferred.mean(state.deferred, mesh), state.batch_stats, {})
-        return precision.select_tree(state.deferred.pending, applied, bare)
+    built = {}  # per image shape: (comm, shard_mapped step); shapes are known when tracing
 
     def step(
         state: TrainState, batch: Batch, stop: jax.Array | None = None
@@ -419,48 +348,24 @@ def make_train_step(
         image_shape = batch["image"].shape[1:]
         if stop is not None:
             batch = {**batch, STOP_KEY: stop}
-        comm, _, sharded = build(state.params, image_shape)
-        carry = state.deferred
-        if count:
-            state = apply_carry(state)
+        if image_shape not in built:
+            comm = resolve_comm(config.comm, model, mesh, state.params, image_shape)
+            built[image_shape] = comm, _per_device_step(model, config, comm, mesh, image_shape)
+        comm, sharded = built[image_shape]
         # Dropout randomness is a function of (seed, step): a resumed run draws the same masks.
         key = jax.random.fold_in(jax.random.PRNGKey(config.seed), state.step)
         grads, new_stats, metrics = sharded(
             state.params, state.batch_stats, state.loss_scale.scale, batch, key
         )
-        if count:
-            # These gradients' update is the next step's: the rate it will apply (fp16, which
-            # could skip it, is excluded).
-            metrics["learning_rate"] = jnp.asarray(
-                learning_rate(schedule_count(state)), jnp.float32
-            )
-            local, reduced = grads
-            carry = deferred.pinned(carry.replace(local=local, reduced=reduced), mesh, True)
-            return state.replace(batch_stats=new_stats, deferred=carry), metrics
         if comm.strategy == "xla":
             grads = allreduce.stacked_mean(grads, comm.dtype)
             new_stats, metrics = jax.tree.map(lambda x: jnp.mean(x, axis=0), (new_stats, metrics))
         return update(state, grads, new_stats, metrics)
 
-    def begin(state: TrainState, image_shape: tuple[int, ...]) -> TrainState:
-        if not count or state.deferred is not None:
-            return state
-        comm, plan, _ = build(state.params, tuple(image_shape))
-        return state.replace(deferred=deferred.empty(plan, count, comm, mesh))
-
-    def settle_fn(state: TrainState) -> TrainState:
-        carry = deferred.pinned(state.deferred, mesh, False)
-        return apply_carry(state).replace(deferred=carry)
-
-    settle_jitted = jax.jit(settle_fn, donate_argnums=0)
-
-    def settle(state: TrainState) -> TrainState:
-        return state if state.deferred is None else settle_jitted(state)
-
     # What XLA's estimator was told is what XLA_FLAGS held when JAX started (jia_jax.main adds it).
     xla_told = bool(xla_network.told(os.environ.get("XLA_FLAGS", "")))
     options = step_compiler_options(config.comm, xla_told)
-    return TrainStep(jax.jit(step, donate_argnums=0, compiler_options=options), begin, settle)
+    return jax.jit(step, donate_argnums=0, compiler_options=options)
 
 
 def step_compiler_options(comm: ml_collections.ConfigDict, xla_told: bool) -> dict[str, Any] | None:

@@ -17,8 +17,6 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_half64  # at 64 images: x0.5, x1, x2, twice
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_scale_trainer  # the trainer told x0.5, x1, x2
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh cmdbuf    # convolutions in XLA's command buffers
-#   OUT=/tmp/out bash scripts/bench_2gpu.sh deferred  # first buckets summed under the next forward
-#   OUT=/tmp/out bash scripts/bench_2gpu.sh deferred_trainer  # the same, the trainer itself
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -184,22 +182,7 @@ case "$1" in
         --batches=256,64 --strategies=default --out="$OUT/bench_hosts_cmdbuf_$run.json"
     done
     ;;
-  deferred)
-    # The told step (buckets apart, as the trainer compiles it) with its first one or two buckets
-    # summed while the next step's forward runs (`comm.deferred_buckets`), against the told step
-    # as it is and the plain peer, 2 emulated hosts x 1 GPU, round-robin over two rounds.
-    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=256,64 \
-      --variants=overlap_cap,defer1_cap,defer2_cap,peer --steps=10 --rounds=2 \
-      --tell_xla_network=emulated --budget_s=540 --out="$OUT/bench_overlap_deferred_2gpu.json"
-    ;;
-  deferred_trainer)
-    # The trainer itself (its logged rate, 2 emulated hosts x 1 GPU against one GPU) with its
-    # first bucket deferred and without, and the plain peer in the same call.
-    python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches=256,64 \
-      --strategies=default --peer --row_variant="--config.comm.deferred_buckets=${DEFER:-1}" \
-      --out="$OUT/bench_hosts_deferred_2gpu.json"
-    ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
-       "|told_half|told_half64|told_scale_trainer|cmdbuf|deferred|deferred_trainer" >&2
+       "|told_half|told_half64|told_scale_trainer|cmdbuf" >&2
      exit 2 ;;
 esac

@@ -109,11 +109,12 @@ def test_model_options_are_free_on_resume():
 
 def test_retired_fields_of_an_older_checkpoint_resume_as_absent():
     """A checkpoint saved while `comm.backward_cuts` / `model.weight_grads_first` /
-    `xla.command_buffer_convolutions` existed resumes on today's config (which has none of
-    them) without `allow_config_change`; other changes still stop it."""
+    `xla.command_buffer_convolutions` / `comm.deferred_buckets` existed resumes on today's config
+    (which has none of them) without `allow_config_change`; other changes still stop it."""
     config = digits.get_config()
     old = json.loads(config.to_json())
     old["comm"]["backward_cuts"] = [3, 4]
+    old["comm"]["deferred_buckets"] = 1
     old["model"]["weight_grads_first"] = True
     old["xla"] = {"command_buffer_convolutions": True}  # a block of its own, now gone
     meta = {**digits_meta(config), "config": json.dumps(old)}

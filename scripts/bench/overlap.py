@@ -118,19 +118,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "overlap_first32_nosol_cap": {"comm.first_bucket_bytes": 32 * MIB, "xla": {**_NO_SOL, **_CAP}},
     # The same through the config (`comm.start_when_ready` sets those XLA options on the step).
     "first32_ready": {"comm.first_bucket_bytes": 32 * MIB, "comm.start_when_ready": True},
-    # The first one or two buckets (the fc and layer4 gradients) summed while the next step's
-    # forward runs (`comm.deferred_buckets`), combining capped as the told trainer compiles it.
-    "defer1_cap": {"comm.deferred_buckets": 1, "xla": _CAP},
-    "defer2_cap": {"comm.deferred_buckets": 2, "xla": _CAP},
-    # Two deferred buckets queue at the top of the next step (XLA made the first synchronous):
-    # one larger first bucket deferred instead, against the same first bucket not deferred.
+    # The 32 MiB first bucket with combining capped at the bucket size, as the trainer compiles
+    # its step where XLA is told the network.
     "first32_cap": {"comm.first_bucket_bytes": 32 * MIB, "xla": _CAP},
-    "defer1_first24_cap": {
-        "comm.deferred_buckets": 1, "comm.first_bucket_bytes": 24 * MIB, "xla": _CAP
-    },
-    "defer1_first32_cap": {
-        "comm.deferred_buckets": 1, "comm.first_bucket_bytes": 32 * MIB, "xla": _CAP
-    },
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.
     "hierarchical": {"comm.strategy": "hierarchical"},
     "hybrid": {"comm.strategy": "hybrid"},
@@ -307,8 +297,6 @@ def _prepare(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
     step, setup, config = _build(args, variant, batch, processes, gpus)
     state = setup["init"]()
     resolved = resolved_plan(config, setup, state.params)
-    if not variant.startswith("peer"):  # the trainer's step: with its carry, if it has one
-        state = step.begin(state, setup["batch"]["image"].shape[1:])
     start = time.perf_counter()
     compiled = step.lower(state, setup["batch"]).compile(VARIANTS[variant].get("xla"))
     for _ in range(args.warmup_steps):
@@ -335,7 +323,6 @@ def _plan_fields(variant: str, config: Any, resolved: dict[str, Any]) -> dict[st
         "strategy": "peer" if variant.startswith("peer") else config.comm.strategy,
         "bucket_bytes": config.comm.bucket_bytes,
         "first_bucket_bytes": config.comm.first_bucket_bytes,
-        "deferred_buckets": config.comm.deferred_buckets,
         **resolved,
     }
 
@@ -376,7 +363,7 @@ def _measure_pgle(args, variant: str, batch: int, processes: int, gpus: int) -> 
     jax.config.update("jax_enable_pgle", True)
     jax.config.update("jax_pgle_profiling_runs", _PGLE_RUNS)
     try:
-        step = jax.jit(step.jitted.__wrapped__, donate_argnums=0, compiler_options=_LHS)
+        step = jax.jit(step.__wrapped__, donate_argnums=0, compiler_options=_LHS)
         for _ in range(_PGLE_RUNS + 2):
             state, _ = jax.block_until_ready(step(state, setup["batch"]))
         compile_s = time.perf_counter() - start

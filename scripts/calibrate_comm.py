@@ -502,6 +502,7 @@ class StepRow:
     tiny: bool  # the CPU smoke model, not ResNet-50
     crossover_bytes: int | None = None  # hybrid's, where 'auto' resolved it; None: the config's
     first_bucket_bytes: int = 0  # the first bucket's limit (0: bucket_bytes; older runs: 0)
+    told: str = ""  # what XLA's latency estimator was told of the network ("": nothing)
 
 
 def step_rows(paths: Sequence[str]) -> list[StepRow]:
@@ -536,6 +537,7 @@ def step_rows(paths: Sequence[str]) -> list[StepRow]:
                     bool(args.get("tiny")),
                     plan.get("hybrid_crossover_bytes"),
                     r.get("first_bucket_bytes", 0),
+                    r.get("told", ""),
                 )
             )
     return out
@@ -570,6 +572,8 @@ def _step_plan(row: StepRow, fit: dict[str, Any] | None) -> tuple[str, bool] | s
         return f"variant {row.variant!r}: no longer in scripts/bench/overlap.py, its config unknown"
     if "xla" in options or "pgle" in options:
         return "XLA options change the schedule the overlap was fitted on"
+    if row.told:
+        return "XLA's estimator told the network: another schedule than the overlap was fitted on"
     if row.strategy == "peer":  # its own buckets (leaves in reverse tree order), one psum each
         return "flat", False
     if row.strategy not in ("flat", "hierarchical", "hybrid"):

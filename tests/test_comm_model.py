@@ -818,6 +818,29 @@ def test_packaged_plan_predictions_of_flat_and_hybrid_rows_are_within_10_percent
     assert "not recorded" in reasons["auto"] and "XLA" in reasons["xla"]
 
 
+def test_a_row_told_the_network_is_not_predicted(tmp_path):
+    """A row whose processes told XLA's estimator the network (`told`) ran another schedule than
+    the untold step the overlap was fitted on: it is listed as excluded, with that reason, and
+    the same row untold is predicted."""
+    src = os.path.join(calibrate_comm.REPO, "docs", "benchmarks", "bench_plans_2x2_256_4xH200.json")
+    doc = json.loads(open(src).read())
+    [row] = [r for r in doc["results"] if r.get("variant") == "hierarchical"]
+    cal = json.loads(open(calibrate_comm.DEFAULT_OUT).read())
+
+    def planned(told: str) -> tuple[list[str], dict[str, str]]:
+        row["told"] = told
+        path = tmp_path / f"bench_plans_told_{bool(told)}.json"
+        path.write_text(json.dumps(doc))
+        out = calibrate_comm.plans(calibrate_comm.step_rows([str(path)]), cal, None)
+        return ([e["variant"] for e in out["plans"]],
+                {e["variant"]: e["reason"] for e in out["plans_excluded"]})
+
+    predicted, _ = planned("")
+    assert "hierarchical" in predicted
+    predicted, excluded = planned("emulated")
+    assert "hierarchical" not in predicted and "told the network" in excluded["hierarchical"]
+
+
 def test_fit_overlap_by_hand():
     # Buckets of 2, 3 and 1 ms, 0.5 ms always after backward, 3 ms measured: 3 = 1 + 0.5 +
     # (1 - o) * 5, o = 0.7.

@@ -1787,6 +1787,13 @@ def test_scaling_prose_on_the_round_robin_plans_call_quotes_the_json():
         f"at 64 images per GPU the default ({eff['overlap', 64]:.3f}), the others "
         f"{min(at_64):.3f} to {max(at_64):.3f}",
     ])
+    fifth = {e["per_device_batch"]: e["error"] for e in cal["plans"]
+             if "told_2x2_" in e["row"] and e["variant"] == "overlap"}
+    assert fifth[256] < 0 < fifth[64]
+    assert_quoted(read("docs/scaling.md"), [
+        f"it measured {-100 * fifth[256]:.1f}% slower than predicted at 256 images per GPU and "
+        f"{100 * fifth[64]:.1f}% faster at 64.",
+    ])
 
 
 def _gradient_reduces(row: dict) -> list[tuple[dict, list[float]]]:

@@ -45,7 +45,9 @@ def global_batch() -> dict[str, np.ndarray]:
     }
 
 
-def build(config, mesh):
+def build_step(config, mesh):
+    """`(model, tx, step)` of `config` on `mesh`: the tiny ResNet-18 and the trainer's step (not
+    yet compiled)."""
     model = models.create_model(
         "resnet18",
         num_classes=10,
@@ -53,10 +55,14 @@ def build(config, mesh):
         **{k: v for k, v in config.model.items() if k != "name"},
     )
     tx = optimizers.create_optimizer(config.optimizer, optax.constant_schedule(LR))
+    return model, tx, train.make_train_step(model, tx, optax.constant_schedule(LR), config, mesh)
+
+
+def build(config, mesh):
+    """`(model, state, step)`: `build_step` and the initial state (compiled and run)."""
+    model, tx, step = build_step(config, mesh)
     init, _ = train.state_initializer(model, tx, mesh, (IMAGE, IMAGE, 1), config.precision, seed=0)
-    state = init()
-    step = train.make_train_step(model, tx, optax.constant_schedule(LR), config, mesh)
-    return model, state, step
+    return model, init(), step
 
 
 @functools.cache

@@ -124,3 +124,25 @@ def test_bad_arguments_name_the_problem():
         max_pool(x.astype(jnp.int32), (3, 3), (2, 2), "VALID")
     with pytest.raises(ValueError, match="does not fit"):
         max_pool(x, (3, 3), (2, 2), ((-1, 0), (0, 0)))
+
+
+@pytest.mark.parametrize(
+    "window, strides, padding",
+    [
+        ((2, 2), (2, 2), "VALID"),
+        ((3, 3), (1, 1), ((1, 1), (1, 1))),
+        ((5, 3), (2, 3), ((2, 1), (0, 2))),
+        ((4, 4), (3, 2), ((0, 0), (1, 1))),
+    ],
+    ids=["2x2/2", "3x3/1", "5x3/2x3", "4x4/3x2"],
+)
+def test_other_windows_and_strides_give_flax_gradient(window, strides, padding):
+    """Each input gathers from up to ceil(k/s) windows per axis, whatever k and s: with no ties
+    (distinct values) and integer cotangents, flax's gradient is the exact same sums."""
+    rng = np.random.default_rng(3)
+    x = _distinct((2, 11, 10, 3), jnp.float32, rng)
+    y_flax, flax_vjp = jax.vjp(lambda v: nn.max_pool(v, window, strides, padding), x)
+    g = jnp.asarray(rng.integers(-4, 5, y_flax.shape), jnp.float32)
+    y, vjp = jax.vjp(jax.jit(lambda v: max_pool(v, window, strides, padding)), x)
+    np.testing.assert_array_equal(y, y_flax)
+    np.testing.assert_array_equal(vjp(g)[0], flax_vjp(g)[0])

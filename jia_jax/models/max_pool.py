@@ -3,9 +3,9 @@
 `flax.linen.max_pool` is a `lax.reduce_window`; its gradient is a select-and-scatter, which XLA's
 GPU backend runs as a slow scatter (measured as the max-pool kernels of ResNet-50's step). Here the
 forward takes the maximum over the window's taps, each tap a strided slice of the padded input,
-and keeps which tap won (one byte per output); the backward routes each output's cotangent to that
-tap: a sum of one interior-padded copy of the masked cotangents per tap, which XLA fuses into one
-elementwise kernel over the input.
+and keeps which tap won (one byte per output); in the backward each input gathers the cotangents
+of the (at most ceil(k/s)^2) windows it won, read from a nearest-neighbour upsampling of the
+output: one elementwise kernel over the input, which XLA fuses into the BatchNorm backward before.
 
 Ties: the gradient goes to the first maximum in row-major window order (top row first, left to
 right), the input XLA's select-and-scatter picks for `reduce_window`'s gradient (its select is
@@ -74,31 +74,43 @@ def _max_pool_fwd(x, window, strides, padding):
     return y, (winner, jnp.zeros((*x.shape[:3], 0), x.dtype))
 
 
+def _spread(a: jax.Array, axis: int, stride: int, back: int, low: int, size: int) -> jax.Array:
+    """``a`` indexed by input position along ``axis``: at padded position P = low + p (p < size)
+    it holds ``a[P // stride - back]``, or 0 where that output does not exist."""
+    outputs = a.shape[axis]
+    spread = jnp.repeat(a, stride, axis=axis)  # P -> a[P // stride], P < stride * outputs
+    # Shift by `back` outputs, then keep the input's positions (lax.pad crops where negative).
+    pads = [(0, 0, 0)] * a.ndim
+    pads[axis] = (stride * back - low, low + size - stride * (outputs + back), 0)
+    return lax.pad(spread, jnp.zeros((), a.dtype), pads)
+
+
 def _max_pool_bwd(window, strides, padding, residuals, g):
+    """Each input gathers the cotangents of the windows whose winner it is.
+
+    Along an axis, padded input P lies in the windows o = P // s - m (m = 0 .. ceil(k/s) - 1) at
+    tap P % s + s m, where that tap is < k and o exists: so each input sums at most
+    ceil(kh/sh) ceil(kw/sw) masked cotangents (4 for ResNet's 3x3/2), read at positions that are a
+    nearest-neighbour upsampling of the output: one elementwise pass over the input, no scatter
+    and no interior padding (which fused into the BN backward cost the stem's pass ~4x its bytes).
+    """
     winner, like = residuals
     shape = (*like.shape[:3], g.shape[3])
-    (h, kh, sh, lo_h, oh), (w, kw, sw, lo_w, ow) = _geometry(shape, window, strides, padding)
-    hp, wp = h + sum(padding[0]), w + sum(padding[1])
+    (h, kh, sh, lo_h, _), (w, kw, sw, lo_w, _) = _geometry(shape, window, strides, padding)
     # Overlapping windows add in at least fp32, rounded once to the dtype below.
     acc = jnp.promote_types(g.dtype, jnp.float32)
-    g_acc, zero = g.astype(acc), jnp.zeros((), acc)
-    dxp = None
-    for t in range(kh * kw):
-        i, j = divmod(t, kw)
-        routed = jnp.where(winner == t, g_acc, zero)
-        # Output (r, c) came from padded input (i + sh*r, j + sw*c): place it there.
-        placed = lax.pad(
-            routed,
-            zero,
-            (
-                (0, 0, 0),
-                (i, hp - i - sh * (oh - 1) - 1, sh - 1),
-                (j, wp - j - sw * (ow - 1) - 1, sw - 1),
-                (0, 0, 0),
-            ),
-        )
-        dxp = placed if dxp is None else dxp + placed
-    dx = lax.slice(dxp, (0, lo_h, lo_w, 0), (shape[0], lo_h + h, lo_w + w, shape[3]))
+    g_acc = g.astype(acc)
+    rows = lax.broadcasted_iota(jnp.int32, (1, h, 1, 1), 1) + lo_h
+    cols = lax.broadcasted_iota(jnp.int32, (1, 1, w, 1), 2) + lo_w
+    dx = jnp.zeros(shape, acc)
+    for mh in range(-(-kh // sh)):
+        tap_h = rows % sh + sh * mh
+        g_h, win_h = (_spread(a, 1, sh, mh, lo_h, h) for a in (g_acc, winner))
+        for mw in range(-(-kw // sw)):
+            tap_w = cols % sw + sw * mw
+            mine = (tap_h < kh) & (tap_w < kw)
+            mine &= _spread(win_h, 2, sw, mw, lo_w, w) == (tap_h * kw + tap_w).astype(winner.dtype)
+            dx += jnp.where(mine, _spread(g_h, 2, sw, mw, lo_w, w), 0)
     return (dx.astype(g.dtype),)
 
 

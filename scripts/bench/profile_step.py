@@ -115,7 +115,13 @@ def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     start = time.perf_counter()
     compiled = step.lower(state, setup["batch"]).compile()
     row: dict[str, Any] = {**case, "compile_s": time.perf_counter() - start}
-    row["schedule"] = collective_schedule(compiled.as_text())
+    hlo_text = compiled.as_text()
+    row["schedule"] = collective_schedule(hlo_text)
+    if args.hlo_dir:
+        # The fusions' operand and result shapes: bytes per kernel, hence achieved bandwidth.
+        name = "_".join(str(case[k]) for k in ("model", "mesh", "strategy", "per_device_batch"))
+        with gzip.open(f"{args.hlo_dir}/{name}.hlo.gz", "wt") as f:
+            f.write(hlo_text)
     batch = setup["batch"]
     state, synced, queued = harness.time_train_step(compiled, state, batch, args.steps, 3)
     row["synced_step_s"], row["queued_step_s"] = (
@@ -180,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--trace_steps", type=int, default=5)
     parser.add_argument("--out", default="profile_step.json")
+    parser.add_argument("--hlo_dir", default="", help="write each case's optimized HLO here")
     args = parser.parse_args(argv)
     doc: dict[str, Any] = {"environment": harness.environment(), "args": vars(args)}
     rows: list[dict[str, Any]] = []

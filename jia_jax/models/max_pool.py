@@ -4,8 +4,8 @@
 GPU backend runs as a slow scatter (measured as the max-pool kernels of ResNet-50's step). Here the
 forward takes the maximum over the window's taps, each tap a strided slice of the padded input,
 and keeps which tap won (one byte per output); in the backward each input gathers the cotangents
-of the (at most ceil(k/s)^2) windows it won, read from a nearest-neighbour upsampling of the
-output: one elementwise kernel over the input, which XLA fuses into the BatchNorm backward before.
+of the (at most ceil(k/s)^2) windows it won, by residue class of its position modulo the stride:
+one elementwise kernel over the input, which XLA fuses into the BatchNorm backward before.
 
 Ties: the gradient goes to the first maximum in row-major window order (top row first, left to
 right), the input XLA's select-and-scatter picks for `reduce_window`'s gradient (its select is
@@ -74,44 +74,47 @@ def _max_pool_fwd(x, window, strides, padding):
     return y, (winner, jnp.zeros((*x.shape[:3], 0), x.dtype))
 
 
-def _spread(a: jax.Array, axis: int, stride: int, back: int, low: int, size: int) -> jax.Array:
-    """``a`` indexed by input position along ``axis``: at padded position P = low + p (p < size)
-    it holds ``a[P // stride - back]``, or 0 where that output does not exist."""
-    outputs = a.shape[axis]
-    spread = jnp.repeat(a, stride, axis=axis)  # P -> a[P // stride], P < stride * outputs
-    # Shift by `back` outputs, then keep the input's positions (lax.pad crops where negative).
-    pads = [(0, 0, 0)] * a.ndim
-    pads[axis] = (stride * back - low, low + size - stride * (outputs + back), 0)
-    return lax.pad(spread, jnp.zeros((), a.dtype), pads)
-
-
 def _max_pool_bwd(window, strides, padding, residuals, g):
-    """Each input gathers the cotangents of the windows whose winner it is.
+    """Each input gathers the cotangents of the windows whose winner it is, by residue class.
 
-    Along an axis, padded input P lies in the windows o = P // s - m (m = 0 .. ceil(k/s) - 1) at
-    tap P % s + s m, where that tap is < k and o exists: so each input sums at most
-    ceil(kh/sh) ceil(kw/sw) masked cotangents (4 for ResNet's 3x3/2), read at positions that are a
-    nearest-neighbour upsampling of the output: one elementwise pass over the input, no scatter
-    and no interior padding (which fused into the BN backward cost the stem's pass ~4x its bytes).
+    Along an axis, padded input P = s a + r (r < s) lies in the windows o = a - m
+    (m = 0 .. ceil(k/s) - 1) at tap r + s m, where that tap is < k and o exists. So for each
+    residue class (r_h, r_w) the gradient is a sum of at most ceil(kh/sh) ceil(kw/sw) masked
+    cotangents read at a fixed shift (4 terms for ResNet's 3x3/2, 1 for the even-even class), and
+    the classes interleave into the input by a reshape: one elementwise pass, no scatter and no
+    interior padding (whose index arithmetic made the stem's BN backward compute-bound).
     """
     winner, like = residuals
-    shape = (*like.shape[:3], g.shape[3])
-    (h, kh, sh, lo_h, _), (w, kw, sw, lo_w, _) = _geometry(shape, window, strides, padding)
+    n, h, w = like.shape[:3]
+    (_, kh, sh, lo_h, oh), (_, kw, sw, lo_w, ow) = _geometry(like.shape, window, strides, padding)
+    mh, mw = -(-kh // sh), -(-kw // sw)  # windows per input, per axis
+    rows, cols = -(-(lo_h + h) // sh), -(-(lo_w + w) // sw)  # the blocks a, b the input spans
     # Overlapping windows add in at least fp32, rounded once to the dtype below.
     acc = jnp.promote_types(g.dtype, jnp.float32)
-    g_acc = g.astype(acc)
-    rows = lax.broadcasted_iota(jnp.int32, (1, h, 1, 1), 1) + lo_h
-    cols = lax.broadcasted_iota(jnp.int32, (1, 1, w, 1), 2) + lo_w
-    dx = jnp.zeros(shape, acc)
-    for mh in range(-(-kh // sh)):
-        tap_h = rows % sh + sh * mh
-        g_h, win_h = (_spread(a, 1, sh, mh, lo_h, h) for a in (g_acc, winner))
-        for mw in range(-(-kw // sw)):
-            tap_w = cols % sw + sw * mw
-            mine = (tap_h < kh) & (tap_w < kw)
-            mine &= _spread(win_h, 2, sw, mw, lo_w, w) == (tap_h * kw + tap_w).astype(winner.dtype)
-            dx += jnp.where(mine, _spread(g_h, 2, sw, mw, lo_w, w), 0)
-    return (dx.astype(g.dtype),)
+    # Padded so that [m' : m' + rows] with m' = mh - 1 - m holds output a - m (zero if none);
+    # the far side may crop outputs whose windows start past the input.
+    pads = ((0, 0, 0), (mh - 1, rows - oh, 0), (mw - 1, cols - ow, 0), (0, 0, 0))
+    g_pad = lax.pad(g.astype(acc), jnp.zeros((), acc), pads)
+    won_pad = lax.pad(winner, jnp.zeros((), winner.dtype), pads)
+
+    def shifted(a: jax.Array, m_h: int, m_w: int) -> jax.Array:
+        return a[:, mh - 1 - m_h : mh - 1 - m_h + rows, mw - 1 - m_w : mw - 1 - m_w + cols]
+
+    def residue_class(r_h: int, r_w: int) -> jax.Array:
+        total = jnp.zeros((n, rows, cols, g.shape[3]), acc)
+        for m_h in range(mh):
+            for m_w in range(mw):
+                tap_h, tap_w = r_h + sh * m_h, r_w + sw * m_w
+                if tap_h < kh and tap_w < kw:
+                    mine = shifted(won_pad, m_h, m_w) == tap_h * kw + tap_w
+                    total += jnp.where(mine, shifted(g_pad, m_h, m_w), 0)
+        return total
+
+    classes = jnp.stack(
+        [jnp.stack([residue_class(r_h, r_w) for r_w in range(sw)], 3) for r_h in range(sh)], 2
+    )  # (n, rows, sh, cols, sw, channels): padded input (s a + r_h, s b + r_w)
+    dxp = classes.reshape(n, rows * sh, cols * sw, g.shape[3])
+    return (dxp[:, lo_h : lo_h + h, lo_w : lo_w + w].astype(g.dtype),)
 
 
 _max_pool.defvjp(_max_pool_fwd, _max_pool_bwd)

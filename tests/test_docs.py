@@ -1901,3 +1901,55 @@ def test_told_step_on_two_hosts_of_two_prose_quotes_the_json():
         f"took {min(timed(told64)):.1f} to {max(timed(told64)):.1f} ms where the untold run's "
         f"took {min(timed(untold64)):.1f} to {max(timed(untold64)):.1f}",
     ])
+
+
+def test_memory_speed_answers_agree_with_the_json():
+    """'Which passes run below the memory's speed?': the kernels, the max-pool backward's forms
+    and the BatchNorm sums, recomputed from their raw files."""
+    from scripts.bench import kernel_bandwidth
+
+    profile, case = str(RAW / "profile_hlo_1xH200.json"), "resnet50:1x1:xla:256"
+    rows = kernel_bandwidth.case_rows(
+        profile, case, str(RAW / "profile_hlo_1xH200.resnet50_1x1_xla_256.hlo.gz"), 3000.0)
+    by_kernel = {r["kernel"]: r for r in rows}
+    stem = by_kernel["input_reduce_select_fusion"]
+    assert "stem_bn" in stem["op"] and "transpose(" in stem["op"]  # the stem BN's backward
+    middle = [by_kernel[f"input_reduce_fusion_{k}"]["gb_per_s"] for k in (180, 167)]
+    small = [by_kernel[k] for k in ("input_reduce_fusion_337", "input_reduce_fusion_387")]
+    pools = {r["variant"]: r for r in load("profile_max_pool_1xH200.json")["results"]}
+    queued = {v: r["queued_step_s"] * 1e3 for v, r in pools.items()}
+
+    def stem_us(variant):
+        top = pools[variant]["devices"]["/device:GPU:0"]["top"]
+        return next(t["us_per_step"] for t in top if t["name"] == "input_reduce_select_fusion")
+
+    assert stem_us("interior_pads") > stem_us("upsampled") > stem_us("residue_classes")
+    printed = [line.split() for line in load("profile_max_pool_1xH200.json")["printed"]]
+    first_round = {printed[i][1]: float(printed[i + 1][3]) for i in range(0, 6, 2)}
+    sums = {}
+    for r in load("bn_reductions_1xH200.json")["results"]:
+        sums.setdefault((r["batch"], r["size"], r["channels"]), {})[r["op"]] = r["gb_per_s"]
+    at256 = {k: v for k, v in sums.items() if k[0] == 256}
+    big = [v for k, v in at256.items() if k[1] * k[1] * k[2] >= 56 * 56 * 64]
+    assert all(v["bwd:xla"] >= v["copy"] for v in big)
+    fwd_share = [v["fwd:xla"] / v["copy"] for v in at256.values()]
+    low = [f for f in fwd_share if f < 0.6]
+    pallas = [v["fwd:pallas"] for k, v in at256.items() if k[2] >= 128 and k[1] >= 14]
+    assert_quoted(_section("## One GPU"), [
+        f"moved {stem['mb_per_step']:,.0f} MB in {stem['us_per_step']:,.0f} µs "
+        f"({stem['gb_per_s']:,.0f} GB/s), {stem['excess_us'] / 1e3:.1f} ms more than its bytes",
+        f"The stem kernel took {stem_us('residue_classes'):,.0f} µs instead of "
+        f"{stem_us('interior_pads'):,.0f}, and the 256-image step "
+        f"{queued['residue_classes']:.2f} ms queued instead of {queued['interior_pads']:.2f} "
+        f"({queued['interior_pads'] / queued['residue_classes']:.3f}× the images/s; the first "
+        f"round gave {first_round['parity']:.2f} against {first_round['pads']:.2f}).",
+        f"The max-pool's forward ({by_kernel['loop_select_fusion']['gb_per_s']:,.0f} GB/s)",
+        f"ran at {min(middle) / 1e3:.1f}–{max(middle) / 1e3:.1f} TB/s",
+        f"{small[0]['launches_per_step']:.0f} and {small[1]['launches_per_step']:.0f} launches "
+        f"a step at {small[0]['gb_per_s']:.0f} and {small[1]['gb_per_s']:.0f} GB/s",
+        f"reach {span(low, '.2f')} of a copy's speed on {len(low)} of the {len(at256)} shapes.",
+        f"({span(pallas, '.0f')} GB/s forward at 256 images, 14 × 14 and larger)",
+        f"all of the step's {len(rows)} fusion kernels counts "
+        f"{sum(r['mb_per_step'] for r in rows) / 1e3:.1f} GB moved a step at 256 images, in "
+        f"{sum(r['us_per_step'] for r in rows) / 1e3:.2f} ms of their time.",
+    ])

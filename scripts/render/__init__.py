@@ -14,7 +14,8 @@ import json
 
 def render(source: str) -> str:
     """The block for `source`: a path of a raw file, `<overlap raw file>#schedule` (where XLA put
-    each all-reduce), or `scaling:<table name>`."""
+    each all-reduce), `<profile raw file>#bandwidth` (its kernels furthest below the memory's
+    speed), or `scaling:<table name>`."""
     if source.startswith("scaling:"):
         # Imported here: the scaling tables need JAX (for parameter shapes), the others do not.
         from scripts.render import scaling  # pylint: disable=import-outside-toplevel
@@ -29,6 +30,10 @@ def render(source: str) -> str:
         with open(source) as f:
             doc = json.load(f)
         table = large_batch.table(doc["rows"], doc["meta"]).rstrip("\n")
+    elif source.endswith("#bandwidth"):
+        from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
+
+        table = benchmarks.bandwidth_table(source.removesuffix("#bandwidth"))
     elif source.endswith("#schedule"):
         from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
 

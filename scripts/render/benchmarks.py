@@ -180,6 +180,7 @@ def profile_table(doc: dict[str, Any]) -> str:
     for r in doc["results"]:
         wire = f":{r['wire']}" if r.get("wire") else ""
         case = f"{r['model']}:{r['mesh']}:{r['strategy']}:{r['per_device_batch']}{wire}"
+        case += f" ({r['variant']})" if r.get("variant") else ""
         overlap = ", ".join(str(c["compute_overlapped"]) for c in r["schedule"])
         for dev, d in sorted(r["devices"].items()):
             lines.append(
@@ -432,6 +433,61 @@ def breakdown_table(path: str) -> str:
     return "\n".join(lines)
 
 
+def bandwidth_table(path: str, top: int = 8) -> str:
+    """The fusion kernels of a profile furthest below a reference bandwidth, per case whose
+    optimized HLO lies beside the record (`<record>.<model>_<mesh>_<strategy>_<batch>.hlo.gz`)."""
+    from scripts.bench import kernel_bandwidth  # pylint: disable=import-outside-toplevel
+
+    with open(path) as f:
+        doc = json.load(f)
+    gb_s = 3000.0
+    lines = [
+        f"Fusion kernels by time beyond their bytes at {gb_s / 1e3:.1f} TB/s ({_environment(doc)}; "
+        "bytes = the fusion's operands read once and its results written once, per step):",
+        "",
+        "| case | kernel | module | launches | µs per step | MB per step | GB/s | µs beyond |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in doc["results"]:
+        case = f"{r['model']}:{r['mesh']}:{r['strategy']}:{r['per_device_batch']}"
+        hlo = f"{path.removesuffix('.json')}.{case.replace(':', '_')}.hlo.gz"
+        if not os.path.exists(hlo):
+            continue
+        for k in kernel_bandwidth.case_rows(path, case, hlo, gb_s)[:top]:
+            # The op's module path: without the jit/autodiff wrappers, flax's method and the
+            # primitive; "backward" where autodiff transposed it.
+            wrappers = ("jit(step)", "jvp(", "transpose(")
+            parts = [p for p in k["op"].split("/")[:-1] if not p.startswith(wrappers)]
+            op = "/".join(p for p in parts if not p.endswith("._plain")) or "(none)"
+            op += " (backward)" if "transpose(" in k["op"] else ""
+            lines.append(
+                f"| {case} | {k['kernel']} | {op} | {k['launches_per_step']:.0f} | "
+                f"{k['us_per_step']:.0f} | {k['mb_per_step']:.0f} | {k['gb_per_s']:.0f} | "
+                f"{k['excess_us']:.0f} |"
+            )
+    return "\n".join(lines)
+
+
+def bn_reductions_table(doc: dict[str, Any]) -> str:
+    """GB/s of ResNet-50's BatchNorm sums per shape and variant (scripts/bench/bn_reductions.py)."""
+    ops = list(dict.fromkeys(r["op"] for r in doc["results"]))
+    lines = [
+        f"BatchNorm sums, GB/s of the bytes read ({_environment(doc)}; copy reads and writes):",
+        "",
+        "| images | size | channels | " + " | ".join(ops) + " |",
+        "| ---: | ---: | ---: | " + " | ".join("---:" for _ in ops) + " |",
+    ]
+    shapes: dict[tuple, dict[str, Any]] = {}
+    for r in doc["results"]:
+        shapes.setdefault((r["batch"], r["size"], r["channels"]), {})[r["op"]] = r
+    for (batch, size, channels), by_op in shapes.items():
+        cells = [
+            f"{by_op[o]['gb_per_s']:.0f}" if "gb_per_s" in by_op.get(o, {}) else "" for o in ops
+        ]
+        lines.append(f"| {batch} | {size} | {channels} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _where(doc: dict[str, Any]) -> str:
     """The machine of a run: its environment block, else its provenance's device without the
     label of the pool it was lent from (`nvidia-h100-x4: 4x H100 ...` -> `4x H100 ...`)."""
@@ -622,6 +678,8 @@ def table(path: str) -> str:
     if "runs" in doc and "statistics" in doc["runs"][0]:
         return bn_variance_table(doc)
     first = (doc.get("results") or [{}])[0]
+    if "op" in first and "channels" in first:
+        return bn_reductions_table(doc)
     if "layout" in first:
         return overlap_table(doc)
     if "beside_training" in first:

@@ -3,6 +3,8 @@ finished digits run that the evaluation and export tests read."""
 
 import os
 import pathlib
+import shutil
+import tempfile
 
 import pytest
 
@@ -18,6 +20,15 @@ os.environ["XLA_FLAGS"] = " ".join(
     ]
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the whole run, its xdist workers and the trainers they
+# start: many tests compile the same tiny programs (the same model, mesh and step under different
+# checks), which then compile once. A cached executable is the compiled one, so nothing a test
+# computes changes. Tests that need a cache of their own (resume, multi-process) set theirs.
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+CACHE_DIR = pathlib.Path(tempfile.gettempdir()) / f"jia_jax_test_xla_cache_{_RUN}"
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(CACHE_DIR))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 
 from tests.main_util import DIGITS_RUN_FLAGS, run_main  # noqa: E402  after the flags
@@ -30,3 +41,9 @@ def digits_run(tmp_path_factory) -> tuple[pathlib.Path, str]:
     result = run_main(*DIGITS_RUN_FLAGS, f"--workdir={workdir}")
     assert result.returncode == 0, result.stderr[-3000:]
     return workdir, result.stderr
+
+
+def pytest_sessionfinish(session) -> None:
+    """The run's compilation cache goes with the run (the controller ends after its workers)."""
+    if not hasattr(session.config, "workerinput"):
+        shutil.rmtree(CACHE_DIR, ignore_errors=True)

@@ -12,9 +12,10 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
     at once; and nvImageCodec's whole-image decode of the same JPEGs, for reference, into each
     of --sample_formats, with its top kernels per image.
   * `loaded`: the decode stage on one GPU (the first --per_gpu) alone and while the trainer's
-    ResNet-50 step trains on that GPU in another thread, for each --decoder_options, batches not
-    waited for one by one (as the trainer's input thread); each row has the training's images/s
-    meanwhile and the ms a batch spent in each phase.
+    ResNet-50 step (or --train_model's, in --train_compute_dtype) trains on that GPU in another
+    thread, for each --decoder_options, batches not waited for one by one (as the trainer's
+    input thread); each row has the training's images/s meanwhile and the ms a batch spent in
+    each phase.
   * `crop`: the crop-and-resize program alone (`crop_resize.crop_resize`, as the decode stage
     runs it after each batch's decode, on XLA's stream, so its time adds to the step's) on one
     GPU, for each --per_gpu: ms a batch (best of --repeats) and its top kernels a batch, on
@@ -410,12 +411,12 @@ def crop(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def loaded(args: argparse.Namespace) -> dict[str, Any]:
-    """The decode stage on one GPU, alone and while the trainer's ResNet-50 step trains on the
-    same GPU in another thread (synthetic data), for each of `--decoder_options` (nvImageCodec's
-    options for the decoders, besides the trainer's own): whether decoding beside training is
-    slower than alone, and in which phase of a batch. Batches are not waited for one by one (a
-    batch's crop runs behind the train steps already queued), as in the trainer's input
-    thread."""
+    """The decode stage on one GPU, alone and while the trainer's ResNet-50 step (or
+    `--train_model`'s) trains on the same GPU in another thread (synthetic data), for each of
+    `--decoder_options` (nvImageCodec's options for the decoders, besides the trainer's own):
+    whether decoding beside training is slower than alone, and in which phase of a batch.
+    Batches are not waited for one by one (a batch's crop runs behind the train steps already
+    queued), as in the trainer's input thread."""
     import jax  # pylint: disable=import-outside-toplevel
 
     from jia_jax import gpu_decode, gpu_input, tile_ring  # pylint: disable=import-outside-toplevel
@@ -511,8 +512,8 @@ class _StepTimes(list):
 
 @contextlib.contextmanager
 def _training(device, per_gpu: int, args: argparse.Namespace) -> Iterator[_StepTimes]:
-    """The trainer's ResNet-50 step on `device` in a thread, one step in flight ahead, while
-    the yielded times' `running` is set."""
+    """The trainer's step of `--train_model` (ResNet-50 unless told) on `device` in a thread, one
+    step in flight ahead, while the yielded times' `running` is set."""
     import jax  # pylint: disable=import-outside-toplevel
 
     from jia_jax import train  # pylint: disable=import-outside-toplevel
@@ -520,7 +521,13 @@ def _training(device, per_gpu: int, args: argparse.Namespace) -> Iterator[_StepT
 
     small = dict(image_size=32, model_width=8, small_inputs=True) if args.tiny_model else {}
     config = trainer_step.make_config(
-        "resnet50", "flat", 1, 1, per_device_batch_override=per_gpu, **small
+        args.train_model,
+        "flat",
+        1,
+        1,
+        per_device_batch_override=per_gpu,
+        compute_dtype=args.train_compute_dtype,
+        **small,
     )
     setup = trainer_step.build_setup(config, [device])
     parts = (setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"])
@@ -677,7 +684,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="loaded: nvImageCodec decoder options to compare ('' = the trainer's)",
     )
     parser.add_argument(
-        "--tiny_model", action="store_true", help="loaded: a tiny ResNet trains (CPU tests)"
+        "--tiny_model", action="store_true", help="loaded: the model trains tiny (CPU tests)"
+    )
+    parser.add_argument(
+        "--train_model", default="resnet50",
+        help="loaded: the model that trains (alexnet_bn compiles faster on CPU)",
+    )
+    parser.add_argument(
+        "--train_compute_dtype", default="bfloat16", help="loaded: its precision.compute"
     )
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)

@@ -34,6 +34,9 @@ On CPU (tiny model, gloo; the NCCL settings are inert there):
 
   JIA_JAX_PLATFORM=cpu python -m scripts.bench.hosts --hosts=2 --gpus_per_host=2 --batches=2 \
       --strategies=default,flat --steps=6 --log_every=2 --tiny --out=/tmp/bench_hosts.json
+
+`--override` (repeatable) appends a `--config.*` flag to every row's trainer, the one-GPU row's
+too, e.g. `--override=--config.model.name=alexnet_bn` for a model that compiles faster.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ def trainer_args(args: argparse.Namespace, batch: int, devices: int, strategy: s
         "--config.optimizer.warmup_epochs=0",
         "--config.checkpoint_every_steps=100000",
         "--config.eval_every_steps=100000",
+        *args.override,
     ]
     if strategy != DEFAULT:
         out.append(f"--config.comm.strategy={strategy}")
@@ -255,6 +259,13 @@ def _parser() -> argparse.ArgumentParser:
         help="also the plain peer on the same layout, timed in-process (scripts/bench/overlap.py)",
     )
     parser.add_argument("--tiny", action="store_true", help="configs/digits.py's tiny ResNet (CPU)")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="a --config.x=y flag for every row, the one-GPU row too, before a row's own "
+        "(repeatable; e.g. a smaller model for tests)",
+    )
     parser.add_argument("--out", default="bench_hosts.json")
     return parser
 

@@ -25,11 +25,11 @@ Order: the flag variants, torch, the trainer and flax rows, then the option sets
 given: the one long child comes last, so a `--budget_s` cuts its last option sets (recorded as
 skipped), not a whole child.
 
-Synthetic ImageNet-shaped data resident on the device; 224 px unless `--image_size`. Timing as
-`scripts/bench/harness.py` times a step: synced (each step waited for) and queued (one step in
-flight ahead, a sample per completion; PyTorch waits on a CUDA event recorded after the previous
-step). Each trainer row carries `ratio_vs_faster_peer`: its queued images/s over the faster
-peer's.
+Synthetic ImageNet-shaped data resident on the device; 224 px unless `--image_size`; the JAX
+rows compute in bf16 unless `--compute_dtype`. Timing as `scripts/bench/harness.py` times a
+step: synced (each step waited for) and queued (one step in flight ahead, a sample per
+completion; PyTorch waits on a CUDA event recorded after the previous step). Each trainer row
+carries `ratio_vs_faster_peer`: its queued images/s over the faster peer's.
 
   python -m scripts.bench.peers --out=/tmp/bench_peers.json             # on one GPU
 
@@ -97,6 +97,7 @@ def case_config(case: dict[str, Any], args: argparse.Namespace) -> Any:
         image_size=args.image_size,
         model_width=args.model_width,
         small_inputs=args.small_inputs,
+        compute_dtype=args.compute_dtype,
         model_options=options,
     )
 
@@ -328,6 +329,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--model_width", type=int, default=None)
     parser.add_argument("--small_inputs", action="store_true")
+    parser.add_argument(
+        "--compute_dtype",
+        default="bfloat16",
+        help="precision.compute of the trainer and flax rows (float32 compiles faster on CPU)",
+    )
     parser.add_argument(
         "--model_options",
         action="append",

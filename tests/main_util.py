@@ -31,13 +31,16 @@ UNOPTIMISED = "--xla_backend_optimization_level=0"
 
 
 def run_main(
-    *args: str, timeout: float = 600, optimised: bool = False
+    *args: str, timeout: float = 600, optimised: bool = False, devices: int | None = None
 ) -> subprocess.CompletedProcess:
     """`python -m jia_jax.main ARGS` from the repository root, on the CPU devices set above;
-    `optimised` runs it without UNOPTIMISED (for a model whose steps, not compiles, take long)."""
+    `optimised` runs it without UNOPTIMISED (for a model whose steps, not compiles, take long);
+    `devices` simulates that many CPU devices instead of conftest.py's 8 (the last count wins)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     if optimised:
         env["XLA_FLAGS"] = " ".join(f for f in env["XLA_FLAGS"].split() if f != UNOPTIMISED)
+    if devices is not None:
+        env["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={devices}"
     return subprocess.run(
         [sys.executable, "-m", "jia_jax.main", *args],
         cwd=pathlib.Path(__file__).resolve().parents[1],

@@ -114,7 +114,8 @@ def test_resnet_bf16_forward_and_batchnorm_update(tiny_resnet50):
     rng = np.random.default_rng(1)
     x = rng.integers(-2, 3, size=(6, 8, 8, 3)).astype(np.float64)
     kernel = rng.integers(-1, 2, size=(3, 3, 3, 4)).astype(np.float64)
-    params = {**variables["params"], "stem_conv": {"kernel": jnp.asarray(kernel, jnp.float32)}}
+    stored = jnp.asarray(kernel.transpose(3, 0, 1, 2), jnp.float32)  # (out, h, w, in): conv.py
+    params = {**variables["params"], "stem_conv": {"kernel": stored}}
     assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(params))
 
     logits, state = jax.jit(

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from scripts.bench import profile_trace
-from scripts.bench.profile_step import collective_schedule
+from scripts.bench.profile_step import collective_schedule, write_hlo
 
 
 def _events():
@@ -208,3 +208,11 @@ def test_fusion_breakdown_sums_time_and_counts_per_step():
     total = sum(k.end_us - k.start_us for k in kernels) / 2
     assert sum(v["us_per_step"] for v in out.values()) == total
     assert sum(v["count_per_step"] for v in out.values()) == len(kernels) / 2
+
+
+def test_write_hlo_creates_its_folder_and_names_the_file_by_case(tmp_path):
+    case = {"model": "resnet50", "mesh": "1x1", "strategy": "xla", "per_device_batch": 64}
+    path = write_hlo(str(tmp_path / "new" / "hlo"), case, "HloModule m")
+    assert path == str(tmp_path / "new" / "hlo" / "resnet50_1x1_xla_64.hlo.gz")
+    with gzip.open(path, "rt") as f:
+        assert f.read() == "HloModule m"

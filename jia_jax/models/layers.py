@@ -12,6 +12,7 @@ from jax.nn.initializers import Initializer
 
 from jia_jax.models import batch_norm_ops
 from jia_jax.models import max_pool as sliced
+from jia_jax.models.conv import Conv
 from jia_jax.models.space_to_depth import SpaceToDepthConv
 
 
@@ -127,11 +128,11 @@ def max_pool(model: nn.Module) -> Callable[..., jax.Array]:
     return sliced.max_pool if model.sliced_max_pool else nn.max_pool
 
 
-def conv(model: nn.Module, kernel_init: Initializer) -> Callable[..., nn.Conv]:
-    """The models' bias-free `nn.Conv` in `model`'s dtypes."""
+def conv(model: nn.Module, kernel_init: Initializer) -> Callable[..., Conv]:
+    """The models' bias-free convolution (`nn.Conv`'s function, the kernel stored in cuDNN's
+    (out, h, w, in) order: `conv.py`) in `model`'s dtypes."""
     return functools.partial(
-        nn.Conv,
-        use_bias=False,
+        Conv,
         dtype=model.dtype,
         param_dtype=model.param_dtype,
         kernel_init=kernel_init,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import re
 import statistics
 import tempfile
@@ -91,6 +92,17 @@ def parse_case(text: str) -> dict[str, Any]:
     }
 
 
+
+def write_hlo(hlo_dir: str, case: dict[str, Any], hlo_text: str) -> str:
+    """Writes a case's optimized HLO to `hlo_dir` (created if absent) as
+    ``model_mesh_strategy_batch.hlo.gz``, for `kernel_bandwidth`'s bytes per kernel; its path."""
+    name = "_".join(str(case[k]) for k in ("model", "mesh", "strategy", "per_device_batch"))
+    os.makedirs(hlo_dir, exist_ok=True)
+    path = os.path.join(hlo_dir, f"{name}.hlo.gz")
+    with gzip.open(path, "wt") as f:
+        f.write(hlo_text)
+    return path
+
 def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Compiles, times and traces one case; returns its row with per-device summaries."""
     devices = jax.devices()
@@ -118,10 +130,7 @@ def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     hlo_text = compiled.as_text()
     row["schedule"] = collective_schedule(hlo_text)
     if args.hlo_dir:
-        # The fusions' operand and result shapes: bytes per kernel, hence achieved bandwidth.
-        name = "_".join(str(case[k]) for k in ("model", "mesh", "strategy", "per_device_batch"))
-        with gzip.open(f"{args.hlo_dir}/{name}.hlo.gz", "wt") as f:
-            f.write(hlo_text)
+        write_hlo(args.hlo_dir, case, hlo_text)
     batch = setup["batch"]
     state, synced, queued = harness.time_train_step(compiled, state, batch, args.steps, 3)
     row["synced_step_s"], row["queued_step_s"] = (

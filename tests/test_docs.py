@@ -1305,6 +1305,88 @@ def test_one_h200_step_prose_quotes_the_json():
     ])
 
 
+def _kernel_breakdown(name: str) -> dict[int, dict[str, tuple[float, float]]]:
+    """Per batch, {kind: (ms a step, kernels a step)} of a one-GPU profile's trace, as the
+    breakdown table renders it."""
+    from scripts.bench import profile_trace
+
+    trace = json.loads(gzip.decompress((RAW / f"{name}.kernels.json.gz").read_bytes()))
+    steps = {c["per_device_batch"]: c["traced_steps"] for c in load(name)["results"]}
+    out = {}
+    for case, devices in trace.items():
+        batch = int(case.split(":")[-1])
+        [records] = devices.values()
+        split = profile_trace.fusion_breakdown(
+            [profile_trace.Kernel(*k) for k in records], steps[batch])
+        out[batch] = {k: (v["us_per_step"] / 1e3, v["count_per_step"]) for k, v in split.items()}
+    return out
+
+
+def test_one_h200_default_step_and_kernel_layout_quote_the_json():
+    rows = {k: r["images_per_s"] for k, r in _peers_step_rows("bench_peers_1xH200.json").items()}
+    r = {b: rows["resnet50", b, "trainer", ""] for b in (256, 64)}
+    flax = {b: rows["resnet50", b, "flax", ""] for b in (256, 64)}
+    torch = {b: rows["resnet50", b, "torch", ""] for b in (256, 64)}
+    alex = {b: rows["alexnet_bn", b, "trainer", ""] for b in (256, 64)}
+    sliced = {b: rows["alexnet_bn", b, "trainer", "sliced_max_pool"] for b in (256, 64)}
+    alex_flax = {b: rows["alexnet_bn", b, "flax", ""] for b in (256, 64)}
+    assert flax[256] > torch[256] and flax[64] > torch[64]  # plain flax, the faster peer
+    now = {c["per_device_batch"]: c for c in load("profile_1xH200.json")["results"]}
+    before = {c["per_device_batch"]: c for c in load("profile_step_1xH200.json")["results"]}
+
+    def kernels(cases, b):
+        return round(cases[b]["devices"]["/device:GPU:0"]["kernels_per_step"])
+
+    busy = sum(v for k, v in now[64]["devices"]["/device:GPU:0"].items() if k.startswith("busy_"))
+    split_now, split_before = _kernel_breakdown("profile_1xH200.json"), _kernel_breakdown(
+        "profile_step_1xH200.json")
+    layout = "transpose/layout"
+    runs = load("bench_peers_kernel_layout_1xH200.json")["runs"]
+    ab = {(run["variant"], run["round"], row["per_device_batch"]): row["images_per_s"]
+          for run in runs for row in run["results"]}
+
+    def pair(variant, b):
+        return " and ".join(f"{ab[variant, k, b]:,.0f}" for k in (1, 2))
+
+    gain = {b: sum(ab["ohwi", k, b] for k in (1, 2)) / sum(ab["hwio", k, b] for k in (1, 2))
+            for b in (256, 64)}
+    assert_quoted(_section("## One GPU"), [
+        f"ResNet-50 ran {r[256]:,.0f} images/s queued at 256 images per GPU, "
+        f"{r[256] / flax[256]:.3f}× the faster peer, plain flax ({flax[256]:,.0f}; torch.compile "
+        f"{torch[256]:,.0f}), and {r[64]:,.0f} at 64 images per GPU, {r[64] / flax[64]:.3f}× "
+        f"plain flax ({flax[64]:,.0f}; torch.compile {torch[64]:,.0f}).",
+        f"The 64-image step keeps {r[64] / r[256]:.3f} of the 256-image throughput.",
+        f"plain max-pool ran at {alex[256] / alex_flax[256]:.3f} and "
+        f"{alex[64] / alex_flax[64]:.3f} of its plain flax step; with `model.sliced_max_pool` "
+        f"{sliced[256] / alex[256]:.3f}× and {sliced[64] / alex[64]:.3f}× faster than that "
+        f"({sliced[256] / alex_flax[256]:.3f}× and {sliced[64] / alex_flax[64]:.3f}× its flax",
+        f"convolutions and GEMMs take {split_now[256]['conv/gemm'][0]:.2f} of "
+        f"{sum(v[0] for v in split_now[256].values()):.2f} ms of kernels, BatchNorm statistics "
+        f"and reductions {split_now[256]['bn/reduction'][0]:.2f} ms in "
+        f"{split_now[256]['bn/reduction'][1]:.0f} kernels, elementwise passes "
+        f"{split_now[256]['elementwise'][0]:.2f} ms.",
+        f"the kernels take {busy / 1e3:.2f} ms a step against "
+        f"{now[64]['queued_step_s'] * 1e3:.2f} ms queued",
+        f"the kernels a step fell from {kernels(before, 256):,} to {kernels(now, 256):,} at 256 "
+        f"images and from {kernels(before, 64):,} to {kernels(now, 64):,} at 64.",
+        f"{split_before[256][layout][1]:.0f} transpose kernels a step took "
+        f"{split_before[256][layout][0]:.2f} ms at 256 images and "
+        f"{split_before[64][layout][0]:.2f} ms at 64.",
+        f"{split_now[256][layout][1]:.0f} transpose kernels a step remain "
+        f"({split_now[256][layout][0]:.2f} ms at 256, {split_now[64][layout][0]:.2f} ms at 64) "
+        f"and copies fell from {split_before[256]['copy'][1]:.0f} kernels a step to "
+        f"{split_now[256]['copy'][1]:.0f} at 256 images.",
+        f"the step ran {pair('ohwi', 256)} images/s queued at 256 images per GPU against "
+        f"{pair('hwio', 256)}, and {pair('ohwi', 64)} at 64 against {pair('hwio', 64)}: "
+        f"{gain[256]:.3f}× at 256 and {gain[64]:.3f}× at 64.",
+    ])
+    assert split_now[64][layout][1] == split_now[256][layout][1]  # "35 ... a step" at both
+    assert_quoted(read("configs/alexnet_bn_64k.py").replace("#", ""), [
+        f"made AlexNet-BN's step {sliced[256] / alex[256]:.2f}x faster at 256 images and "
+        f"{sliced[64] / alex[64]:.2f}x at 64 on one H200",
+    ])
+
+
 def test_default_config_quotes_the_model_options_measurement():
     rows = _peers_step_rows()
     plain = "no_space_to_depth_stem+no_sliced_max_pool"

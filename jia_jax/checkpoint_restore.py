@@ -131,7 +131,8 @@ def _try_restore(
     (``(None, None)`` where only another process's metadata failed to load).
 
     The processes agree on the layout check before any reads the arrays: a process that skipped
-    the read (its view of the files differs) would leave the others waiting for it.
+    the read (its view of the files differs) would leave the others waiting for it. Conv kernels
+    stored in the old (h, w, in, out) order are read in it and transposed (`checkpoint_layout`).
 
     Raises:
       CheckpointMismatchError: It is readable but holds another state (not a damaged file), on
@@ -139,7 +140,7 @@ def _try_restore(
     """
     # Before the read: a failed read's aftermath can reach the console before `except` runs.
     console.drop_closed_loop_callbacks()
-    mismatch, unreadable = _checked_layout(manager, step, abstract_state)
+    mismatch, unreadable, old = _checked_layout(manager, step, abstract_state)
     if any_process(mismatch is not None):
         raise mismatch or checkpoint_layout.CheckpointMismatchError(
             f"The checkpoint at step {step} in {manager.directory} does not match the training "
@@ -147,37 +148,60 @@ def _try_restore(
         )
     if any_process(unreadable is not None):
         return None, unreadable  # None here: another process's read failed (the caller agrees)
+    target = checkpoint_layout.restore_target(abstract_state, old)
     try:
-        # On a damaged checkpoint orbax logs its internals ("Metadata file does not exist",
-        # "provide a `CheckpointHandlerRegistry`"): the caller's one line says what happened.
-        with console.without_logs_from(ocp):
-            restored = manager.restore(
-                step,
-                args=ocp.args.Composite(
-                    **{
-                        checkpoint_store.STATE: ocp.args.StandardRestore(abstract_state),
-                        checkpoint_store.META: ocp.args.JsonRestore(),
-                    }
-                ),
-            )
+        restored = _restore(manager, step, target)
     except Exception as error:  # noqa: BLE001 (any read failure makes it "unreadable")
         return None, console.error_text(error)
+    if old:
+        restored = _from_old_layout(restored, step, old, abstract_state)
     return restored, None
+
+
+def _from_old_layout(
+    restored: Mapping[str, Any], step: int, old: frozenset[str], abstract_state: PyTree
+) -> Mapping[str, Any]:
+    """`restored` with the conv kernels named in `old` (read in the old (h, w, in, out) order)
+    transposed to `abstract_state`'s; says so in one line. A collective over processes."""
+    logging.info(
+        "Converted %d arrays of the checkpoint of step %d from the old (h, w, in, out) conv "
+        "kernel layout to (out, h, w, in).",
+        len(old),
+        step,
+    )
+    state = checkpoint_layout.from_old_layout(restored[checkpoint_store.STATE], old, abstract_state)
+    return {**restored, checkpoint_store.STATE: state}
+
+
+def _restore(manager: ocp.CheckpointManager, step: int, target: PyTree) -> Mapping[str, Any]:
+    """The state (onto `target`) and metadata of the checkpoint of `step`."""
+    # On a damaged checkpoint orbax logs its internals ("Metadata file does not exist",
+    # "provide a `CheckpointHandlerRegistry`"): the caller's one line says what happened.
+    with console.without_logs_from(ocp):
+        return manager.restore(
+            step,
+            args=ocp.args.Composite(
+                **{
+                    checkpoint_store.STATE: ocp.args.StandardRestore(target),
+                    checkpoint_store.META: ocp.args.JsonRestore(),
+                }
+            ),
+        )
 
 
 def _checked_layout(
     manager: ocp.CheckpointManager, step: int, abstract_state: PyTree
-) -> tuple[checkpoint_layout.CheckpointMismatchError | None, str | None]:
-    """This process's layout check of `step`: (the mismatch, None), (None, why the metadata is
-    unreadable) or (None, None)."""
+) -> tuple[checkpoint_layout.CheckpointMismatchError | None, str | None, frozenset[str]]:
+    """This process's layout check of `step`: (the mismatch, None, {}), (None, why the metadata
+    is unreadable, {}) or (None, None, the arrays stored as old-layout conv kernels)."""
     try:
         with console.without_logs_from(ocp):
-            checkpoint_layout.check_layout(manager, step, abstract_state)
+            old = checkpoint_layout.check_layout(manager, step, abstract_state)
     except checkpoint_layout.CheckpointMismatchError as error:
-        return error, None
+        return error, None, frozenset()
     except Exception as error:  # noqa: BLE001 (any read failure makes it "unreadable")
-        return None, console.error_text(error)
-    return None, None
+        return None, console.error_text(error), frozenset()
+    return None, None, frozenset(old or ())  # `or`: a stand-in check may return None
 
 
 def _quarantine(manager: ocp.CheckpointManager, step: int, reason: str | None) -> epath.Path:

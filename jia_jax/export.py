@@ -14,6 +14,9 @@ number of channels. No optimizer state and no training config: the file is
 Images go in as the trainer's eval step takes them: uint8 RGB pixels of the eval crop
 (`preprocess`), normalised inside; or already normalised floats (the digits set, as
 `input_pipeline.digits_split` returns it), used as they are.
+
+Files written before the models stored conv kernels (out, h, w, in) (`jia_jax.models.conv`) hold
+them (h, w, in, out); `load` transposes them.
 """
 
 from __future__ import annotations
@@ -133,7 +136,8 @@ def load(path: str) -> Classifier:
     """The `Classifier` of an exported file.
 
     Raises:
-      ValueError: `path` is not a file this module wrote.
+      ValueError: `path` is not a file this module wrote, or its parameters are not the model's
+        (a parameter missing, extra or of another shape).
     """
     with open(path, "rb") as f:
         record = flax.serialization.msgpack_restore(f.read())
@@ -146,14 +150,54 @@ def load(path: str) -> Classifier:
         dtype=jnp.float32,
         **fields,
     )
+    image = (1, record["image_size"], record["image_size"], record["channels"])
+    expected = jax.eval_shape(
+        functools.partial(model.init, train=False),
+        jax.random.key(0),
+        jax.ShapeDtypeStruct(image, jnp.float32),
+    )
     return Classifier(
         model,
-        {"params": record["params"], "batch_stats": record["batch_stats"]},
+        {
+            "params": _in_model_layout(path, record["params"], expected["params"]),
+            "batch_stats": record["batch_stats"],
+        },
         image_size=record["image_size"],
         channels=record["channels"],
         class_names=record["class_names"],
         step=record["step"],
     )
+
+
+def _in_model_layout(path: str, params: Any, expected: Any) -> Any:
+    """`params` of the file `path` with each conv kernel stored (h, w, in, out) (files of earlier
+    versions) transposed to the (out, h, w, in) of `expected` (the model's shapes).
+
+    Raises:
+      ValueError: A parameter is in only one of `params` and `expected`, or its shape is in
+        neither order.
+    """
+    shapes = {
+        jax.tree_util.keystr(name): leaf.shape
+        for name, leaf in jax.tree_util.tree_leaves_with_path(expected)
+    }
+
+    def matched(name: jax.tree_util.KeyPath, x: np.ndarray) -> np.ndarray:
+        key, shape = jax.tree_util.keystr(name), np.shape(x)
+        want = shapes.pop(key, None)
+        if want == shape:
+            return x
+        if want is not None and len(want) == 4 and shape == (*want[1:], want[0]):
+            return np.transpose(x, (3, 0, 1, 2))  # conv.from_flax_kernel
+        raise ValueError(
+            f"{path}: parameter {key} has shape {list(shape)} in the file, but the model "
+            + (f"expects {list(want)}." if want is not None else "has no such parameter.")
+        )
+
+    converted = jax.tree_util.tree_map_with_path(matched, params)
+    if shapes:
+        raise ValueError(f"{path}: the model's parameters {', '.join(shapes)} are not in the file.")
+    return converted
 
 
 def export_checkpoint(

@@ -35,9 +35,9 @@ The array is written in place, behind XLA's back. That is safe here because
 Install with `pip install -e ".[gpu]"`; nvImageCodec is imported only when a decoder is built.
 
 GPU memory: the tiles are in XLA's pool. Each device's ring (one per decoder: a device has
-`data.gpu_decode_depth` of them) keeps up to `tile_ring.DEPTH` (4) arrays per tile count,
-4 x 256 x 512 x 512 x 3 bytes = 0.8 GB per count per ring at 256 ImageNet crops per GPU (canvas
-512), and the crops that last read them (4 x 38.5 MB at 224). A batch of images that all fit in
+`data.gpu_decode_depth` of them) keeps up to `tile_ring.DEPTH` (8) arrays per tile count,
+8 x 256 x 512 x 512 x 3 bytes = 1.6 GB per count per ring at 256 ImageNet crops per GPU (canvas
+512), and the crops that last read them (8 x 38.5 MB at 224). A batch of images that all fit in
 a canvas needs one count; larger images add counts in steps of a quarter of the batch.
 nvImageCodec allocates its own buffers with CUDA, outside the pool XLA
 reserves at start-up (nvJPEG's state and its copies of the encoded bytes). JAX reserves

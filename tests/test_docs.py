@@ -468,7 +468,7 @@ def test_gpu_decode_on_one_h200_prose_quotes_the_json():
         f"synthetic-data speed at 256 images per GPU and {rows[64]['ratio']:.3f} at 64",
     ])
     assert_quoted(read("docs/input_pipeline.md"), [
-        f"the trainer keeps {rows[256]['ratio']:.3f} of its synthetic-data speed at 256 images per "
+        f"the trainer kept {rows[256]['ratio']:.3f} of its synthetic-data speed at 256 images per "
         f"GPU and {rows[64]['ratio']:.3f} at 64, while the decode stage alone runs "
         f"{stage[256]:,.0f} images/s",
         "(after the first) ranged from {:,.0f} to {:,.0f} images/s".format(
@@ -544,7 +544,40 @@ def test_gpu_decode_at_64_planar_yuv_and_another_host_prose_quotes_the_json():
             min(r for _, r in logged[64, "synthetic"]), max(r for _, r in logged[64, "synthetic"])),
     ])
     assert_quoted(read("README.md"), [
-        f"at 64 ({other[256]:.3f} and {other[64]:.3f} on another host)",
+        f"at 64 ({other[256]:.3f} and {other[64]:.3f} on another host, ",
+    ])
+
+
+def test_gpu_decode_third_host_and_ring_depth_prose_quotes_the_json():
+    """The third host's `one` record, the ring-depth runs of the next call on that machine, and
+    the trace's colour kernel; the ring's depth in the code is the one the docs say."""
+    from jia_jax import tile_ring
+
+    third = {r["per_gpu"]: r for r in load("bench_gpu_decode_third_host_1xH200.json")["results"]}
+    runs = {run["tile_ring_depth"]: run["results"][0]
+            for run in load("gpu_decode_ring_depth_1xH200.json")["runs"]}
+    [trace] = load("gpu_decode_profile_third_host_1xH200.json")["devices"].values()
+    [colour] = [k for k in trace["top"] if k["name"].startswith("void nvjpeg::ycbcr_to_format")]
+    assert tile_ring.DEPTH == 8 and set(runs) == {4, 8}
+    gain = runs[8]["images_per_s"] / runs[4]["images_per_s"]
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"the same command gave {third[256]['ratio']:.3f} at 256 and {third[64]['ratio']:.3f} at "
+        f"64 (`docs/benchmarks/bench_gpu_decode_third_host_1xH200.json`, the table below), the "
+        f"loop waiting for input {third[256]['input_wait']:.0%} of the time at 256.",
+        f"the ring 8 deep trained {runs[8]['images_per_s']:,.0f} images/s and waited for input "
+        f"{runs[8]['input_wait']:.0%} of the time, 4 deep {runs[4]['images_per_s']:,.0f} and "
+        f"{runs[4]['input_wait']:.0%} ({gain:.3f}×;",
+        f"colour conversion took {colour['us_per_step'] / 1e3:.2f} ms of the GPU a step, in "
+        f"{colour['count_per_step']:.0f} kernels",
+        "up to 8 arrays per tile count",
+    ])
+    assert_quoted(read("README.md"), [
+        f"{third[256]['ratio']:.3f} and {third[64]['ratio']:.3f} on a third, where the ring of "
+        f"tile arrays twice as deep, now the default, trained {gain:.3f}× faster at 256",
+    ])
+    assert_quoted(read("jia_jax/tile_ring.py").replace("#", ""), [
+        f"waited for input {runs[4]['input_wait']:.0%} of the time with 4 and "
+        f"{runs[8]['input_wait']:.0%} with 8, which trained {gain:.3f}x faster",
     ])
 
 

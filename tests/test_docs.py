@@ -1420,6 +1420,29 @@ def test_one_h200_default_step_and_kernel_layout_quote_the_json():
     ])
 
 
+def test_lars_norms_prose_quotes_the_json():
+    doc = load("bench_peers_lars_norms_1xH200.json")
+    rates = {(run["variant"], run["round"], r["per_device_batch"]): r["images_per_s"]
+             for run in doc["runs"] for r in run["results"]}
+    batched = doc["profile_batched_breakdown"]
+    before = _kernel_breakdown("profile_1xH200.json")[64]
+
+    def pair(variant, b):
+        return " and ".join(f"{rates[variant, k, b]:,.0f}" for k in (1, 2))
+
+    assert_quoted(_section("## One GPU"), [
+        f"from {round(sum(v[1] for v in before.values())):,} to "
+        f"{round(sum(v['kernels'] for v in batched.values())):,} a step",
+        f"elementwise time ({batched['elementwise']['ms']:.2f} ms a step against "
+        f"{before['elementwise'][0]:.2f})",
+        f"{pair('batched', 64)} images/s queued at 64 images per GPU against "
+        f"{pair('per_leaf', 64)} with a reduction per norm, and {pair('batched', 256)} at 256 "
+        f"against {pair('per_leaf', 256)}",
+    ])
+    assert max(rates["batched", k, 64] for k in (1, 2)) < min(
+        rates["per_leaf", k, 64] for k in (1, 2))  # "ran slower"
+
+
 def test_default_config_quotes_the_model_options_measurement():
     rows = _peers_step_rows()
     plain = "no_space_to_depth_stem+no_sliced_max_pool"

@@ -1420,6 +1420,40 @@ def test_one_h200_default_step_and_kernel_layout_quote_the_json():
     ])
 
 
+def test_the_rest_of_the_step_gap_quotes_the_json():
+    """Targets from the peers call, bytes and time beyond them from the profile and its HLO."""
+    from scripts.bench import kernel_bandwidth
+
+    rows = {k: r["images_per_s"] for k, r in _peers_step_rows("bench_peers_1xH200.json").items()}
+    queued = {c["per_device_batch"]: c["queued_step_s"] * 1e3
+              for c in load("profile_1xH200.json")["results"]}
+    quotes = [
+        f"the 256-image step must take {256e3 / (1.15 * rows['resnet50', 256, 'flax', '']):.2f} "
+        f"ms instead of {queued[256]:.2f} queued, and the 64-image step "
+        f"{64e3 / (1.15 * rows['resnet50', 64, 'flax', '']):.2f} ms instead of {queued[64]:.2f} "
+        f"({queued[256] / 4 / 0.85:.2f} ms for 0.85 of the 256-image throughput)",
+        "save more than the peer targets need ({:.2f} and {:.2f} ms) and barely what 0.85 of the "
+        "256-image throughput needs at 64 ({:.2f} ms)".format(
+            queued[256] - 256e3 / (1.15 * rows["resnet50", 256, "flax", ""]),
+            queued[64] - 64e3 / (1.15 * rows["resnet50", 64, "flax", ""]),
+            queued[64] - queued[256] / 4 / 0.85),
+    ]
+    for b in (256, 64):
+        kernels = kernel_bandwidth.case_rows(
+            str(RAW / "profile_1xH200.json"), f"resnet50:1x1:xla:{b}",
+            str(RAW / f"profile_1xH200.resnet50_1x1_xla_{b}.hlo.gz"), 3000.0)
+        short = [r for r in kernels if r["us_per_step"] / r["launches_per_step"] < 5.0]
+        quotes += [
+            f"{len(kernels)} fusion kernels move "
+            f"{sum(r['mb_per_step'] for r in kernels) / 1e3:.1f} GB",
+            f"in {sum(r['us_per_step'] for r in kernels) / 1e3:.2f} ms",
+            f"{sum(max(0.0, r['excess_us']) for r in kernels) / 1e3:.2f} ms beyond",
+            f"{sum(r['launches_per_step'] for r in short):.0f} launches a step shorter than 5 µs "
+            f"take {sum(r['us_per_step'] for r in short) / 1e3:.2f} ms",
+        ]
+    assert_quoted(_section("## One GPU"), quotes)
+
+
 def test_lars_norms_prose_quotes_the_json():
     doc = load("bench_peers_lars_norms_1xH200.json")
     rates = {(run["variant"], run["round"], r["per_device_batch"]): r["images_per_s"]

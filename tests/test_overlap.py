@@ -119,8 +119,9 @@ def test_each_bucket_leaves_with_its_gradients_and_is_awaited_after_all_of_them(
     buckets = [n for n in packed if n in held]
     assert len(buckets) >= 3 and len(packed) == len(buckets) + 1, (packed, buckets)
     # The first bucket's all-reduce needs none of the last gradient backward makes: the stem
-    # convolution's weight gradient (3x3x1x4 kernel for this tiny ResNet-18's small-input stem).
-    stem = re.findall(r"\s(\S+) = f32\[3,3,1,4\]\{[\d,]+\} convolution\(", hlo)
+    # convolution's weight gradient (the 4x3x3x1 kernel, stored (out, h, w, in), of this tiny
+    # ResNet-18's small-input stem).
+    stem = re.findall(r"\s(\S+) = f32\[4,3,3,1\]\{[\d,]+\} convolution\(", hlo)
     assert stem, "no stem weight-gradient convolution"
     first_needs = [bool(set(stem) & _closure(ins, b)) for b in buckets]
     assert first_needs.count(False) == len(buckets) - 1 and first_needs.count(True) == 1

@@ -77,12 +77,16 @@ def device_rows(
 
 
 def device_decoders(
-    devices: Sequence[jax.Device], fancy_upsampling: bool = True
+    devices: Sequence[jax.Device],
+    fancy_upsampling: bool = True,
+    ring_depth: int = tile_ring.DEPTH,
 ) -> dict[jax.Device, DeviceDecoder]:
-    """A decoder (`gpu_decode.new_decoder`) and a tile ring per device."""
+    """A decoder (`gpu_decode.new_decoder`) and a tile ring of `ring_depth` per device."""
     return {
         d: DeviceDecoder(
-            d, gpu_decode.new_decoder(d, fancy_upsampling=fancy_upsampling), tile_ring.TileRing(d)
+            d,
+            gpu_decode.new_decoder(d, fancy_upsampling=fancy_upsampling),
+            tile_ring.TileRing(d, ring_depth),
         )
         for d in devices
     }
@@ -285,6 +289,9 @@ class GpuStreams:
         depth = data.get("gpu_decode_depth", 1)
         if depth < 1:
             raise ValueError(f"data.gpu_decode_depth={depth} must be at least 1.")
+        ring = data.get("gpu_tile_ring_depth", tile_ring.DEPTH)
+        if ring < 1:
+            raise ValueError(f"data.gpu_tile_ring_depth={ring} must be at least 1.")
         devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
         if len(devices) > 1:
             # Measured: one process's decode stage did not scale past one GPU.
@@ -295,7 +302,7 @@ class GpuStreams:
                 len(devices), len(devices),
             )
         fancy = bool(data.gpu_fancy_upsampling)
-        decoders = tuple(device_decoders(devices, fancy) for _ in range(depth))
+        decoders = tuple(device_decoders(devices, fancy, ring) for _ in range(depth))
         return cls(data, sharding, global_batch, eval_batch, seed, decoders)
 
     def train(self, start_step: int) -> Iterator[Batch]:

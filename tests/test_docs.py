@@ -575,6 +575,12 @@ def test_gpu_decode_third_host_and_ring_depth_prose_quotes_the_json():
         f"{third[256]['ratio']:.3f} and {third[64]['ratio']:.3f} on a third, where the ring of "
         f"tile arrays twice as deep, now the default, trained {gain:.3f}× faster at 256",
     ])
+    assert_quoted(read("configs/default.py").replace("#", ""), [
+        f"8 trained {gain:.3f}x faster than 4 at 256 images",
+    ])
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"On one H200 host 8 trained {gain:.3f}× faster than 4 at 256 images per GPU",
+    ])
     assert_quoted(read("jia_jax/tile_ring.py").replace("#", ""), [
         f"waited for input {runs[4]['input_wait']:.0%} of the time with 4 and "
         f"{runs[8]['input_wait']:.0%} with 8, which trained {gain:.3f}x faster",

@@ -190,6 +190,22 @@ def test_two_decoders_a_device_give_the_same_batches_refused_images_included(
         _input(data, mesh, "gpu", gpu_decode_depth=0)
 
 
+def test_tile_ring_depth_reaches_every_ring_and_must_be_positive(
+    odd_dir, mesh, fake_gpu  # noqa: F811
+):
+    data = _data(odd_dir, name=_ODD, gpu_canvas=64)
+    for depth in (3, 8):
+        streams = gpu_input.GpuStreams.create(
+            _with(data, decode="gpu", gpu_tile_ring_depth=depth, gpu_decode_depth=2),
+            mesh_lib.batch_sharding(mesh), _BATCH, _BATCH, 0,
+        )
+        rings = [d.ring for decoders in streams.decoders for d in decoders.values()]
+        assert len(rings) == 2 * len(mesh.devices.flat)
+        assert {ring._depth for ring in rings} == {depth}  # pylint: disable=protected-access
+    with pytest.raises(ValueError, match=r"data\.gpu_tile_ring_depth=0 must be at least 1"):
+        _input(data, mesh, "gpu", gpu_tile_ring_depth=0)
+
+
 def test_decode_sets_take_batches_in_turn_and_the_next_is_under_way_first(monkeypatch):
     # Stand-ins for the decoders (decode_rows returns the set's name as the batch's pixels).
     monkeypatch.setattr(

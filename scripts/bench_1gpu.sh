@@ -30,7 +30,8 @@ case "$1" in
       --cases=resnet50:1x1:xla:256,resnet50:1x1:xla:64 --hlo_dir=/tmp/jia_jax_hlo
     for batch in 256 64; do
       python3 -m scripts.bench.kernel_bandwidth --profile="$OUT/profile_1gpu.json" \
-        --case=resnet50:1x1:xla:$batch --hlo=/tmp/jia_jax_hlo/resnet50_1x1_xla_$batch.hlo.gz --top=15
+        --case=resnet50:1x1:xla:$batch --top=15 \
+        --hlo=/tmp/jia_jax_hlo/resnet50_1x1_xla_$batch.hlo.gz
     done
     tar czf "$OUT/hlo.tgz" -C /tmp jia_jax_hlo
     python3 -m scripts.render "$OUT/profile_1gpu.json.kernels.json.gz" "$OUT/bench_peers.json"

@@ -26,7 +26,8 @@ def test_failed_tensorstore_reads_left_unretrieved_are_dropped_and_others_kept(c
     console.drop_closed_loop_callbacks()
     with caplog.at_level(logging.ERROR, logger="asyncio"):
         report_unretrieved_failure(
-            "OUT_OF_RANGE: Error reading \"state/d/6a3b\" [tensorstore_spec='{\"driver\":\"zarr\"}']"
+            "OUT_OF_RANGE: Error reading \"state/d/6a3b\" "
+            "[tensorstore_spec='{\"driver\":\"zarr\"}']"
         )
         report_unretrieved_failure("a failure of something else")
     reports = [r.getMessage() for r in caplog.records]

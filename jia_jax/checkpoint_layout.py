@@ -15,7 +15,7 @@ out) order that checkpoints written before `jia_jax.models.conv` hold. `check_la
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import jax
 import numpy as np
@@ -26,7 +26,6 @@ from jia_jax import checkpoint_store
 from jia_jax.models import conv
 
 PyTree = Any
-T = TypeVar("T")
 # Per array name (dot-separated key path): its shape and dtype.
 Shapes = Mapping[str, tuple[tuple[int, ...], np.dtype]]
 
@@ -77,15 +76,9 @@ def check_layout(
     return old
 
 
-def flax_kernel_order(dims: tuple[T, ...]) -> tuple[T, ...]:
-    """A kernel's per-axis `dims` (its shape, a partition spec) in the order `conv.to_flax_kernel`
-    puts the axes: (out, h, w, in) -> (h, w, in, out)."""
-    return (*dims[1:], dims[0])
-
-
 def old_layout_kernels(stored: Shapes, expected: Shapes) -> frozenset[str]:
     """The arrays of both whose stored shape is the expected 4-D shape in (h, w, in, out) order
-    (`flax_kernel_order`), dtypes equal: conv kernels or their momentum saved before the models
+    (`conv.flax_order`), dtypes equal: conv kernels or their momentum saved before the models
     stored kernels (out, h, w, in).
 
     A kernel of shape (k, k, k, k) reads the same in both orders and is never named.
@@ -95,7 +88,7 @@ def old_layout_kernels(stored: Shapes, expected: Shapes) -> frozenset[str]:
         for name in stored.keys() & expected.keys()
         if len(expected[name][0]) == 4
         and stored[name] != expected[name]
-        and stored[name] == (flax_kernel_order(expected[name][0]), expected[name][1])
+        and stored[name] == (conv.flax_order(expected[name][0]), expected[name][1])
     )
 
 
@@ -106,7 +99,7 @@ def restore_target(abstract_state: PyTree, old: frozenset[str]) -> PyTree:
     def target(name: str, leaf: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
         if name not in old:
             return leaf
-        shape, sharding = flax_kernel_order(tuple(leaf.shape)), leaf.sharding
+        shape, sharding = conv.flax_order(tuple(leaf.shape)), leaf.sharding
         return jax.ShapeDtypeStruct(shape, leaf.dtype, sharding=_flax_kernel_sharding(sharding))
 
     return _map_named(target, abstract_state)
@@ -171,7 +164,7 @@ def _flax_kernel_sharding(sharding: jax.sharding.Sharding) -> jax.sharding.Shard
     if not isinstance(sharding, NamedSharding):
         return sharding
     spec = (*sharding.spec, *(None,) * (4 - len(sharding.spec)))
-    return NamedSharding(sharding.mesh, PartitionSpec(*flax_kernel_order(spec)))
+    return NamedSharding(sharding.mesh, PartitionSpec(*conv.flax_order(spec)))
 
 
 def _without(shapes: Shapes, names: frozenset[str]) -> Shapes:

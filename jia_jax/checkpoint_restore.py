@@ -201,7 +201,7 @@ def _checked_layout(
         return error, None, frozenset()
     except Exception as error:  # noqa: BLE001 (any read failure makes it "unreadable")
         return None, console.error_text(error), frozenset()
-    return None, None, frozenset(old or ())  # `or`: a stand-in check may return None
+    return None, None, old
 
 
 def _quarantine(manager: ocp.CheckpointManager, step: int, reason: str | None) -> epath.Path:

@@ -39,6 +39,7 @@ from jia_jax import evaluate
 from jia_jax import loop
 from jia_jax import models
 from jia_jax import normalize
+from jia_jax.models import conv
 
 FORMAT = "jia_jax.export/1"
 
@@ -187,8 +188,8 @@ def _in_model_layout(path: str, params: Any, expected: Any) -> Any:
         want = shapes.pop(key, None)
         if want == shape:
             return x
-        if want is not None and len(want) == 4 and shape == (*want[1:], want[0]):
-            return np.transpose(x, (3, 0, 1, 2))  # conv.from_flax_kernel
+        if want is not None and len(want) == 4 and shape == conv.flax_order(want):
+            return np.asarray(conv.from_flax_kernel(x))
         raise ValueError(
             f"{path}: parameter {key} has shape {list(shape)} in the file, but the model "
             + (f"expects {list(want)}." if want is not None else "has no such parameter.")

@@ -303,6 +303,7 @@ if process_id == 1:
             if view == "mismatch":
                 raise checkpoint_layout.CheckpointMismatchError("another state here")
             raise OSError("metadata missing here")
+        return frozenset()
     checkpoint_layout.check_layout = differs
 try:
     step, restored, meta = ckpt.restore_latest(abstract)

@@ -14,6 +14,7 @@ The kernel takes the values `nn.Conv` would give it with the same initializer an
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import flax.linen as nn
 import jax
@@ -22,6 +23,13 @@ from jax.nn.initializers import Initializer
 
 # lax.conv_general_dilated's names of the input, kernel and output dimensions.
 DIMENSIONS = ("NHWC", "OHWI", "NHWC")
+T = TypeVar("T")
+
+
+def flax_order(dims: tuple[T, ...]) -> tuple[T, ...]:
+    """A (out, h, w, in) kernel's per-axis `dims` (its shape, a partition spec) in the order
+    `nn.Conv` stores the axes, as `to_flax_kernel` puts them: (h, w, in, out)."""
+    return (*dims[1:], dims[0])
 
 
 def to_flax_kernel(kernel: jax.Array) -> jax.Array:
@@ -60,10 +68,9 @@ class Conv(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         """The convolution of an NHWC batch, computed in ``dtype``."""
         kh, kw = self.kernel_size
-        flax_shape = (kh, kw, x.shape[-1], self.features)
 
         def init(key: jax.Array, shape: tuple[int, ...], dtype: jnp.dtype) -> jax.Array:
-            return from_flax_kernel(self.kernel_init(key, flax_shape, dtype))
+            return from_flax_kernel(self.kernel_init(key, flax_order(shape), dtype))
 
         kernel = self.param(
             "kernel", init, (self.features, kh, kw, x.shape[-1]), self.param_dtype

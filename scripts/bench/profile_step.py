@@ -92,7 +92,6 @@ def parse_case(text: str) -> dict[str, Any]:
     }
 
 
-
 def write_hlo(hlo_dir: str, case: dict[str, Any], hlo_text: str) -> str:
     """Writes a case's optimized HLO to `hlo_dir` (created if absent) as
     ``model_mesh_strategy_batch.hlo.gz``, for `kernel_bandwidth`'s bytes per kernel; its path."""
@@ -102,6 +101,7 @@ def write_hlo(hlo_dir: str, case: dict[str, Any], hlo_text: str) -> str:
     with gzip.open(path, "wt") as f:
         f.write(hlo_text)
     return path
+
 
 def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """Compiles, times and traces one case; returns its row with per-device summaries."""

@@ -1,0 +1,56 @@
+"""`scripts.bench.conv_fusion`: the functions it compiles compute what they name (float64 numpy
+reference), and its record has a row per function and option with the outputs compared."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from scripts.bench import conv_fusion
+
+U32 = 2.0**-24  # fp32 unit roundoff
+B16 = 2.0**-8  # bf16 unit roundoff: 8 bits of significand
+
+
+def _conv64(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """SAME 3x3 convolution in float64, and the sum of |terms| of each output."""
+    n, h, wd, _ = x.shape
+    pad = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    patches = np.stack([pad[:, i:i + h, j:j + wd] for i in range(3) for j in range(3)], 3)
+    kernel = w.reshape(9, *w.shape[2:])
+    return (np.einsum("nhwkc,kcd->nhwd", patches, kernel),
+            np.einsum("nhwkc,kcd->nhwd", np.abs(patches), np.abs(kernel)))
+
+
+def test_conv_stats_is_the_convolution_and_its_channel_sums():
+    kx, kw = jax.random.split(jax.random.key(1))
+    x = jax.random.normal(kx, (2, 6, 6, 8), jnp.bfloat16)
+    w = (0.3 * jax.random.normal(kw, (3, 3, 8, 8))).astype(jnp.bfloat16)
+    y, total, squares = jax.jit(conv_fusion.conv_stats)(x, w)
+    want, terms = _conv64(np.asarray(x, np.float64), np.asarray(w, np.float64))
+    # y: 72 products summed in fp32 (at most 71 u sum|terms|), then rounded to bf16.
+    bound = 71 * U32 * terms + B16 * (np.abs(want) + 71 * U32 * terms)
+    assert np.all(np.abs(np.asarray(y, np.float64) - want) <= bound)
+    y64 = np.asarray(y, np.float64).reshape(-1, 8)
+    n = y64.shape[0]
+    # fp32 sums of y, or of the fp32 values y rounds (XLA's CPU compile sums those): each term
+    # within a bf16 rounding (B16, relative; twice that for squares) of y's.
+    size = np.abs(y64).sum(0)
+    assert np.all(np.abs(np.asarray(total) - y64.sum(0)) <= ((n - 1) * U32 + 1.01 * B16) * size)
+    power = (y64**2).sum(0)
+    assert np.all(np.abs(np.asarray(squares) - power) <= (n * U32 + 2.01 * B16) * power)
+    relu = jax.jit(conv_fusion.conv_relu)(x, w)
+    np.testing.assert_array_equal(np.asarray(relu), np.maximum(np.asarray(y), 0))
+
+
+def test_record_has_each_function_with_and_without_the_option(tmp_path):
+    out = tmp_path / "conv_fusion.json"
+    record = conv_fusion.main(["--batch=2", "--size=6", "--channels=4", "--repeats=2",
+                               f"--out={out}"])
+    rows = {(r["function"], r["conv_fusion"]): r for r in record["results"]}
+    assert set(rows) == {(f, o) for f in conv_fusion.FUNCTIONS for o in (False, True)}
+    for name in conv_fusion.FUNCTIONS:
+        # On the CPU the GPU option changes nothing: both compiles give the same outputs.
+        assert rows[name, True]["max_relative_difference"] == 0.0
+        assert rows[name, False]["cudnn_fusions"] == rows[name, True]["cudnn_fusions"] == 0
+        assert all(rows[name, o]["ms"] > 0 for o in (False, True))
+    assert out.exists()

@@ -413,20 +413,18 @@ def test_gpu_decode_prose_quotes_the_json():
             f"interpolating and {fancy[':fancy_upsampling=0', True]['decode_images_per_s']:,.0f} "
             "repeating",
             f"against the step's {fancy['', True]['train_images_per_s']:,.0f}.",
-            f"the trainer kept {today[2, 256, 2]['ratio']:.3f} of the synthetic speed at 256 "
-            "images per GPU run as two processes of one GPU each",
+            f"4 deep, an earlier call gave {today[2, 256, 2]['ratio']:.3f} and "
+            f"{today[2, 256, 1]['ratio']:.3f} (`docs/benchmarks/bench_gpu_decode_two_2xH200.json`",
             "after the first intervals: {:,.0f} and {:,.0f} images/s, then {:,.0f} to {:,.0f})"
             .format(*(rate for _, rate in early), min(r for _, r in later),
                     max(r for _, r in later)),
-            f"and {today[2, 256, 1]['ratio']:.3f} as one process driving both GPUs, where the "
-            f"decode stage alone ran {stage[1]:,.0f} images/s on one GPU and {stage[2]:,.0f} per "
-            "GPU on two in one process",
+            f"where the decode stage alone ran {stage[1]:,.0f} images/s on one GPU and "
+            f"{stage[2]:,.0f} per GPU on two in one process",
         ],
     )
     assert_quoted(
         read("README.md"),
         [
-            f"on two H200s {today[2, 256, 2]['ratio']:.3f} at 256 as two processes of one GPU",
             f"within {smoke['max_pixel_change']} levels of 255 of the CPU path's",
         ],
     )
@@ -463,10 +461,6 @@ def test_gpu_decode_on_one_h200_prose_quotes_the_json():
               for r in load("gpu_decode_loaded_priority_1xH200.json")["results"]}
     fast, slow = loaded[64, "highest", True], loaded[64, "default", True]
     assert fast["train_images_per_s"] < slow["train_images_per_s"]
-    assert_quoted(read("README.md"), [
-        f"on one H200 with 16 cores the trainer kept {rows[256]['ratio']:.3f} of its "
-        f"synthetic-data speed at 256 images per GPU and {rows[64]['ratio']:.3f} at 64",
-    ])
     assert_quoted(read("docs/input_pipeline.md"), [
         f"the trainer kept {rows[256]['ratio']:.3f} of its synthetic-data speed at 256 images per "
         f"GPU and {rows[64]['ratio']:.3f} at 64, while the decode stage alone runs "
@@ -527,7 +521,7 @@ def test_gpu_decode_at_64_planar_yuv_and_another_host_prose_quotes_the_json():
         f"{min(quarter):.1f} to {max(quarter):.1f} levels on average from libjpeg's upsampled "
         "chroma averaged over 2 x 2",
         f"ran slower than the step trains at 256 images ({rows[256]['synthetic_images_per_s']:,.0f}"
-        " images/s, first table)",
+        " images/s, `docs/benchmarks/bench_gpu_decode_1xH200.json`)",
     ])
     rehost = load("bench_gpu_decode_rehost_1xH200.json")
     other = {r["per_gpu"]: r["ratio"] for r in rehost["results"]}
@@ -543,8 +537,43 @@ def test_gpu_decode_at_64_planar_yuv_and_another_host_prose_quotes_the_json():
         "the synthetic run itself ranged from {:,.0f} to {:,.0f} images/s".format(
             min(r for _, r in logged[64, "synthetic"]), max(r for _, r in logged[64, "synthetic"])),
     ])
+
+
+def test_gpu_decode_with_the_ring_eight_deep_prose_quotes_the_json():
+    """Today's defaults on one and two H200s, and the chroma A/B of the next call."""
+    one = {r["per_gpu"]: r for r in load("bench_gpu_decode_ring8_1xH200.json")["results"]}
+    two = {r["processes"]: r for r in load("bench_gpu_decode_two_ring8_2xH200.json")["results"]}
+    assert {r["gpus"] for r in two.values()} == {2} and two[2]["synthetic_processes"] == 1
+    ab = {run["tag"]: run["results"][0] for run in load("gpu_decode_fancy_ab_1xH200.json")["runs"]}
+    rate = {tag: r["images_per_s"] for tag, r in ab.items()}
+    synthetic = rate["256_syn"]
+    on, off = (sorted(rate[f"256_{k}_{n}"] for n in (1, 2)) for k in ("on", "off"))
+    ratios = {f"{r / synthetic:.3f}" for r in (on[1], *off)}
+    assert len(ratios) == 1  # "either way": the same to three places
+    waits = sorted(ab[f"256_{k}_{n}"]["input_wait"] for k in ("on", "off") for n in (1, 2))
+    assert ab["256_on_1"]["input_wait"] == waits[-1]  # the first run waited most
+    text = read("docs/input_pipeline.md")
+    assert_quoted(text, [
+        f"the trainer kept {one[256]['ratio']:.3f} of its synthetic-data speed at 256 images per "
+        f"GPU and {one[64]['ratio']:.3f} at 64, the train loop waiting for input "
+        f"{one[256]['input_wait']:.0%} and {one[64]['input_wait']:.0%} of the time",
+        f"{rate['256_on_1']:,.0f} and {rate['256_on_2']:,.0f} images/s interpolating, "
+        f"{rate['256_off_1']:,.0f} and {rate['256_off_2']:,.0f} repeating, against the synthetic "
+        f"run's {synthetic:,.0f}, {ratios.pop()} of it either way",
+        f"the first run waited for input {waits[-1]:.0%} of the time, the others {waits[0]:.0%} "
+        f"to {waits[-2]:.0%}",
+        f"GPU path ran {rate['64_on_1']:,.0f} images/s against {rate['64_syn']:,.0f} "
+        f"({rate['64_on_1'] / rate['64_syn']:.3f})",
+        f"the trainer kept {two[2]['ratio']:.3f} of the synthetic speed at 256 images per GPU run "
+        "as two processes of one GPU each",
+        f"waiting for input {two[2]['input_wait']:.0%} of the time, and {two[1]['ratio']:.3f} as "
+        f"one process driving both GPUs, waiting {two[1]['input_wait']:.0%}",
+    ])
     assert_quoted(read("README.md"), [
-        f"at 64 ({other[256]:.3f} and {other[64]:.3f} on another host, ",
+        f"on one H200 with 16 cores the trainer kept {one[256]['ratio']:.3f} of its "
+        f"synthetic-data speed at 256 images per GPU and {one[64]['ratio']:.3f} at 64 "
+        f"({rate['64_on_1'] / rate['64_syn']:.3f} in a run of the next call",
+        f"on two H200s {two[2]['ratio']:.3f} at 256 as two processes of one GPU",
     ])
 
 
@@ -572,8 +601,9 @@ def test_gpu_decode_third_host_and_ring_depth_prose_quotes_the_json():
         "up to 8 arrays per tile count",
     ])
     assert_quoted(read("README.md"), [
-        f"{third[256]['ratio']:.3f} and {third[64]['ratio']:.3f} on a third, where the ring of "
-        f"tile arrays twice as deep, now the default, trained {gain:.3f}× faster at 256",
+        f"with the earlier ring of 4 tile arrays {third[256]['ratio']:.3f} and "
+        f"{third[64]['ratio']:.3f} on another host, where the ring 8 deep trained {gain:.3f}× "
+        "faster at 256",
     ])
     assert_quoted(read("configs/default.py").replace("#", ""), [
         f"8 trained {gain:.3f}x faster than 4 at 256 images",
@@ -2130,4 +2160,29 @@ def test_memory_speed_answers_agree_with_the_json():
         f"all of the step's {len(rows)} fusion kernels counts "
         f"{sum(r['mb_per_step'] for r in rows) / 1e3:.1f} GB moved a step at 256 images, in "
         f"{sum(r['us_per_step'] for r in rows) / 1e3:.2f} ms of their time.",
+    ])
+
+
+def test_conv_fusion_prose_quotes_the_json():
+    """XLA's cuDNN conv fusion: the statistics stay in XLA's reduce kernels; figures from the
+    raw record."""
+    rows = {(rec["args"]["batch"], r["function"], r["conv_fusion"]): r
+            for rec in load("conv_fusion_H200.json")["records"] for r in rec["results"]}
+    for batch in (256, 64):
+        for name in ("conv_stats", "conv_relu"):
+            assert rows[batch, name, True]["cudnn_fusions"] == 1
+            assert rows[batch, name, False]["cudnn_conv_calls"] == 1
+            assert rows[batch, name, True]["max_relative_difference"] == 0.0
+        assert rows[batch, "conv_stats", True]["xla_input_fusions"] == 2
+        assert rows[batch, "conv_stats", False]["xla_input_fusions"] == 1
+        assert rows[batch, "conv_relu", True]["xla_loop_fusions"] == 0
+
+    def pair(batch, name):
+        return f"{rows[batch, name, True]['ms']:.3f}", f"{rows[batch, name, False]['ms']:.3f}"
+
+    assert_quoted(read("docs/benchmarks.md"), [
+        "{} ms a call against {} at 256 images and {} against {} at 64".format(
+            *pair(256, "conv_stats"), *pair(64, "conv_stats")),
+        "joined the cuDNN fusion, {} ms against {} and {} against {}, the same outputs".format(
+            *pair(256, "conv_relu"), *pair(64, "conv_relu")),
     ])

@@ -2186,3 +2186,29 @@ def test_conv_fusion_prose_quotes_the_json():
         "joined the cuDNN fusion, {} ms against {} and {} against {}, the same outputs".format(
             *pair(256, "conv_relu"), *pair(64, "conv_relu")),
     ])
+
+
+def test_conv_stats_prose_quotes_the_json():
+    """The Pallas 1x1 convolution with BatchNorm statistics against XLA's two passes; figures
+    from the raw record."""
+    rows = load("conv_stats_1xH200.json")["results"]
+    total: dict[tuple, float] = {}
+    by_shape: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        total[r["batch"], r["variant"]] = total.get((r["batch"], r["variant"]), 0.0) + r["us"]
+        key = (r["batch"], r["size"], r["in_channels"], r["out_channels"])
+        by_shape.setdefault(key, {})[r["variant"]] = r["us"]
+    assert len(by_shape) == 18 and all(len(v) == 4 for v in by_shape.values())
+    at256 = [v for k, v in by_shape.items() if k[0] == 256]
+    epilogue = [v["pallas"] - v["pallas_gemm"] for v in at256]
+    second_pass = [v["xla"] - v["xla_gemm"] for v in at256]
+    floor = min(v["pallas_gemm"] for k, v in by_shape.items() if k[0] == 64)
+    assert_quoted(read("docs/benchmarks.md"), [
+        f"the product alone took {total[256, 'pallas_gemm']:,.0f} µs in Pallas against "
+        f"{total[256, 'xla_gemm']:,.0f} in XLA, and with the statistics "
+        f"{total[256, 'pallas']:,.0f} µs against {total[256, 'xla']:,.0f}",
+        f"cost {min(epilogue):.0f} to {max(epilogue):.0f} µs a shape, as much as XLA's separate "
+        f"pass over y ({min(second_pass):.0f} to {max(second_pass):.0f} µs)",
+        f"the fused kernel took {total[64, 'pallas']:,.0f} µs against {total[64, 'xla']:,.0f}",
+        f"({floor:.0f} µs for the smallest product alone)",
+    ])

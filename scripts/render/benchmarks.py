@@ -488,6 +488,28 @@ def bn_reductions_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def conv_stats_table(doc: dict[str, Any]) -> str:
+    """µs of ResNet-50's 1x1 convolutions with and without their BatchNorm statistics, per
+    variant (scripts/bench/conv_stats.py)."""
+    variants = list(dict.fromkeys(r["variant"] for r in doc["results"]))
+    lines = [
+        f"1x1 convolutions (matrix products) and their output's BatchNorm statistics, µs a call "
+        f"({_environment(doc)}; bf16, fp32 accumulation):",
+        "",
+        "| images | size | in | out | " + " | ".join(variants) + " |",
+        "| ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in variants) + " |",
+    ]
+    shapes: dict[tuple, dict[str, Any]] = {}
+    for r in doc["results"]:
+        key = (r["batch"], r["size"], r["in_channels"], r["out_channels"])
+        shapes.setdefault(key, {})[r["variant"]] = r
+    for shape, by_variant in shapes.items():
+        cells = [f"{by_variant[v]['us']:.0f}" if "us" in by_variant.get(v, {}) else ""
+                 for v in variants]
+        lines.append("| " + " | ".join(map(str, shape)) + " | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _where(doc: dict[str, Any]) -> str:
     """The machine of a run: its environment block, else its provenance's device without the
     label of the pool it was lent from (`nvidia-h100-x4: 4x H100 ...` -> `4x H100 ...`)."""
@@ -680,6 +702,8 @@ def table(path: str) -> str:
     first = (doc.get("results") or [{}])[0]
     if "op" in first and "channels" in first:
         return bn_reductions_table(doc)
+    if "in_channels" in first and "variant" in first:
+        return conv_stats_table(doc)
     if "layout" in first:
         return overlap_table(doc)
     if "beside_training" in first:

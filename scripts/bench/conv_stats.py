@@ -1,0 +1,170 @@
+r"""Does a 1x1 convolution that also computes its output's BatchNorm statistics beat XLA's two passes?
+
+Training BatchNorm after a convolution reads the convolution's output y once more for its
+per-channel mean and variance. A 1x1 convolution is a matrix product, [M, K] @ [K, N] with
+M = images x height x width, so a Pallas (Triton) matrix product can compute the statistics from
+each output tile while it is still in registers and never read y again. Each tile of BM rows
+gives its channels' mean and sum of squared deviations from that mean (exact in fp32 for the
+tile), and the tiles are combined by Chan, Golub & LeVeque's pairwise formula: no cancellation,
+as accurate as the shifted sums of `jia_jax.models.batch_norm_ops.moments`.
+
+For each of ResNet-50's 1x1 convolution shapes (bf16, fp32 accumulation) this times, as one jitted
+call each:
+
+  * `xla`: `jnp.dot` then `moments` on its bf16 output (what the trainer's step compiles to);
+  * `xla_gemm`: the product alone;
+  * `pallas`: the product with the statistics in its epilogue;
+  * `pallas_gemm`: the same kernel without them (how fast the Pallas product itself is).
+
+  python -m scripts.bench.conv_stats --batches=256,64 --out=/tmp/conv_stats.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jia_jax.models import batch_norm_ops
+from scripts.bench import harness
+
+# ResNet-50 v1.5's 1x1 convolutions at 224 pixels: (spatial size, in channels, out channels).
+RESNET50_1X1_SHAPES = (
+    (56, 64, 256),
+    (56, 256, 64),
+    (56, 256, 128),
+    (28, 128, 512),
+    (28, 512, 128),
+    (14, 256, 1024),
+    (14, 1024, 256),
+    (7, 512, 2048),
+    (7, 2048, 512),
+)
+
+
+def xla_conv_stats(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """y = x @ w in bf16 (fp32 accumulation), and its per-channel mean and biased variance."""
+    y = jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+    mean, var = batch_norm_ops.moments(y)
+    return y, mean, var
+
+
+def xla_gemm(x: jax.Array, w: jax.Array) -> jax.Array:
+    return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def _tile(extent: int, limit: int) -> int:
+    """The largest power of two <= limit dividing extent."""
+    t = 1
+    while 2 * t <= limit and extent % (2 * t) == 0:
+        t *= 2
+    return t
+
+
+def combine(means: jax.Array, squares: jax.Array, rows: int) -> tuple[jax.Array, jax.Array]:
+    """Mean and biased variance of all rows from tiles of `rows` rows each: per tile its mean and
+    sum of squared deviations (float32 [tiles, N]); Chan et al.'s pairwise combination."""
+    mean = jnp.mean(means, axis=0)
+    spread = jnp.sum(squares, axis=0) + rows * jnp.sum((means - mean) ** 2, axis=0)
+    return mean, spread / (rows * means.shape[0])
+
+
+def pallas_conv_stats(
+    x: jax.Array,
+    w: jax.Array,
+    *,
+    stats: bool = True,
+    block_m: int = 128,
+    block_n: int = 128,
+    block_k: int = 64,
+    interpret: bool = False,
+):
+    """`xla_conv_stats` (or, `stats=False`, `xla_gemm`) as one Pallas kernel per output tile."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    (m, k), n = x.shape, w.shape[1]
+    bm, bn, bk = _tile(m, block_m), _tile(n, block_n), _tile(k, block_k)
+    grid = (m // bm, n // bn)
+
+    def kernel(x_ref, w_ref, y_ref, *stat_refs):
+        def step(i, acc):
+            cols = pl.ds(i * bk, bk)
+            return acc + jnp.dot(x_ref[:, cols], w_ref[cols, :],
+                                 preferred_element_type=jnp.float32)
+
+        acc = jax.lax.fori_loop(0, k // bk, step, jnp.zeros((bm, bn), jnp.float32))
+        y = acc.astype(y_ref.dtype)
+        y_ref[...] = y
+        if stats:
+            yf = y.astype(jnp.float32)  # the statistics of the bf16 y, as BatchNorm reads it
+            mean = jnp.sum(yf, axis=0, keepdims=True) / bm
+            stat_refs[0][...] = mean
+            stat_refs[1][...] = jnp.sum((yf - mean) ** 2, axis=0, keepdims=True)
+
+    tile_stats = pl.BlockSpec((1, bn), lambda i, j: (i, j))
+    partial = jax.ShapeDtypeStruct((grid[0], n), jnp.float32)
+    out = pl.pallas_call(
+        kernel,
+        out_shape=(jax.ShapeDtypeStruct((m, n), x.dtype), *([partial] * 2 * stats)),
+        grid=grid,
+        in_specs=[pl.BlockSpec((bm, k), lambda i, j: (i, 0)),
+                  pl.BlockSpec((k, bn), lambda i, j: (0, j))],
+        out_specs=(pl.BlockSpec((bm, bn), lambda i, j: (i, j)), *([tile_stats] * 2 * stats)),
+        compiler_params=None if interpret else plgpu.CompilerParams(num_warps=4, num_stages=3),
+        interpret=interpret,
+    )(x, w)
+    if not stats:
+        return out[0]
+    y, means, squares = out
+    return (y, *combine(means, squares, bm))
+
+
+VARIANTS = {
+    "xla": xla_conv_stats,
+    "xla_gemm": xla_gemm,
+    "pallas": pallas_conv_stats,
+    "pallas_gemm": functools.partial(pallas_conv_stats, stats=False),
+}
+
+
+def measure_shape(batch: int, size: int, k: int, n: int, variants: Sequence[str]) -> list[dict]:
+    """Rows of µs and GB/s (x, w and y moved once) for one shape, one per variant."""
+    m = batch * size * size
+    kx, kw = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+    w = (jax.random.normal(kw, (k, n)) / k**0.5).astype(jnp.bfloat16)
+    moved = 2 * (m * k + k * n + m * n)
+    base = {"batch": batch, "size": size, "in_channels": k, "out_channels": n}
+    rows = []
+    for name in variants:
+        try:
+            fn = jax.jit(lambda operands, f=VARIANTS[name]: f(*operands))
+            t = harness.time_calls(fn, (x, w), repeats=5, min_sample_s=0.02)["time_s"]
+            rows.append({**base, "variant": name, "us": t * 1e6, "gb_per_s": moved / t / 1e9})
+        except Exception as e:  # noqa: BLE001 - a kernel this GPU or Triton refuses
+            rows.append({**base, "variant": name, "error": harness.error_text(e, 400)})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="256,64")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--out", default="conv_stats.json")
+    args = parser.parse_args(argv)
+    doc: dict[str, Any] = {"environment": harness.environment(), "args": vars(args), "results": []}
+    for batch in (int(b) for b in args.batches.split(",")):
+        for size, k, n in RESNET50_1X1_SHAPES:
+            doc["results"] += measure_shape(batch, size, k, n, args.variants.split(","))
+            harness.write_json(args.out, doc)
+    return doc
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""`scripts.bench.conv_stats`: each variant computes the 1x1 convolution and its BatchNorm
+statistics it names, against float64 numpy (the Pallas kernel in Pallas's interpreter, on CPU)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from scripts.bench import conv_stats
+
+U32 = 2.0**-24  # fp32 unit roundoff
+B16 = 2.0**-8  # bf16 unit roundoff
+
+
+def _inputs(m=512, k=96, n=64, offset=100.0):
+    kx, kw = jax.random.split(jax.random.key(3))
+    x = jax.random.normal(kx, (m, k), jnp.bfloat16)
+    w = (jax.random.normal(kw, (k, n)) / k**0.5).astype(jnp.bfloat16)
+    # A column of ones and a large weight give every channel a mean far from 0 against its
+    # spread: unshifted one-pass sums would lose the variance's digits there.
+    x = x.at[:, 0].set(1.0)
+    w = w.at[0].set(offset)
+    return x, w
+
+
+def _var_bound(y64: np.ndarray) -> np.ndarray:
+    """fp32 rounding of m terms (m u) times the scale of what is summed: the squared deviations
+    from a value of the same channel (the first sample for `moments`' shift, the tile's mean for
+    the Pallas kernel's), never the squared mean itself, which is what unshifted sums pay."""
+    m = y64.shape[0]
+    return 4 * m * U32 * (y64.var(0) + (y64[0] - y64.mean(0)) ** 2)
+
+
+def _check(y, mean, var, x, w):
+    x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    want, terms = x64 @ w64, np.abs(x64) @ np.abs(w64)
+    k = x.shape[1]
+    # y: k products summed in fp32, rounded to bf16.
+    bound = (k - 1) * U32 * terms + B16 * (np.abs(want) + (k - 1) * U32 * terms)
+    assert np.all(np.abs(np.asarray(y, np.float64) - want) <= bound)
+    y64 = np.asarray(y, np.float64)  # the statistics are those of the bf16 y
+    m = y64.shape[0]
+    mean64, var64 = y64.mean(0), y64.var(0)
+    # The mean: fp32 sums of m terms of size at most |mean| + 6 std.
+    std = np.sqrt(var64)
+    assert np.all(np.abs(np.asarray(mean) - mean64) <= m * U32 * (np.abs(mean64) + 6 * std))
+    assert np.all(np.abs(np.asarray(var) - var64) <= _var_bound(y64))
+
+
+def test_the_variance_bound_refuses_unshifted_sums():
+    """The inputs put every channel's mean far from 0 against its spread, where E[y^2] - E[y]^2
+    in fp32 loses the variance's digits: that form breaks the bound the variants must keep."""
+    x, w = _inputs()
+    y, *_ = jax.jit(conv_stats.xla_conv_stats)(x, w)
+    y64, y32 = np.asarray(y, np.float64), jnp.asarray(y, jnp.float32)
+    assert np.all(np.abs(y64.mean(0)) > 30 * y64.std(0))
+    unshifted = np.asarray(jnp.mean(y32 * y32, 0) - jnp.mean(y32, 0) ** 2, np.float64)
+    assert np.any(np.abs(unshifted - y64.var(0)) > _var_bound(y64))
+
+
+@pytest.mark.parametrize("variant", ["xla", "pallas"])
+def test_conv_and_statistics_match_float64(variant):
+    x, w = _inputs()
+    fn = conv_stats.VARIANTS[variant]
+    if variant == "pallas":  # 4 row tiles of 128, 3 steps of 32 along k
+        fn = functools.partial(fn, block_m=128, block_n=64, block_k=32, interpret=True)
+    _check(*jax.jit(fn)(x, w), x, w)
+
+
+@pytest.mark.parametrize("variant", ["xla_gemm", "pallas_gemm"])
+def test_products_alone_equal_the_full_variants_product(variant):
+    x, w = _inputs()
+    fn = conv_stats.VARIANTS[variant]
+    if variant == "pallas_gemm":
+        fn = functools.partial(fn, block_m=128, block_n=64, block_k=32, interpret=True)
+    y, *_ = jax.jit(conv_stats.xla_conv_stats)(x, w)
+    got = np.asarray(jax.jit(fn)(x, w), np.float64)
+    k = x.shape[1]
+    terms = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64))
+    y64 = np.asarray(y, np.float64)
+    # Two fp32 summation orders, each sum within (k - 1) u sum|terms| of the exact one, each
+    # rounded to bf16 (B16 of its size).
+    bound = 2 * (k - 1) * U32 * terms + B16 * (np.abs(got) + np.abs(y64))
+    assert np.all(np.abs(got - y64) <= bound)
+
+
+def test_tile_combination_is_the_mean_and_variance_of_all_rows():
+    rows = np.random.default_rng(0).normal(5.0, 2.0, (6 * 8, 3))
+    tiles = rows.reshape(6, 8, 3)
+    means = tiles.mean(1)
+    squares = ((tiles - means[:, None]) ** 2).sum(1)
+    mean, var = conv_stats.combine(jnp.asarray(means, jnp.float32),
+                                   jnp.asarray(squares, jnp.float32), 8)
+    np.testing.assert_allclose(mean, rows.mean(0), rtol=1e-6)
+    np.testing.assert_allclose(var, rows.var(0), rtol=1e-5)

@@ -1,4 +1,4 @@
-r"""Does a 1x1 convolution that also computes its output's BatchNorm statistics beat XLA's two passes?
+r"""Does a 1x1 convolution computing its BatchNorm statistics beat XLA's two passes?
 
 Training BatchNorm after a convolution reads the convolution's output y once more for its
 per-channel mean and variance. A 1x1 convolution is a matrix product, [M, K] @ [K, N] with

@@ -329,6 +329,22 @@ def test_options_keep_the_variables_of_the_plain_net(name, count):
     assert _count(optioned["params"]) == count
 
 
+def _random_kernels(shapes, seed):
+    """Float64 variables of the `eval_shape`d `shapes`: LeCun-normal kernels (std 1/sqrt(fan in)
+    of Conv's (out, h, w, in) and Dense's (in, out) layouts); the other leaves for `_randomise`."""
+    rng = np.random.default_rng(seed)
+
+    def leaf(path, v):
+        name = path[-1].key
+        if name != "kernel":
+            assert name in ("scale", "bias", "mean", "var"), path  # all of them `_randomise`d
+            return jnp.zeros(v.shape, jnp.float64)
+        fan_in = math.prod(v.shape[1:]) if len(v.shape) == 4 else v.shape[0]
+        return jnp.asarray(rng.standard_normal(v.shape) / math.sqrt(fan_in), jnp.float64)
+
+    return jax.tree_util.tree_map_with_path(leaf, shapes)
+
+
 def _randomise(variables, seed):
     """Non-trivial BN parameters and running statistics (zero-init gammas would hide the blocks)."""
     rng = np.random.default_rng(seed)
@@ -362,8 +378,9 @@ def test_options_compute_the_plain_net_float64(x64, name, width, image):
         return create_model(name, num_classes=3, dtype=jnp.float64, width=width, **options)
 
     plain, optioned = build(), build(space_to_depth_stem=True, sliced_max_pool=True)
-    variables = jax.jit(lambda: plain.init(jax.random.key(0, impl="rbg"), x, train=False))()
-    variables = _randomise(jax.tree.map(lambda v: v.astype(jnp.float64), variables), seed=6)
+    # Drawn here, not by a compiled `init` (ResNet-50's alone took ~8 s of the test's ~25 s).
+    shapes = jax.eval_shape(lambda: plain.init(jax.random.key(0), x, train=False))
+    variables = _randomise(_random_kernels(shapes, seed=7), seed=6)
 
     def run(model):
         def loss(params):
@@ -388,10 +405,10 @@ def test_default_options_step_aside_where_they_do_not_apply():
     x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 8, 8, 3)), jnp.float32)
     plain = create_model("resnet18", **options)
     stem = create_model("resnet18", space_to_depth_stem=True, **options)
-    variables = plain.init(jax.random.key(0), x, train=False)
-    assert jax.tree.structure(stem.init(jax.random.key(0), x, train=False)) == jax.tree.structure(
-        variables
-    )
+    # One compiled init: op by op, each model's took ~3 s more (one compile per new op).
+    variables = jax.jit(lambda: plain.init(jax.random.key(0), x, train=False))()
+    stem_shapes = jax.eval_shape(lambda: stem.init(jax.random.key(0), x, train=False))
+    assert jax.tree.structure(stem_shapes) == jax.tree.structure(variables)
     np.testing.assert_array_equal(
         stem.apply(variables, x, train=False), plain.apply(variables, x, train=False)
     )

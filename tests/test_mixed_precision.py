@@ -234,7 +234,11 @@ def test_bf16_step_trains_fp32_master_state(mesh, reference):
 
 def test_fp16_cli_with_microbatches_skips_overflows_and_trains(tmp_path):
     """fp16 through the CLI with 2 microbatches per device, on a fixed synthetic batch. The initial
-    loss scale 2^17 overflows fp16 in backward, so the run both skips steps and grows the scale."""
+    loss scale 2^17 overflows fp16 in backward, so the run both skips steps and grows the scale.
+
+    On a 1x2 mesh of 2 devices: neither the microbatch accumulation nor the loss-scale rule
+    depends on the mesh (a skip agreed on by a 2x4 mesh: test_fp16_overflow_on_one_device_...),
+    and a step's 8 images cost a quarter of the 2x4 mesh's 32."""
     steps, initial = 6, 2.0**17
     result = run_main(
         "--config=configs/digits.py",
@@ -242,16 +246,19 @@ def test_fp16_cli_with_microbatches_skips_overflows_and_trains(tmp_path):
         "--config.data.name=synthetic",
         "--config.data.num_classes=10",
         "--config.model.width=4",
-        "--config.global_batch_size=32",
+        "--config.mesh.node=1",
+        "--config.mesh.gpu=2",
+        "--config.global_batch_size=8",
         "--config.microbatch_size=2",  # 4 images per device: 2 microbatches
         f"--config.total_steps={steps}",
         "--config.optimizer.warmup_epochs=0",
-        "--config.optimizer.base_learning_rate=3.2",  # peak 0.4 at batch 32: visible progress
+        "--config.optimizer.base_learning_rate=12.8",  # peak 0.4 at batch 8: visible progress
         "--config.precision.compute=float16",
         f"--config.precision.loss_scale.initial={initial}",
         "--config.precision.loss_scale.growth_interval=2",
         "--config.log_every_steps=1",
         "--config.checkpoint_every_steps=3",
+        devices=2,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = test_train.logged_steps(result.stderr)

@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from scripts.bench import profile_trace
@@ -468,46 +469,44 @@ def bandwidth_table(path: str, top: int = 8) -> str:
     return "\n".join(lines)
 
 
-def bn_reductions_table(doc: dict[str, Any]) -> str:
-    """GB/s of ResNet-50's BatchNorm sums per shape and variant (scripts/bench/bn_reductions.py)."""
-    ops = list(dict.fromkeys(r["op"] for r in doc["results"]))
+def _pivot_table(
+    doc: dict[str, Any], title: str, keys: Sequence[tuple[str, str]], column: str, value: str
+) -> str:
+    """A row per shape (`keys`: each shape column's header and field), a column per value of the
+    results' `column` field, cells their `value` to the unit (blank where a run failed)."""
+    columns = list(dict.fromkeys(r[column] for r in doc["results"]))
     lines = [
-        f"BatchNorm sums, GB/s of the bytes read ({_environment(doc)}; copy reads and writes):",
+        title,
         "",
-        "| images | size | channels | " + " | ".join(ops) + " |",
-        "| ---: | ---: | ---: | " + " | ".join("---:" for _ in ops) + " |",
+        "| " + " | ".join([*(header for header, _ in keys), *columns]) + " |",
+        "| " + " | ".join("---:" for _ in [*keys, *columns]) + " |",
     ]
     shapes: dict[tuple, dict[str, Any]] = {}
     for r in doc["results"]:
-        shapes.setdefault((r["batch"], r["size"], r["channels"]), {})[r["op"]] = r
-    for (batch, size, channels), by_op in shapes.items():
-        cells = [
-            f"{by_op[o]['gb_per_s']:.0f}" if "gb_per_s" in by_op.get(o, {}) else "" for o in ops
-        ]
-        lines.append(f"| {batch} | {size} | {channels} | " + " | ".join(cells) + " |")
+        shapes.setdefault(tuple(r[field] for _, field in keys), {})[r[column]] = r
+    for shape, by_column in shapes.items():
+        cells = [f"{by_column[c][value]:.0f}" if value in by_column.get(c, {}) else ""
+                 for c in columns]
+        lines.append("| " + " | ".join([*map(str, shape), *cells]) + " |")
     return "\n".join(lines)
+
+
+def bn_reductions_table(doc: dict[str, Any]) -> str:
+    """GB/s of ResNet-50's BatchNorm sums per shape and variant (scripts/bench/bn_reductions.py)."""
+    title = f"BatchNorm sums, GB/s of the bytes read ({_environment(doc)}; copy reads and writes):"
+    keys = (("images", "batch"), ("size", "size"), ("channels", "channels"))
+    return _pivot_table(doc, title, keys, "op", "gb_per_s")
 
 
 def conv_stats_table(doc: dict[str, Any]) -> str:
     """µs of ResNet-50's 1x1 convolutions with and without their BatchNorm statistics, per
     variant (scripts/bench/conv_stats.py)."""
-    variants = list(dict.fromkeys(r["variant"] for r in doc["results"]))
-    lines = [
+    title = (
         f"1x1 convolutions (matrix products) and their output's BatchNorm statistics, µs a call "
-        f"({_environment(doc)}; bf16, fp32 accumulation):",
-        "",
-        "| images | size | in | out | " + " | ".join(variants) + " |",
-        "| ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in variants) + " |",
-    ]
-    shapes: dict[tuple, dict[str, Any]] = {}
-    for r in doc["results"]:
-        key = (r["batch"], r["size"], r["in_channels"], r["out_channels"])
-        shapes.setdefault(key, {})[r["variant"]] = r
-    for shape, by_variant in shapes.items():
-        cells = [f"{by_variant[v]['us']:.0f}" if "us" in by_variant.get(v, {}) else ""
-                 for v in variants]
-        lines.append("| " + " | ".join(map(str, shape)) + " | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        f"({_environment(doc)}; bf16, fp32 accumulation):"
+    )
+    keys = (("images", "batch"), ("size", "size"), ("in", "in_channels"), ("out", "out_channels"))
+    return _pivot_table(doc, title, keys, "variant", "us")
 
 
 def _where(doc: dict[str, Any]) -> str:

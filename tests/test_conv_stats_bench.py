@@ -25,15 +25,16 @@ def _inputs(m=512, k=96, n=64, offset=100.0):
     return x, w
 
 
-def _var_bound(y64: np.ndarray) -> np.ndarray:
+def _var_bound(y64: np.ndarray, shifts: np.ndarray) -> np.ndarray:
     """fp32 rounding of m terms (m u) times the scale of what is summed: the squared deviations
-    from a value of the same channel (the first sample for `moments`' shift, the tile's mean for
-    the Pallas kernel's), never the squared mean itself, which is what unshifted sums pay."""
+    from values of the same channel (`shifts`: the first sample for `moments`, each tile's first
+    row for the shifted tile sums; the two-pass tiles' own means are closer), never the squared
+    mean itself, which is what unshifted sums pay."""
     m = y64.shape[0]
-    return 4 * m * U32 * (y64.var(0) + (y64[0] - y64.mean(0)) ** 2)
+    return 4 * m * U32 * (y64.var(0) + ((shifts - y64.mean(0)) ** 2).max(0))
 
 
-def _check(y, mean, var, x, w):
+def _check(y, mean, var, x, w, tile_rows=None):
     x64, w64 = np.asarray(x, np.float64), np.asarray(w, np.float64)
     want, terms = x64 @ w64, np.abs(x64) @ np.abs(w64)
     k = x.shape[1]
@@ -46,7 +47,8 @@ def _check(y, mean, var, x, w):
     # The mean: fp32 sums of m terms of size at most |mean| + 6 std.
     std = np.sqrt(var64)
     assert np.all(np.abs(np.asarray(mean) - mean64) <= m * U32 * (np.abs(mean64) + 6 * std))
-    assert np.all(np.abs(np.asarray(var) - var64) <= _var_bound(y64))
+    shifts = y64[::tile_rows] if tile_rows else y64[:1]
+    assert np.all(np.abs(np.asarray(var) - var64) <= _var_bound(y64, shifts))
 
 
 def test_the_variance_bound_refuses_unshifted_sums():
@@ -57,16 +59,16 @@ def test_the_variance_bound_refuses_unshifted_sums():
     y64, y32 = np.asarray(y, np.float64), jnp.asarray(y, jnp.float32)
     assert np.all(np.abs(y64.mean(0)) > 30 * y64.std(0))
     unshifted = np.asarray(jnp.mean(y32 * y32, 0) - jnp.mean(y32, 0) ** 2, np.float64)
-    assert np.any(np.abs(unshifted - y64.var(0)) > _var_bound(y64))
+    assert np.any(np.abs(unshifted - y64.var(0)) > _var_bound(y64, y64[:1]))
 
 
-@pytest.mark.parametrize("variant", ["xla", "pallas"])
+@pytest.mark.parametrize("variant", ["xla", "pallas", "pallas_shifted"])
 def test_conv_and_statistics_match_float64(variant):
     x, w = _inputs()
     fn = conv_stats.VARIANTS[variant]
-    if variant == "pallas":  # 4 row tiles of 128, 3 steps of 32 along k
+    if variant.startswith("pallas"):  # 4 row tiles of 128, 3 steps of 32 along k
         fn = functools.partial(fn, block_m=128, block_n=64, block_k=32, interpret=True)
-    _check(*jax.jit(fn)(x, w), x, w)
+    _check(*jax.jit(fn)(x, w), x, w, tile_rows=128 if variant == "pallas_shifted" else None)
 
 
 @pytest.mark.parametrize("variant", ["xla_gemm", "pallas_gemm"])
@@ -95,3 +97,15 @@ def test_tile_combination_is_the_mean_and_variance_of_all_rows():
                                    jnp.asarray(squares, jnp.float32), 8)
     np.testing.assert_allclose(mean, rows.mean(0), rtol=1e-6)
     np.testing.assert_allclose(var, rows.var(0), rtol=1e-5)
+
+
+def test_a_named_tiling_computes_the_same_and_a_bad_one_is_refused():
+    x, w = _inputs()
+    tiled = conv_stats.variant("pallas@64x32x16x8x2")
+    assert tiled.keywords == {"block_m": 64, "block_n": 32, "block_k": 16, "num_warps": 8,
+                              "num_stages": 2}
+    _check(*jax.jit(functools.partial(tiled, interpret=True))(x, w), x, w)
+    with pytest.raises(ValueError, match="only the Pallas variants"):
+        conv_stats.variant("xla@64x32x16x8x2")
+    with pytest.raises(ValueError, match="BMxBNxBKxWARPSxSTAGES"):
+        conv_stats.variant("pallas@64x32")

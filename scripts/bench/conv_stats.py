@@ -14,7 +14,9 @@ call each:
   * `xla`: `jnp.dot` then `moments` on its bf16 output (what the trainer's step compiles to);
   * `xla_gemm`: the product alone;
   * `pallas`: the product with the statistics in its epilogue;
-  * `pallas_gemm`: the same kernel without them (how fast the Pallas product itself is).
+  * `pallas_shifted`: the same, the tile's two sums independent of each other (see `stats`);
+  * `pallas_gemm`: the same kernel without them (how fast the Pallas product itself is);
+  * `pallas@BMxBNxBKxWARPSxSTAGES` (either Pallas variant): another tiling of the kernel.
 
   python -m scripts.bench.conv_stats --batches=256,64 --out=/tmp/conv_stats.json
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -77,16 +79,26 @@ def pallas_conv_stats(
     x: jax.Array,
     w: jax.Array,
     *,
-    stats: bool = True,
+    stats: str | None = "two_pass",
     block_m: int = 128,
     block_n: int = 128,
     block_k: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 3,
     interpret: bool = False,
 ):
-    """`xla_conv_stats` (or, `stats=False`, `xla_gemm`) as one Pallas kernel per output tile."""
+    """`xla_conv_stats` (or, `stats=None`, `xla_gemm`) as one Pallas kernel per output tile.
+
+    stats: how a tile's statistics are taken: `two_pass`, its mean then the squared deviations
+      from it (the second sum waits for the first); `shifted`, sums of y - K and (y - K)^2 with K
+      the tile's first row, two independent sums (the tile's mean is K + sum / rows and its
+      squared deviations sum((y - K)^2) - sum(y - K)^2 / rows, as in `moments`).
+    """
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
+    if stats not in ("two_pass", "shifted", None):
+        raise ValueError(f"stats={stats!r}: two_pass, shifted or None")
     (m, k), n = x.shape, w.shape[1]
     bm, bn, bk = _tile(m, block_m), _tile(n, block_n), _tile(k, block_k)
     grid = (m // bm, n // bn)
@@ -100,22 +112,28 @@ def pallas_conv_stats(
         acc = jax.lax.fori_loop(0, k // bk, step, jnp.zeros((bm, bn), jnp.float32))
         y = acc.astype(y_ref.dtype)
         y_ref[...] = y
-        if stats:
-            yf = y.astype(jnp.float32)  # the statistics of the bf16 y, as BatchNorm reads it
+        yf = y.astype(jnp.float32)  # the statistics of the bf16 y, as BatchNorm reads it
+        if stats == "two_pass":
             mean = jnp.sum(yf, axis=0, keepdims=True) / bm
             stat_refs[0][...] = mean
             stat_refs[1][...] = jnp.sum((yf - mean) ** 2, axis=0, keepdims=True)
+        elif stats == "shifted":
+            d = yf - yf[0:1, :]
+            total = jnp.sum(d, axis=0, keepdims=True)
+            stat_refs[0][...] = yf[0:1, :] + total / bm
+            squares = jnp.sum(d * d, axis=0, keepdims=True) - total * total / bm
+            stat_refs[1][...] = jnp.maximum(squares, 0.0)
 
     tile_stats = pl.BlockSpec((1, bn), lambda i, j: (i, j))
     partial = jax.ShapeDtypeStruct((grid[0], n), jnp.float32)
     out = pl.pallas_call(
         kernel,
-        out_shape=(jax.ShapeDtypeStruct((m, n), x.dtype), *([partial] * 2 * stats)),
+        out_shape=(jax.ShapeDtypeStruct((m, n), x.dtype), *([partial] * 2 * bool(stats))),
         grid=grid,
         in_specs=[pl.BlockSpec((bm, k), lambda i, j: (i, 0)),
                   pl.BlockSpec((k, bn), lambda i, j: (0, j))],
-        out_specs=(pl.BlockSpec((bm, bn), lambda i, j: (i, j)), *([tile_stats] * 2 * stats)),
-        compiler_params=None if interpret else plgpu.CompilerParams(num_warps=4, num_stages=3),
+        out_specs=(pl.BlockSpec((bm, bn), lambda i, j: (i, j)), *([tile_stats] * 2 * bool(stats))),
+        compiler_params=None if interpret else plgpu.CompilerParams(num_warps, num_stages),
         interpret=interpret,
     )(x, w)
     if not stats:
@@ -128,8 +146,24 @@ VARIANTS = {
     "xla": xla_conv_stats,
     "xla_gemm": xla_gemm,
     "pallas": pallas_conv_stats,
-    "pallas_gemm": functools.partial(pallas_conv_stats, stats=False),
+    "pallas_shifted": functools.partial(pallas_conv_stats, stats="shifted"),
+    "pallas_gemm": functools.partial(pallas_conv_stats, stats=None),
 }
+
+
+def variant(name: str) -> Callable[[jax.Array, jax.Array], Any]:
+    """A variant by name; a Pallas one may name its tiling after an `@`:
+    `pallas@BMxBNxBKxWARPSxSTAGES` (e.g. `pallas@256x128x64x8x3`)."""
+    base, _, tiling = name.partition("@")
+    if not tiling:
+        return VARIANTS[name]
+    if not base.startswith("pallas"):
+        raise ValueError(f"{name}: only the Pallas variants take a tiling")
+    keys = ("block_m", "block_n", "block_k", "num_warps", "num_stages")
+    values = [int(v) for v in tiling.split("x")]
+    if len(values) != len(keys):
+        raise ValueError(f"{name}: a tiling is BMxBNxBKxWARPSxSTAGES")
+    return functools.partial(VARIANTS[base], **dict(zip(keys, values)))
 
 
 def measure_shape(batch: int, size: int, k: int, n: int, variants: Sequence[str]) -> list[dict]:
@@ -143,7 +177,7 @@ def measure_shape(batch: int, size: int, k: int, n: int, variants: Sequence[str]
     rows = []
     for name in variants:
         try:
-            fn = jax.jit(lambda operands, f=VARIANTS[name]: f(*operands))
+            fn = jax.jit(lambda operands, f=variant(name): f(*operands))
             t = harness.time_calls(fn, (x, w), repeats=5, min_sample_s=0.02)["time_s"]
             rows.append({**base, "variant": name, "us": t * 1e6, "gb_per_s": moved / t / 1e9})
         except Exception as e:  # noqa: BLE001 - a kernel this GPU or Triton refuses
@@ -155,7 +189,10 @@ def measure_shape(batch: int, size: int, k: int, n: int, variants: Sequence[str]
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="256,64")
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS),
+        help="comma-separated; a Pallas variant may add its tiling, e.g. pallas@256x128x64x8x3",
+    )
     parser.add_argument("--out", default="conv_stats.json")
     args = parser.parse_args(argv)
     doc: dict[str, Any] = {"environment": harness.environment(), "args": vars(args), "results": []}

@@ -572,7 +572,7 @@ def test_gpu_decode_with_the_ring_eight_deep_prose_quotes_the_json():
     assert_quoted(read("README.md"), [
         f"on one H200 with 16 cores the trainer kept {one[256]['ratio']:.3f} of its "
         f"synthetic-data speed at 256 images per GPU and {one[64]['ratio']:.3f} at 64 "
-        f"({rate['64_on_1'] / rate['64_syn']:.3f} in a run of the next call",
+        f"({rate['64_on_1'] / rate['64_syn']:.3f} in a later run;",
         f"on two H200s {two[2]['ratio']:.3f} at 256 as two processes of one GPU",
     ])
 

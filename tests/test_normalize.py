@@ -27,8 +27,11 @@ def test_the_train_step_normalises_uint8_batches_as_the_host_would():
         "resnet18", num_classes=10, dtype="float32", width=4, small_inputs=True
     )
     pixels = np.random.default_rng(3).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8)
-    variables = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
-    grads_fn = train.local_grads_fn(model, jnp.float32, smoothing=0.0)
+    # Jitted: one compile each instead of hundreds of op-by-op dispatches (and their compiles).
+    variables = jax.jit(
+        lambda: model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)), train=False)
+    )()
+    grads_fn = jax.jit(train.local_grads_fn(model, jnp.float32, smoothing=0.0))
     host = tfds_input._normalize({"image": pixels}, dtype=np.dtype(np.float32))["image"]
     label = jnp.arange(4, dtype=jnp.int32)
     args = (variables["params"], variables["batch_stats"], jnp.float32(1))

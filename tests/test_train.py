@@ -319,9 +319,12 @@ def test_lars_step_on_the_mesh_matches_float64_algorithm1():
         "resnet18", num_classes=10, dtype=jnp.float32, width=4, small_inputs=True
     )
     tx = optimizers.create_optimizer(config.optimizer, LARS_LR)
-    init, _ = train.state_initializer(model, tx, mesh, (IMAGE, IMAGE, 1), config.precision, seed=0)
     step = train.make_train_step(model, tx, LARS_LR, config, mesh)
-    state = init()
+    # The trainer's seed-0 initial state with LARS's own (zero) momentum: the SGD tests' init
+    # program gives the same parameters and statistics, compiled once for all of them.
+    _, state, _ = build(tiny_config("hierarchical"), mesh)
+    opt_state = jax.device_put(tx.init(state.params), mesh_lib.replicated_sharding(mesh))
+    state = state.replace(opt_state=opt_state)
     params, stats = jax.device_get((state.params, state.batch_stats))
     batch = global_batch()
     sharded = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in batch.items()}
@@ -421,7 +424,9 @@ def test_dropout_masks_follow_the_step_so_resume_is_exact():
         np.testing.assert_array_equal(a, b)  # same (seed, step): same masks, same update
     # The same state at step 1: with a constant learning rate the step counter feeds only the
     # dropout key, so a different update means different masks (equal ones would be bitwise equal).
-    later, _ = step(init().replace(step=jnp.ones((), jnp.int32)), batch)
+    # The counter is placed as the step places it, so this step reuses the compiled program.
+    one = jax.device_put(jnp.ones((), jnp.int32), mesh_lib.replicated_sharding(mesh))
+    later, _ = step(init().replace(step=one), batch)
     assert not all(np.array_equal(a, b) for a, b in zip(first_leaves, leaves(later)))
 
 

@@ -12,16 +12,24 @@ import pytest
 
 from jia_jax import allreduce
 from jia_jax import mesh as mesh_lib
-from jia_jax import train
-from tests.test_train import GLOBAL_BATCH, build, global_batch, tiny_config
+from jia_jax import precision, train
+from tests.test_train import GLOBAL_BATCH, build, build_step, global_batch, tiny_config
 
 F32_U = 2.0**-24
 BF16_U = 2.0**-8
 
 
-def _run(config, mesh, batches):
-    """Runs the trainer's step on each batch; returns the final state and every step's metrics."""
-    _, state, step = build(config, mesh)
+def _run(config, mesh, batches, state=None):
+    """Runs the trainer's step on each batch; returns the final state and every step's metrics.
+
+    `state`, a host copy of an initial state (every test's is the same seed-0 init), starts the
+    run instead of a fresh init, whose program would be traced again (or, on a mesh of its own,
+    compiled again) only to give the same values."""
+    if state is None:
+        _, state, step = build(config, mesh)
+    else:
+        _, _, step = build_step(config, mesh)
+        state = jax.device_put(state, mesh_lib.replicated_sharding(mesh))
     metrics = []
     for batch in batches:
         sharded = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in batch.items()}
@@ -44,10 +52,13 @@ def test_microbatches_on_one_device_update_like_as_many_devices():
     # took 8 sequential steps, i.e. momentum 0.9^8 on the old averages).
     batch = global_batch()
     config = tiny_config("flat")
+    many_mesh = mesh_lib.create_mesh(2, 4)
+    _, state, _ = build(config, many_mesh)
+    state0 = jax.device_get(state)  # the same initial state on the one device: no init there
     config.microbatch_size = 4
-    one, _ = _run(config, mesh_lib.create_mesh(1, 1, devices=jax.devices()[:1]), [batch])
+    one, _ = _run(config, mesh_lib.create_mesh(1, 1, devices=jax.devices()[:1]), [batch], state0)
     config.microbatch_size = 0
-    many, _ = _run(config, mesh_lib.create_mesh(2, 4), [batch])
+    many, _ = _run(config, many_mesh, [batch], state0)
     # Both sum 8 fp32 terms in a different order (scan vs psum): the means differ by at most
     # ~8 u_f32 of the terms' magnitudes (|terms| <= ~10 here), and one SGD step with lr 0.05
     # moves parameters by lr times that: far below 1e-5. The statistics are means of 8 fp32
@@ -64,11 +75,23 @@ def test_logged_learning_rate_is_the_rate_of_the_applied_update():
     config.precision.compute = "float16"
     mesh = mesh_lib.create_mesh(1, 1, devices=jax.devices()[:1])
     schedule = optax.linear_schedule(0.1, 0.9, transition_steps=8)
-    model, state, _ = build(config, mesh)
     from jia_jax import optimizers  # the test's own optimizer with a schedule that moves
 
     tx = optimizers.create_optimizer(config.optimizer, schedule)
-    state = state.replace(opt_state=tx.init(state.params))
+    model, _, _ = build_step(config, mesh)
+    # The seed-0 state of the 2x4 tests (the init runs at fp32 whatever the compute dtype, so its
+    # program is theirs) with this optimizer's state and fp16's dynamic loss scale, as
+    # `train.state_initializer` makes them; placed on the one device as the step places its
+    # output state, so the second step reuses the first's program.
+    _, shared, _ = build(tiny_config("flat"), mesh_lib.create_mesh(2, 4))
+    host = jax.device_get(shared)
+    compute = precision.compute_dtype(config.precision.compute)
+    assert precision.needs_loss_scaling(compute)
+    host = host.replace(
+        opt_state=tx.init(host.params),
+        loss_scale=precision.init_loss_scale(config.precision.loss_scale.initial, dynamic=True),
+    )
+    state = jax.device_put(host, mesh_lib.replicated_sharding(mesh))
     step = train.make_train_step(model, tx, schedule, config, mesh)
     good = global_batch()
     bad = {**good, "image": np.full_like(good["image"], np.inf)}
@@ -121,7 +144,9 @@ def test_xla_strategy_train_step_carries_bf16_gradient_reductions():
     config = tiny_config("xla")
     config.comm.dtype = "bfloat16"
     mesh = mesh_lib.create_mesh(2, 4)
-    _, state, step = build(config, mesh)
+    model, tx, step = build_step(config, mesh)
+    # Lowering needs only the state's shapes, dtypes and shardings: the abstract state, no init.
+    _, state = train.state_initializer(model, tx, mesh, (16, 16, 1), config.precision, seed=0)
     batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in global_batch().items()}
     hlo = step.lower(state, batch).as_text(dialect="hlo")
     bf16_sums = re.findall(r"= bf16\[([\d,]*)\]\{[\d,]*\} reduce\(.*dimensions=\{0\}", hlo)
@@ -148,11 +173,12 @@ def test_a_bf16_wire_trains_within_its_rounding_of_an_fp32_wire():
     mesh = mesh_lib.create_mesh(2, 4)
     config = tiny_config("hierarchical")
     _, state0, _ = build(config, mesh)
-    p0 = jax.device_get(state0.params)
+    host0 = jax.device_get(state0)
+    p0 = host0.params
     states = {}
     for wire in ("float32", "bfloat16"):
         config.comm.dtype = wire
-        states[wire], _ = _run(config, mesh, batches)
+        states[wire], _ = _run(config, mesh, batches, host0)
     d32 = [
         np.asarray(a, np.float64) - b
         for a, b in zip(jax.tree.leaves(states["float32"].params), jax.tree.leaves(p0))
@@ -173,14 +199,16 @@ def test_auto_communication_plan_trains_like_an_explicit_one():
     batch = global_batch()
     mesh = mesh_lib.create_mesh(2, 4)
     config = tiny_config("flat")
-    explicit, _ = _run(config, mesh, [batch])
+    _, state, _ = build(config, mesh)
+    state0 = jax.device_get(state)
+    explicit, _ = _run(config, mesh, [batch], state0)
     config.comm.strategy = "auto"
     config.comm.bucket_bytes = config.comm.hybrid_crossover_bytes = -1
-    model, state, _ = build(config, mesh)
-    comm = train.resolve_comm(config.comm, model, mesh, state.params, (16, 16, 1))
+    model, _, _ = build_step(config, mesh)
+    comm = train.resolve_comm(config.comm, model, mesh, state0.params, (16, 16, 1))
     assert comm.strategy in allreduce.STRATEGIES and comm.bucket_bytes > 0
     assert comm.hybrid_crossover_bytes >= 0
-    chosen, _ = _run(config, mesh, [batch])
+    chosen, _ = _run(config, mesh, [batch], state0)
     assert _tree_max_abs_diff(explicit.params, chosen.params) < 1e-5
 
 
@@ -192,7 +220,9 @@ def test_resolve_comm_plans_for_the_network_the_config_names(monkeypatch):
     mesh = mesh_lib.create_mesh(2, 4)
     config = tiny_config("auto")
     config.comm.bucket_bytes = config.comm.hybrid_crossover_bytes = -1
-    model, state, _ = build(config, mesh)
+    model, tx, _ = build_step(config, mesh)
+    # The plan reads only the parameters' shapes: the abstract state has them, with no init run.
+    _, state = train.state_initializer(model, tx, mesh, (16, 16, 1), config.precision, seed=0)
     seen = []
     resolve = comm_model.resolve
 

@@ -116,11 +116,12 @@ def bwd_xla_wide(g: jax.Array, y: jax.Array, x: jax.Array) -> tuple[jax.Array, j
     return jnp.sum(dy, 0).reshape(k, c).sum(0), jnp.sum(p, 0).reshape(k, c).sum(0)
 
 
-def _block_rows(m: int, limit: int) -> int:
-    b = 1
-    while b < limit and m % (2 * b) == 0:
-        b *= 2
-    return b
+def power_of_two_tile(extent: int, limit: int) -> int:
+    """The largest power of two <= limit dividing extent: a Pallas block's size along an axis."""
+    t = 1
+    while 2 * t <= limit and extent % (2 * t) == 0:
+        t *= 2
+    return t
 
 
 def _pallas_sums(
@@ -134,7 +135,7 @@ def _pallas_sums(
     from jax.experimental import pallas as pl
 
     m, c = operands[0].shape
-    bm, bc = _block_rows(m, block_rows), min(c, 128)
+    bm, bc = power_of_two_tile(m, block_rows), min(c, 128)
     grid = (m // bm, c // bc)
 
     def kernel(*refs):

@@ -17,10 +17,7 @@ the median time of a jitted call, and whether both compiles give the same output
 from __future__ import annotations
 
 import argparse
-import json
 import re
-import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,35 +60,26 @@ def hlo_counts(text: str) -> dict[str, int]:
     }
 
 
-def _median_ms(compiled, args, repeats: int) -> float:
-    for _ in range(3):
-        jax.block_until_ready(compiled(*args))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 def measure(batch: int, size: int, channels: int, repeats: int) -> list[dict[str, Any]]:
-    """One row per function and option: the HLO's counts, the median ms, the outputs' match."""
+    """One row per function and option: the HLO's counts, the median ms a call (`repeats`
+    samples of calls), the outputs' match."""
     kx, kw = jax.random.split(jax.random.key(0))
     x = jax.random.normal(kx, (batch, size, size, channels), jnp.bfloat16)
     w = (0.05 * jax.random.normal(kw, (3, 3, channels, channels))).astype(jnp.bfloat16)
     rows = []
     for name, fn in FUNCTIONS.items():
-        lowered = jax.jit(fn).lower(x, w)
+        lowered = jax.jit(lambda operands, fn=fn: fn(*operands)).lower((x, w))
         outputs = {}
         for fused in (False, True):
             row = {"function": name, "conv_fusion": fused, "shape": list(x.shape)}
             try:
                 compiled = lowered.compile({OPTION: True} if fused else None)
                 outputs[fused] = jax.tree.map(
-                    lambda a: jax.device_get(a).astype("float64"), compiled(x, w))
-                row.update(hlo_counts(compiled.as_text()), ms=_median_ms(compiled, (x, w), repeats))
+                    lambda a: jax.device_get(a).astype("float64"), compiled((x, w)))
+                timed = harness.time_compiled(compiled, (x, w), repeats, min_sample_s=0.02)
+                row.update(hlo_counts(compiled.as_text()), ms=timed["time_s"] * 1e3)
             except Exception as e:  # noqa: BLE001 - an option this XLA lacks, a graph cuDNN refuses
-                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                row["error"] = harness.error_text(e, 300)
             rows.append(row)
         if len(outputs) == 2:
             # bf16 y: two convolution algorithms may round y differently by one bf16 ulp.
@@ -114,8 +102,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "args": vars(args),
         "results": measure(args.batch, args.size, args.channels, args.repeats),
     }
-    with open(args.out, "w") as f:
-        json.dump(record, f, indent=1)
+    harness.write_json(args.out, record)
     for row in record["results"]:
         print(row)
     return record

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from jia_jax.models import batch_norm_ops
+from scripts.bench import bn_reductions
 from scripts.bench import harness
 
 # ResNet-50 v1.5's 1x1 convolutions at 224 pixels: (spatial size, in channels, out channels).
@@ -50,21 +51,14 @@ RESNET50_1X1_SHAPES = (
 
 def xla_conv_stats(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """y = x @ w in bf16 (fp32 accumulation), and its per-channel mean and biased variance."""
-    y = jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+    y = xla_gemm(x, w)
     mean, var = batch_norm_ops.moments(y)
     return y, mean, var
 
 
 def xla_gemm(x: jax.Array, w: jax.Array) -> jax.Array:
+    """y = x @ w in bf16 (fp32 accumulation)."""
     return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
-
-
-def _tile(extent: int, limit: int) -> int:
-    """The largest power of two <= limit dividing extent."""
-    t = 1
-    while 2 * t <= limit and extent % (2 * t) == 0:
-        t *= 2
-    return t
 
 
 def combine(means: jax.Array, squares: jax.Array, rows: int) -> tuple[jax.Array, jax.Array]:
@@ -100,7 +94,8 @@ def pallas_conv_stats(
     if stats not in ("two_pass", "shifted", None):
         raise ValueError(f"stats={stats!r}: two_pass, shifted or None")
     (m, k), n = x.shape, w.shape[1]
-    bm, bn, bk = _tile(m, block_m), _tile(n, block_n), _tile(k, block_k)
+    tile = bn_reductions.power_of_two_tile
+    bm, bn, bk = tile(m, block_m), tile(n, block_n), tile(k, block_k)
     grid = (m // bm, n // bn)
 
     def kernel(x_ref, w_ref, y_ref, *stat_refs):

@@ -109,6 +109,14 @@ def time_calls(
     start = time.perf_counter()
     compiled = fn.lower(arg).compile()
     compile_s = time.perf_counter() - start
+    return {**time_compiled(compiled, arg, repeats, min_sample_s), "compile_s": compile_s}
+
+
+def time_compiled(
+    compiled: Callable[[Any], Any], arg: Any, repeats: int, min_sample_s: float
+) -> dict[str, Any]:
+    """Warms up a compiled program and returns the median seconds per call of `repeats` samples,
+    each of as many calls (waited for at its end) as take `min_sample_s`."""
     jax.block_until_ready(compiled(arg))
     start = time.perf_counter()
     jax.block_until_ready(compiled(arg))
@@ -125,7 +133,6 @@ def time_calls(
         "time_s": statistics.median(samples),
         "samples_s": samples,
         "calls_per_sample": calls,
-        "compile_s": compile_s,
     }
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from jia_jax import allreduce
 from jia_jax import mesh as mesh_lib
-from jia_jax import precision, train
+from jia_jax import train
 from tests.test_train import GLOBAL_BATCH, build, build_step, global_batch, tiny_config
 
 F32_U = 2.0**-24
@@ -78,20 +78,11 @@ def test_logged_learning_rate_is_the_rate_of_the_applied_update():
     from jia_jax import optimizers  # the test's own optimizer with a schedule that moves
 
     tx = optimizers.create_optimizer(config.optimizer, schedule)
-    model, _, _ = build_step(config, mesh)
-    # The seed-0 state of the 2x4 tests (the init runs at fp32 whatever the compute dtype, so its
-    # program is theirs) with this optimizer's state and fp16's dynamic loss scale, as
-    # `train.state_initializer` makes them; placed on the one device as the step places its
-    # output state, so the second step reuses the first's program.
-    _, shared, _ = build(tiny_config("flat"), mesh_lib.create_mesh(2, 4))
-    host = jax.device_get(shared)
-    compute = precision.compute_dtype(config.precision.compute)
-    assert precision.needs_loss_scaling(compute)
-    host = host.replace(
-        opt_state=tx.init(host.params),
-        loss_scale=precision.init_loss_scale(config.precision.loss_scale.initial, dynamic=True),
-    )
-    state = jax.device_put(host, mesh_lib.replicated_sharding(mesh))
+    model, state, _ = build(config, mesh)
+    # This optimizer's state placed as the step places its output state, so the second step
+    # reuses the first's program (a default placement compiled the whole step again).
+    opt_state = jax.device_put(tx.init(state.params), mesh_lib.replicated_sharding(mesh))
+    state = state.replace(opt_state=opt_state)
     step = train.make_train_step(model, tx, schedule, config, mesh)
     good = global_batch()
     bad = {**good, "image": np.full_like(good["image"], np.inf)}

@@ -90,23 +90,23 @@ def test_saving_a_replicated_state_compiles_no_program(mesh, tmp_path):
     parallel, lowering and compiling a program per piece shape and device at a first save (on
     these 8 devices, 8 per leaf shape; 160 and 10 s for 20 leaves). Written whole, none. Shapes
     of this test alone, so nothing an earlier test compiled in this process hides a lowering."""
-    lowered = []
-    active = [True]
-    jax.monitoring.register_event_duration_secs_listener(
-        lambda event, _, **__: lowered.append(event)
-        if active[0] and event.endswith("jaxpr_to_mlir_module_duration") else None
-    )
     rng = np.random.default_rng(0)
     host = {f"leaf{i}": rng.standard_normal((24, 5 + i)).astype(np.float32) for i in range(3)}
     state = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, P())), host)
     jax.block_until_ready(state)
-    lowered.clear()
+    lowered = []
+
+    def listen(event: str, _: float, **__) -> None:
+        if event.endswith("jaxpr_to_mlir_module_duration"):
+            lowered.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         with checkpoint.Checkpointer(tmp_path, max_to_keep=1, save_every_steps=1) as ckpt:
             assert ckpt.save(1, state, {"seed": 0})
             ckpt.wait()
     finally:
-        active[0] = False
+        jax.monitoring.unregister_event_duration_listener(listen)
     assert lowered == []
     targets = {k: NamedSharding(mesh, P()) for k in host}
     with checkpoint.Checkpointer(tmp_path, max_to_keep=1, save_every_steps=1) as ckpt:

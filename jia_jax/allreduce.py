@@ -229,6 +229,41 @@ def reduce_gradients(
         if not jnp.issubdtype(leaf.dtype, jnp.inexact):
             raise TypeError(f"reduce_gradients averages floating-point leaves, got {leaf.dtype}.")
 
+    if jax.lax.axis_size((node_axis, gpu_axis)) == 1:
+        # The mean over one device is its gradient. Packing it anyway is not free: consumed by
+        # the buckets, BatchNorm's backward was fused worse by XLA (ReLU's mask written out
+        # instead of fused into the reductions), -3.5% of ResNet-50's images/s on one H200
+        # (docs/benchmarks.md, "One GPU").
+        return grads
+    return reduce_buckets(
+        grads,
+        strategy=strategy,
+        bucket_bytes=bucket_bytes,
+        wire_dtype=wire_dtype,
+        hybrid_crossover_bytes=hybrid_crossover_bytes,
+        node_axis=node_axis,
+        gpu_axis=gpu_axis,
+        leaf_order=leaf_order,
+        overlap=overlap,
+        first_bucket_bytes=first_bucket_bytes,
+    )
+
+
+def reduce_buckets(
+    grads: Any,
+    *,
+    strategy: str,
+    bucket_bytes: int,
+    wire_dtype: Any,
+    hybrid_crossover_bytes: int,
+    node_axis: str = "node",
+    gpu_axis: str = "gpu",
+    leaf_order: Sequence[int] | None = None,
+    overlap: bool = False,
+    first_bucket_bytes: int = 0,
+) -> Any:
+    """`reduce_gradients` (same arguments, checked there) without its one-device shortcut: packs
+    the buckets and reduces each even where the mesh has one device."""
     plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order, first_bucket_bytes)
     devices = jax.lax.axis_size((node_axis, gpu_axis))
     divide_first = divide_before_sum(plan.wire_dtype)

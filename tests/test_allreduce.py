@@ -463,3 +463,19 @@ def test_the_mean_of_large_fp16_gradients_does_not_overflow(mesh, wire):
     # sums are multiples of 1,024 below 65,504. So the mean must be exact, and an inf (a sum that
     # overflowed) or a halved value (a contribution lost) is caught.
     np.testing.assert_array_equal(np.asarray(out["w"], np.float64), 40960.0)
+
+
+@pytest.mark.parametrize("strategy", allreduce.STRATEGIES)
+@pytest.mark.parametrize("wire", WIRE_DTYPES)
+def test_one_device_returns_its_gradients_untouched(strategy, wire):
+    # Nothing to reduce: no bucket is packed (packing changed how XLA fused backward on a GPU)
+    # and every leaf comes back bit for bit in its own dtype, fp16's pre-division included.
+    one = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("node", "gpu"))
+    grads = jax.tree.map(lambda x: x[0], per_device_grads(num_devices=1))
+    reduce = jax.jit(jax.shard_map(_reducer(strategy, wire), mesh=one, in_specs=P(), out_specs=P()))
+    jaxpr = str(jax.make_jaxpr(reduce)(grads))
+    assert "concatenate" not in jaxpr and "psum" not in jaxpr, jaxpr
+    out = reduce(grads)
+    for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(grads)):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), want)

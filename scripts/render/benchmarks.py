@@ -509,6 +509,36 @@ def conv_stats_table(doc: dict[str, Any]) -> str:
     return _pivot_table(doc, title, keys, "variant", "us")
 
 
+def pack_fusion_table(doc: dict[str, Any]) -> str:
+    """Rate and fusion kinds of the ResNet-50 step per way of packing its gradients
+    (scripts/bench/pack_fusion.py); `vs xla` is the queued rate over the same batch's `xla` row."""
+    lines = [
+        f"ResNet-50 step, bf16 ({_environment(doc)}; images/s of all GPUs; fusions: how many the "
+        "step's optimized HLO runs, and of them `loop_select` / `input_reduce_select`, blank "
+        "where a kind was not among those the run recorded):",
+        "",
+        "| GPUs | images/GPU | variant | images/s queued | images/s synced | vs xla | fusions "
+        "| loop_select | input_reduce_select |",
+        "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    xla = {r["per_device_batch"]: r["images_per_s"] for r in doc["results"]
+           if r["variant"] == "xla" and "images_per_s" in r}
+    for r in doc["results"]:
+        head = f"| {r['gpus']} | {r['per_device_batch']} | {r['variant']} |"
+        if "images_per_s" not in r:
+            lines.append(f"{head} not measured: {r.get('error', '')[:120]} | | | | | |")
+            continue
+        base = xla.get(r["per_device_batch"])
+        ratio = f"{r['images_per_s'] / base:.3f}" if base else ""
+        kinds = r["kinds"]
+        lines.append(
+            f"{head} {r['images_per_s']:.0f} | {r['synced_images_per_s']:.0f} | {ratio} | "
+            f"{r['fusions']} | {kinds.get('loop_select', '')} | "
+            f"{kinds.get('input_reduce_select', '')} |"
+        )
+    return "\n".join(lines)
+
+
 def _where(doc: dict[str, Any]) -> str:
     """The machine of a run: its environment block, else its provenance's device without the
     label of the pool it was lent from (`nvidia-h100-x4: 4x H100 ...` -> `4x H100 ...`)."""
@@ -703,6 +733,8 @@ def table(path: str) -> str:
         return bn_reductions_table(doc)
     if "in_channels" in first and "variant" in first:
         return conv_stats_table(doc)
+    if "kinds" in first:
+        return pack_fusion_table(doc)
     if "layout" in first:
         return overlap_table(doc)
     if "beside_training" in first:

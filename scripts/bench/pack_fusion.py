@@ -1,0 +1,135 @@
+"""Does packing the gradients into buckets change how XLA fuses ResNet-50's backward?
+
+For each variant the trainer's step (ResNet-50, bf16, synthetic batch) is compiled on a 1xG mesh
+of this process's GPUs; the row holds the kinds of fusion in its optimized HLO (how many
+`loop_select` fusions write ReLU's masked gradient out, how many `input_reduce_select` fusions
+fold it into BatchNorm's reductions) and its rate, 20 steps synced and 20 queued:
+
+  * `xla`: `comm.strategy='xla'` (no buckets: XLA places the all-reduces);
+  * `flat`: the trainer's default, as configured;
+  * `flat_packed`: the default with the buckets packed even on one device
+    (`allreduce.reduce_buckets`, what the trainer ran before it returned one device's gradients
+    untouched);
+  * `flat_grad_barrier`: `flat_packed` with one `optimization_barrier` over the whole gradient
+    tree before packing (no bucket can leave before backward ends);
+  * `flat_bucket_barrier`: `flat_packed` with one `optimization_barrier` over each bucket's
+    leaves before packing it.
+
+  python -m scripts.bench.pack_fusion --gpus=1 --batches=256 --out=/tmp/pack_fusion.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import re
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+
+from jia_jax import allreduce, train
+from scripts.bench import harness, trainer_step
+
+VARIANTS = ("xla", "flat", "flat_packed", "flat_grad_barrier", "flat_bucket_barrier")
+# `%loop_select_fusion.3 = ...`: the fusion's kind, from the name XLA gives it.
+_KIND = re.compile(r"%([a-z_]+?)_fusion(?:\.\d+)? = ")
+
+
+def fusion_kinds(hlo: str) -> collections.Counter:
+    """How many fusions of each kind the entry computation of an optimized HLO text runs."""
+    return collections.Counter(_KIND.findall(hlo[hlo.find("\nENTRY") :]))
+
+
+def _barrier_first(pack, per_bucket: bool):
+    """`allreduce.pack` with its leaves behind an `optimization_barrier`: one over every leaf, or
+    one per bucket over the bucket's leaves."""
+
+    def held(tree, plan):
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        groups = [[s.leaf for s in b] for b in plan.buckets] if per_bucket else [range(len(leaves))]
+        for group in groups:
+            for i, leaf in zip(group, jax.lax.optimization_barrier([leaves[i] for i in group])):
+                leaves[i] = leaf
+        return pack(treedef.unflatten(leaves), plan)
+
+    return held
+
+
+@contextlib.contextmanager
+def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+
+
+def _variant_patch(variant: str) -> contextlib.ExitStack:
+    """The patches a variant compiles under; every variant but `xla` and `flat` packs on any mesh
+    (`allreduce.reduce_buckets`), so a barrier's effect shows on one GPU too."""
+    stack = contextlib.ExitStack()
+    if variant.startswith("flat_"):
+        stack.enter_context(_patched(allreduce, "reduce_gradients", allreduce.reduce_buckets))
+    if variant in ("flat_grad_barrier", "flat_bucket_barrier"):
+        per_bucket = variant == "flat_bucket_barrier"
+        stack.enter_context(_patched(allreduce, "pack", _barrier_first(allreduce.pack, per_bucket)))
+    return stack
+
+
+def measure(variant: str, batch: int, gpus: int, tiny: bool, steps: int) -> dict[str, Any]:
+    """One variant's row: fusion kinds of its compiled step and its synced and queued rates."""
+    sizes = {"image_size": 32, "model_width": 8, "small_inputs": True} if tiny else {}
+    strategy = "xla" if variant == "xla" else "flat"
+    config = trainer_step.make_config(
+        "resnet50", strategy, 1, gpus, per_device_batch_override=batch, **sizes
+    )
+    setup = trainer_step.build_setup(config, jax.devices())
+    state = setup["init"]()
+    with _variant_patch(variant):
+        step = train.make_train_step(
+            setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"]
+        )
+        start = time.perf_counter()
+        compiled = step.lower(state, setup["batch"]).compile()
+    row: dict[str, Any] = {"variant": variant, "gpus": gpus, "per_device_batch": batch}
+    row["compile_s"] = time.perf_counter() - start
+    kinds = fusion_kinds(compiled.as_text())
+    row["fusions"] = sum(kinds.values())
+    row["kinds"] = dict(kinds.most_common())
+    state, synced, queued = harness.time_train_step(compiled, state, setup["batch"], steps, 3)
+    row.update(harness.step_rates(config.global_batch_size, synced, queued))
+    return row
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--batches", type=harness.strings, default=["256"])
+    parser.add_argument("--variants", type=harness.strings, default=list(VARIANTS))
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--tiny", action="store_true", help="a narrow model on 32x32 images (CPU)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; known: {', '.join(VARIANTS)}")
+    doc = {"environment": harness.environment(), "args": vars(args), "results": []}
+    for batch in map(int, args.batches):
+        for variant in args.variants:
+            try:
+                row = measure(variant, batch, args.gpus, args.tiny, args.steps)
+            except Exception as e:  # the other variants still run
+                row = {"variant": variant, "gpus": args.gpus, "per_device_batch": batch,
+                       "error": harness.error_text(e)}
+            print({k: v for k, v in row.items() if not k.endswith("samples_s")}, flush=True)
+            doc["results"].append(row)
+            harness.write_json(args.out, doc)
+    return doc
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""scripts/bench/pack_fusion.py: its fusion count and the patches its variants compile."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+from jia_jax import allreduce
+from scripts.bench import pack_fusion
+
+_HLO = """HloModule m
+
+%fused_select (p: f32[4]) -> f32[4] {
+  %loop_select_fusion.9 = f32[4] parameter(0)
+}
+
+ENTRY %main (a: f32[4]) -> f32[4] {
+  %loop_select_fusion.3 = f32[4] fusion(%a), kind=kLoop, calls=%fused_select
+  %input_reduce_select_fusion = f32[] fusion(%a), kind=kInput, calls=%r
+  %loop_select_fusion = f32[4] fusion(%a), kind=kLoop, calls=%fused_select
+  %copy.1 = f32[4] copy(%a)
+}
+"""
+
+
+def test_fusion_kinds_counts_the_entry_computations_fusions_by_kind():
+    assert pack_fusion.fusion_kinds(_HLO) == {"loop_select": 2, "input_reduce_select": 1}
+
+
+def _grads():
+    rng = np.random.default_rng(0)
+    shapes = {"a": (3, 5), "b": (7,), "c": (2, 2, 4), "d": (11,)}
+    return {k: jnp.asarray(rng.normal(size=s), jnp.float32) for k, s in shapes.items()}
+
+
+def _reduce(mesh: Mesh):
+    def per_device(g):
+        return allreduce.reduce_gradients(
+            g, strategy="flat", bucket_bytes=100, wire_dtype="float32", hybrid_crossover_bytes=0
+        )
+
+    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P()))
+
+
+@pytest.mark.parametrize(
+    "variant, barriers",
+    [("flat", 0), ("flat_packed", 0), ("flat_grad_barrier", 1), ("flat_bucket_barrier", 3)],
+)
+def test_variants_compile_what_they_say_and_keep_the_values(variant, barriers):
+    one = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("node", "gpu"))
+    grads = _grads()
+    plan = allreduce.plan_buckets(grads, 100, "float32")
+    assert len(plan.buckets) == 3  # [d] [c, b] [a]: per bucket differs from one
+    with pack_fusion._variant_patch(variant):
+        reduce = _reduce(one)
+        jaxpr = str(jax.make_jaxpr(reduce)(grads))
+        out = reduce(grads)
+    # On one device the trainer packs nothing; every other variant packs (one bucket of two).
+    assert jaxpr.count("concatenate") == (0 if variant == "flat" else 1), jaxpr
+    assert jaxpr.count("optimization_barrier") == barriers, jaxpr
+    for k in grads:
+        np.testing.assert_array_equal(np.asarray(out[k]), np.asarray(grads[k]))

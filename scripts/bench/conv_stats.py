@@ -113,9 +113,12 @@ def pallas_conv_stats(
             stat_refs[0][...] = mean
             stat_refs[1][...] = jnp.sum((yf - mean) ** 2, axis=0, keepdims=True)
         elif stats == "shifted":
-            d = yf - yf[0:1, :]
+            # The shift read back from the tile just stored: Pallas' Triton lowering has no
+            # slice of a value (measured: NotImplementedError on an H200), only of a ref.
+            shift = y_ref[pl.ds(0, 1), :].astype(jnp.float32)
+            d = yf - shift
             total = jnp.sum(d, axis=0, keepdims=True)
-            stat_refs[0][...] = yf[0:1, :] + total / bm
+            stat_refs[0][...] = shift + total / bm
             squares = jnp.sum(d * d, axis=0, keepdims=True) - total * total / bm
             stat_refs[1][...] = jnp.maximum(squares, 0.0)
 

@@ -139,6 +139,11 @@ def get_config() -> ml_collections.ConfigDict:
     # Explicit strategies: each bucket's collective runs while backward computes the buckets after
     # it (`allreduce.hold_until_all_reduced`; docs/benchmarks.md, "Across hosts"). Same mean.
     config.comm.overlap = True
+    # Explicit strategies: each bucket's gradients pass one `optimization_barrier` before they
+    # are packed (`allreduce.hold_bucket_leaves`), so that XLA fuses BatchNorm's backward as it
+    # does without buckets; over the whole gradient tree that was 4.4% faster on two H200s, per
+    # bucket it is not measured yet (docs/benchmarks.md, "One GPU"). Same mean.
+    config.comm.isolate_buckets = False
     # The links `comm.strategy='auto'` plans for (jia_jax/comm_model.py, `network_model`) when
     # the run spans processes: "" the calibration's default fabric (a published 400 Gb/s
     # InfiniBand), a fabric name of jia_jax/comm_calibration.json, or "emulated": processes that

@@ -192,6 +192,7 @@ def reduce_gradients(
     leaf_order: Sequence[int] | None = None,
     overlap: bool = False,
     first_bucket_bytes: int = 0,
+    isolate: bool = False,
 ) -> Any:
     """Averages per-device gradients over every device of the mesh.
 
@@ -211,6 +212,8 @@ def reduce_gradients(
       overlap: Let each bucket's collective run while backward computes the buckets after it
         (`hold_until_all_reduced`); the values are the same.
       first_bucket_bytes: Limit of the first bucket, see `plan_buckets`.
+      isolate: Pack each bucket from its leaves as they leave backward (`hold_bucket_leaves`);
+        the values are the same.
 
     Returns:
       The mean over all devices, same structure, shapes and dtypes as `grads`, identical on every
@@ -246,6 +249,7 @@ def reduce_gradients(
         leaf_order=leaf_order,
         overlap=overlap,
         first_bucket_bytes=first_bucket_bytes,
+        isolate=isolate,
     )
 
 
@@ -261,6 +265,7 @@ def reduce_buckets(
     leaf_order: Sequence[int] | None = None,
     overlap: bool = False,
     first_bucket_bytes: int = 0,
+    isolate: bool = False,
 ) -> Any:
     """`reduce_gradients` (same arguments, checked there) without its one-device shortcut: packs
     the buckets and reduces each even where the mesh has one device."""
@@ -273,6 +278,8 @@ def reduce_buckets(
         # (a false overflow that skips the step) once many devices add up. Pre-dividing can only
         # underflow tiny entries, which loss scaling keeps rare and which cost far less than an inf.
         grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32) / devices, grads)
+    if isolate:
+        grads = hold_bucket_leaves(grads, plan)
     buckets = pack(grads, plan)
 
     reduced = []
@@ -296,6 +303,24 @@ def pmean_packed(tree: Any, axes: tuple[str, ...]) -> Any:
     plan = plan_buckets(jax.tree_util.tree_map(jnp.asarray, tree), 1 << 62, jnp.float32)
     summed = [jax.lax.psum(flat, axes) for flat in pack(tree, plan)]
     return unpack(summed, plan, scale=1.0 / jax.lax.axis_size(axes))
+
+
+def hold_bucket_leaves(tree: Any, plan: BucketPlan) -> Any:
+    """`tree` with each bucket's leaves passed through one `optimization_barrier` together.
+
+    Consumed by the buckets, the gradients of BatchNorm's backward were fused differently by XLA
+    on a GPU (ReLU's masked gradient written out in its own fusion and read again by the
+    reductions, where a step without buckets folds the mask into them); a barrier over the
+    whole gradient tree restored the fusion (docs/benchmarks.md, "Does packing the gradients
+    change how XLA fuses backward?") but would hold every bucket until backward ends. One per
+    bucket keeps each bucket leaving as soon as its own leaves exist. An identity.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    for bucket in plan.buckets:
+        held = jax.lax.optimization_barrier([leaves[s.leaf] for s in bucket])
+        for s, leaf in zip(bucket, held):
+            leaves[s.leaf] = leaf
+    return treedef.unflatten(leaves)
 
 
 def hold_until_all_reduced(reduced: list[jax.Array]) -> list[jax.Array]:

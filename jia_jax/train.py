@@ -204,6 +204,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
             leaf_order=leaf_order,
             overlap=comm.overlap,
             first_bucket_bytes=comm.first_bucket_bytes,
+            isolate=comm.get("isolate_buckets", False),
         )
         # Keep the running BN averages identical on every device (cheap: a few KB).
         new_stats, metrics = allreduce.pmean_packed((new_stats, metrics), mesh_lib.BATCH_AXES)

@@ -36,10 +36,14 @@ def _grads():
     return {k: jnp.asarray(rng.normal(size=s), jnp.float32) for k, s in shapes.items()}
 
 
-def _reduce(mesh: Mesh):
+def _reduce(mesh: Mesh, variant: str):
+    """The reduction as the trainer calls it with the variant's `comm` settings."""
+    isolate = pack_fusion.VARIANT_COMM[variant].get("isolate_buckets", False)
+
     def per_device(g):
         return allreduce.reduce_gradients(
-            g, strategy="flat", bucket_bytes=100, wire_dtype="float32", hybrid_crossover_bytes=0
+            g, strategy="flat", bucket_bytes=100, wire_dtype="float32", hybrid_crossover_bytes=0,
+            isolate=isolate,
         )
 
     return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P()))
@@ -55,7 +59,7 @@ def test_variants_compile_what_they_say_and_keep_the_values(variant, barriers):
     plan = allreduce.plan_buckets(grads, 100, "float32")
     assert len(plan.buckets) == 3  # [d] [c, b] [a]: per bucket differs from one
     with pack_fusion._variant_patch(variant):
-        reduce = _reduce(one)
+        reduce = _reduce(one, variant)
         jaxpr = str(jax.make_jaxpr(reduce)(grads))
         out = reduce(grads)
     # On one device the trainer packs nothing; every other variant packs (one bucket of two).

@@ -12,8 +12,8 @@ fold it into BatchNorm's reductions) and its rate, 20 steps synced and 20 queued
     untouched);
   * `flat_grad_barrier`: `flat_packed` with one `optimization_barrier` over the whole gradient
     tree before packing (no bucket can leave before backward ends);
-  * `flat_bucket_barrier`: `flat_packed` with one `optimization_barrier` over each bucket's
-    leaves before packing it.
+  * `flat_bucket_barrier`: `flat_packed` with `comm.isolate_buckets` (one `optimization_barrier`
+    over each bucket's leaves before packing it).
 
   python -m scripts.bench.pack_fusion --gpus=1 --batches=256 --out=/tmp/pack_fusion.json
 """
@@ -33,7 +33,15 @@ import jax
 from jia_jax import allreduce, train
 from scripts.bench import harness, trainer_step
 
-VARIANTS = ("xla", "flat", "flat_packed", "flat_grad_barrier", "flat_bucket_barrier")
+# Each variant's `comm` settings over the config's.
+VARIANT_COMM: dict[str, dict[str, Any]] = {
+    "xla": {"strategy": "xla"},
+    "flat": {"strategy": "flat"},
+    "flat_packed": {"strategy": "flat"},
+    "flat_grad_barrier": {"strategy": "flat"},
+    "flat_bucket_barrier": {"strategy": "flat", "isolate_buckets": True},
+}
+VARIANTS = tuple(VARIANT_COMM)
 # `%loop_select_fusion.3 = ...`: the fusion's kind, from the name XLA gives it.
 _KIND = re.compile(r"%([a-z_]+?)_fusion(?:\.\d+)? = ")
 
@@ -43,17 +51,12 @@ def fusion_kinds(hlo: str) -> collections.Counter:
     return collections.Counter(_KIND.findall(hlo[hlo.find("\nENTRY") :]))
 
 
-def _barrier_first(pack, per_bucket: bool):
-    """`allreduce.pack` with its leaves behind an `optimization_barrier`: one over every leaf, or
-    one per bucket over the bucket's leaves."""
+def _barrier_first(pack):
+    """`allreduce.pack` with every leaf of the tree behind one `optimization_barrier`."""
 
     def held(tree, plan):
         leaves, treedef = jax.tree_util.tree_flatten(tree)
-        groups = [[s.leaf for s in b] for b in plan.buckets] if per_bucket else [range(len(leaves))]
-        for group in groups:
-            for i, leaf in zip(group, jax.lax.optimization_barrier([leaves[i] for i in group])):
-                leaves[i] = leaf
-        return pack(treedef.unflatten(leaves), plan)
+        return pack(treedef.unflatten(jax.lax.optimization_barrier(leaves)), plan)
 
     return held
 
@@ -74,19 +77,19 @@ def _variant_patch(variant: str) -> contextlib.ExitStack:
     stack = contextlib.ExitStack()
     if variant.startswith("flat_"):
         stack.enter_context(_patched(allreduce, "reduce_gradients", allreduce.reduce_buckets))
-    if variant in ("flat_grad_barrier", "flat_bucket_barrier"):
-        per_bucket = variant == "flat_bucket_barrier"
-        stack.enter_context(_patched(allreduce, "pack", _barrier_first(allreduce.pack, per_bucket)))
+    if variant == "flat_grad_barrier":
+        stack.enter_context(_patched(allreduce, "pack", _barrier_first(allreduce.pack)))
     return stack
 
 
 def measure(variant: str, batch: int, gpus: int, tiny: bool, steps: int) -> dict[str, Any]:
     """One variant's row: fusion kinds of its compiled step and its synced and queued rates."""
     sizes = {"image_size": 32, "model_width": 8, "small_inputs": True} if tiny else {}
-    strategy = "xla" if variant == "xla" else "flat"
+    comm = VARIANT_COMM[variant]
     config = trainer_step.make_config(
-        "resnet50", strategy, 1, gpus, per_device_batch_override=batch, **sizes
+        "resnet50", comm["strategy"], 1, gpus, per_device_batch_override=batch, **sizes
     )
+    config.comm.update(comm)
     setup = trainer_step.build_setup(config, jax.devices())
     state = setup["init"]()
     with _variant_patch(variant):

@@ -17,6 +17,7 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_half64  # at 64 images: x0.5, x1, x2, twice
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_scale_trainer  # the trainer told x0.5, x1, x2
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh cmdbuf    # convolutions in XLA's command buffers
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh isolate   # comm.isolate_buckets against the default
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -182,7 +183,18 @@ case "$1" in
         --batches=256,64 --strategies=default --out="$OUT/bench_hosts_cmdbuf_$run.json"
     done
     ;;
+  isolate)
+    # `comm.isolate_buckets` (each bucket's gradients behind one barrier before packing) against
+    # the default and XLA's all-reduces: the step's fusion kinds and rate in one process on both
+    # GPUs (docs/benchmarks.md, "Does packing the gradients change how XLA fuses backward?"),
+    # then as 2 emulated hosts x 1 GPU, XLA told the network as the trainer tells it, round-robin.
+    python3 -m scripts.bench.pack_fusion --gpus=2 --batches=256,64 \
+      --variants=xla,flat,flat_grad_barrier,flat_bucket_barrier --out="$OUT/pack_fusion_2gpu.json"
+    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=256,64 \
+      --variants=overlap,isolated --steps=10 --rounds=3 --tell_xla_network=emulated --budget_s=330 \
+      --out="$OUT/bench_overlap_isolated_2x1.json"
+    ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
-       "|told_half|told_half64|told_scale_trainer|cmdbuf" >&2
+       "|told_half|told_half64|told_scale_trainer|cmdbuf|isolate" >&2
      exit 2 ;;
 esac

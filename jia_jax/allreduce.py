@@ -238,38 +238,32 @@ def reduce_gradients(
         # instead of fused into the reductions), -3.5% of ResNet-50's images/s on one H200
         # (docs/benchmarks.md, "One GPU").
         return grads
+    plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order, first_bucket_bytes)
     return reduce_buckets(
         grads,
+        plan,
         strategy=strategy,
-        bucket_bytes=bucket_bytes,
-        wire_dtype=wire_dtype,
         hybrid_crossover_bytes=hybrid_crossover_bytes,
         node_axis=node_axis,
         gpu_axis=gpu_axis,
-        leaf_order=leaf_order,
         overlap=overlap,
-        first_bucket_bytes=first_bucket_bytes,
         isolate=isolate,
     )
 
 
 def reduce_buckets(
     grads: Any,
+    plan: BucketPlan,
     *,
     strategy: str,
-    bucket_bytes: int,
-    wire_dtype: Any,
     hybrid_crossover_bytes: int,
     node_axis: str = "node",
     gpu_axis: str = "gpu",
-    leaf_order: Sequence[int] | None = None,
     overlap: bool = False,
-    first_bucket_bytes: int = 0,
     isolate: bool = False,
 ) -> Any:
-    """`reduce_gradients` (same arguments, checked there) without its one-device shortcut: packs
-    the buckets and reduces each even where the mesh has one device."""
-    plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order, first_bucket_bytes)
+    """`reduce_gradients` of `grads` packed as `plan` says, without its checks and its one-device
+    shortcut: the buckets are packed and reduced even where the mesh has one device."""
     devices = jax.lax.axis_size((node_axis, gpu_axis))
     divide_first = divide_before_sum(plan.wire_dtype)
     if divide_first:

@@ -51,6 +51,14 @@ def fusion_kinds(hlo: str) -> collections.Counter:
     return collections.Counter(_KIND.findall(hlo[hlo.find("\nENTRY") :]))
 
 
+def _packed_everywhere(
+    grads, *, bucket_bytes, wire_dtype, leaf_order=None, first_bucket_bytes=0, **reduction
+):
+    """`allreduce.reduce_gradients` without its one-device shortcut (`reduce_buckets`)."""
+    plan = allreduce.plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order, first_bucket_bytes)
+    return allreduce.reduce_buckets(grads, plan, **reduction)
+
+
 def _barrier_first(pack):
     """`allreduce.pack` with every leaf of the tree behind one `optimization_barrier`."""
 
@@ -76,7 +84,7 @@ def _variant_patch(variant: str) -> contextlib.ExitStack:
     (`allreduce.reduce_buckets`), so a barrier's effect shows on one GPU too."""
     stack = contextlib.ExitStack()
     if variant.startswith("flat_"):
-        stack.enter_context(_patched(allreduce, "reduce_gradients", allreduce.reduce_buckets))
+        stack.enter_context(_patched(allreduce, "reduce_gradients", _packed_everywhere))
     if variant == "flat_grad_barrier":
         stack.enter_context(_patched(allreduce, "pack", _barrier_first(allreduce.pack)))
     return stack

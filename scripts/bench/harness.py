@@ -198,6 +198,11 @@ def environment() -> dict[str, Any]:
     }
 
 
+def entry_lines(hlo: str) -> list[str]:
+    """The instruction lines of an HLO module's entry computation (its header line first)."""
+    return hlo.split("\nENTRY", 1)[1].split("\n}\n", 1)[0].splitlines()
+
+
 def error_text(e: BaseException, limit: int = 2000, tail: bool = False) -> str:
     """``Type: message`` of a case that failed, for its row: the checkout's absolute root made
     relative (a traceback's paths name the repository's files, not the machine's), at most `limit`

@@ -147,7 +147,7 @@ def schedule(hlo: str) -> list[dict[str, Any]]:
     scheduled before its start and between its start and done, whether XLA runs it synchronously
     (`is_sync`), and `convolutions_until_ready`: the convolutions scheduled up to the last one its
     operands depend on (a start later than that waited for the scheduler, not for its data)."""
-    entry = _entry_lines(hlo)
+    entry = harness.entry_lines(hlo)
     convs = [i for i, line in enumerate(entry) if _CONVOLUTION in line]
     graph, conv_lines = _operand_graph(entry), set(convs)
     out, open_starts = [], {}
@@ -180,13 +180,8 @@ def weight_gradient_places(hlo: str) -> list[int]:
     the optimized entry computation: each one's index among all its convolutions, in order.
     Interleaved with the data-gradient ones, the buckets can fill as backward runs; all at the
     end, no bucket is ready before the last data-gradient convolution."""
-    convs = [line for line in _entry_lines(hlo) if _CONVOLUTION in line]
+    convs = [line for line in harness.entry_lines(hlo) if _CONVOLUTION in line]
     return [i for i, line in enumerate(convs) if "__cudnn$convBackwardFilter" in line]
-
-
-def _entry_lines(hlo: str) -> list[str]:
-    """The instruction lines of an HLO module's entry computation (its header line first)."""
-    return hlo.split("\nENTRY", 1)[1].split("\n}\n", 1)[0].splitlines()
 
 
 # A cuDNN convolution of any kind (forward, backward data or filter, fused) in optimized HLO.

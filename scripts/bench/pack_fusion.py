@@ -25,8 +25,9 @@ import collections
 import contextlib
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
+from unittest import mock
 
 import jax
 
@@ -48,7 +49,7 @@ _KIND = re.compile(r"%([a-z_]+?)_fusion(?:\.\d+)? = ")
 
 def fusion_kinds(hlo: str) -> collections.Counter:
     """How many fusions of each kind the entry computation of an optimized HLO text runs."""
-    return collections.Counter(_KIND.findall(hlo[hlo.find("\nENTRY") :]))
+    return collections.Counter(k for line in harness.entry_lines(hlo) for k in _KIND.findall(line))
 
 
 def _packed_everywhere(
@@ -69,24 +70,14 @@ def _barrier_first(pack):
     return held
 
 
-@contextlib.contextmanager
-def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
-    saved = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, saved)
-
-
 def _variant_patch(variant: str) -> contextlib.ExitStack:
     """The patches a variant compiles under; every variant but `xla` and `flat` packs on any mesh
     (`allreduce.reduce_buckets`), so a barrier's effect shows on one GPU too."""
     stack = contextlib.ExitStack()
     if variant.startswith("flat_"):
-        stack.enter_context(_patched(allreduce, "reduce_gradients", _packed_everywhere))
+        stack.enter_context(mock.patch.object(allreduce, "reduce_gradients", _packed_everywhere))
     if variant == "flat_grad_barrier":
-        stack.enter_context(_patched(allreduce, "pack", _barrier_first(allreduce.pack)))
+        stack.enter_context(mock.patch.object(allreduce, "pack", _barrier_first(allreduce.pack)))
     return stack
 
 

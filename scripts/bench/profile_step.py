@@ -47,11 +47,9 @@ def collective_schedule(hlo_text: str) -> list[dict[str, Any]]:
     collective overlaps compute only if fusions / custom calls (cuDNN convolutions, GEMMs) are
     scheduled between its start and its done.
     """
-    entry = hlo_text[hlo_text.find("\nENTRY") :]
-    entry = entry[: entry.find("\n}\n")]
     starts: dict[str, int] = {}
     out, compute_seen = [], 0
-    for line in entry.splitlines():
+    for line in harness.entry_lines(hlo_text):
         if _COMPUTE.match(line):
             compute_seen += 1
             continue

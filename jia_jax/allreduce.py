@@ -293,7 +293,10 @@ def reduce_buckets(
 
 def pmean_packed(tree: Any, axes: tuple[str, ...]) -> Any:
     """`jax.lax.pmean(tree, axes)` of a tree of fp32 scalars and small arrays (BatchNorm
-    statistics, metrics) as one collective: one fp32 bucket instead of one per leaf."""
+    statistics, metrics) as one collective: one fp32 bucket instead of one per leaf; on one
+    device the tree itself, as `reduce_gradients` returns one device's gradients."""
+    if jax.lax.axis_size(axes) == 1:
+        return tree
     plan = plan_buckets(jax.tree_util.tree_map(jnp.asarray, tree), 1 << 62, jnp.float32)
     summed = [jax.lax.psum(flat, axes) for flat in pack(tree, plan)]
     return unpack(summed, plan, scale=1.0 / jax.lax.axis_size(axes))

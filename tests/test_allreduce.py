@@ -508,3 +508,14 @@ def test_isolated_buckets_hold_each_buckets_leaves_once_and_keep_the_mean(mesh, 
     same = [jax.tree.leaves(jax.jit(reducer(isolate))(grads)) for isolate in (True, False)]
     for a, b in zip(*same):
         np.testing.assert_array_equal(a, b)
+
+
+def test_pmean_packed_on_one_device_is_the_tree_and_packs_nothing():
+    one = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("node", "gpu"))
+    tree = {"mean": jnp.arange(5, dtype=jnp.float32) / 3, "loss": jnp.float32(2.5)}
+    fn = jax.jit(jax.shard_map(
+        lambda t: allreduce.pmean_packed(t, ("node", "gpu")), mesh=one, in_specs=P(), out_specs=P()
+    ))
+    assert "concatenate" not in str(jax.make_jaxpr(fn)(tree))
+    for got, want in zip(jax.tree.leaves(fn(tree)), jax.tree.leaves(tree)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

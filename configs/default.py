@@ -139,11 +139,13 @@ def get_config() -> ml_collections.ConfigDict:
     # Explicit strategies: each bucket's collective runs while backward computes the buckets after
     # it (`allreduce.hold_until_all_reduced`; docs/benchmarks.md, "Across hosts"). Same mean.
     config.comm.overlap = True
-    # Explicit strategies: each bucket's gradients pass one `optimization_barrier` before they
-    # are packed (`allreduce.hold_bucket_leaves`), so that XLA fuses BatchNorm's backward as it
-    # does without buckets; over the whole gradient tree that was 4.4% faster on two H200s, per
-    # bucket it is not measured yet (docs/benchmarks.md, "One GPU"). Same mean.
-    config.comm.isolate_buckets = False
+    # Explicit strategies: pack the buckets only once backward has produced every gradient
+    # ("always"), or as it produces them ("never"), or "always" where the mesh has one node
+    # ("auto"). Packed during backward, BatchNorm's backward was fused worse by XLA (ReLU's mask
+    # written out): on two H200s in one process, after backward was 4.2% faster at 256 images per
+    # GPU (docs/benchmarks.md, "One GPU"); across hosts the buckets must leave during backward
+    # to hide the wire time. Same mean.
+    config.comm.pack_after_backward = "auto"
     # The links `comm.strategy='auto'` plans for (jia_jax/comm_model.py, `network_model`) when
     # the run spans processes: "" the calibration's default fabric (a published 400 Gb/s
     # InfiniBand), a fabric name of jia_jax/comm_calibration.json, or "emulated": processes that

@@ -192,7 +192,7 @@ def reduce_gradients(
     leaf_order: Sequence[int] | None = None,
     overlap: bool = False,
     first_bucket_bytes: int = 0,
-    isolate: bool = False,
+    after_backward: bool = False,
 ) -> Any:
     """Averages per-device gradients over every device of the mesh.
 
@@ -212,8 +212,9 @@ def reduce_gradients(
       overlap: Let each bucket's collective run while backward computes the buckets after it
         (`hold_until_all_reduced`); the values are the same.
       first_bucket_bytes: Limit of the first bucket, see `plan_buckets`.
-      isolate: Pack each bucket from its leaves as they leave backward (`hold_bucket_leaves`);
-        the values are the same.
+      after_backward: Pack the buckets only once backward has produced every gradient
+        (`hold_until_backward_ends`); no bucket then leaves during backward. The values are
+        the same.
 
     Returns:
       The mean over all devices, same structure, shapes and dtypes as `grads`, identical on every
@@ -247,7 +248,7 @@ def reduce_gradients(
         node_axis=node_axis,
         gpu_axis=gpu_axis,
         overlap=overlap,
-        isolate=isolate,
+        after_backward=after_backward,
     )
 
 
@@ -260,7 +261,7 @@ def reduce_buckets(
     node_axis: str = "node",
     gpu_axis: str = "gpu",
     overlap: bool = False,
-    isolate: bool = False,
+    after_backward: bool = False,
 ) -> Any:
     """`reduce_gradients` of `grads` packed as `plan` says, without its checks and its one-device
     shortcut: the buckets are packed and reduced even where the mesh has one device."""
@@ -272,8 +273,8 @@ def reduce_buckets(
         # (a false overflow that skips the step) once many devices add up. Pre-dividing can only
         # underflow tiny entries, which loss scaling keeps rare and which cost far less than an inf.
         grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32) / devices, grads)
-    if isolate:
-        grads = hold_bucket_leaves(grads, plan)
+    if after_backward:
+        grads = hold_until_backward_ends(grads)
     buckets = pack(grads, plan)
 
     reduced = []
@@ -302,22 +303,19 @@ def pmean_packed(tree: Any, axes: tuple[str, ...]) -> Any:
     return unpack(summed, plan, scale=1.0 / jax.lax.axis_size(axes))
 
 
-def hold_bucket_leaves(tree: Any, plan: BucketPlan) -> Any:
-    """`tree` with each bucket's leaves passed through one `optimization_barrier` together.
+def hold_until_backward_ends(grads: Any) -> Any:
+    """`grads` with every leaf passed through one `optimization_barrier`: an identity whose
+    leaves exist only once all of them do.
 
-    Consumed by the buckets, the gradients of BatchNorm's backward were fused differently by XLA
-    on a GPU (ReLU's masked gradient written out in its own fusion and read again by the
-    reductions, where a step without buckets folds the mask into them); a barrier over the
-    whole gradient tree restored the fusion (docs/benchmarks.md, "Does packing the gradients
-    change how XLA fuses backward?") but would hold every bucket until backward ends. One per
-    bucket keeps each bucket leaving as soon as its own leaves exist. An identity.
+    Consumed by the buckets as backward produces them, BatchNorm's backward was fused worse by
+    XLA on a GPU: ReLU's masked gradient written out in fusions of its own and read again by the
+    reductions, where a step without buckets folds the mask into them (docs/benchmarks.md, "Does
+    packing the gradients change how XLA fuses backward?"). Behind one barrier the packing starts
+    after backward and XLA fuses backward as without buckets; a barrier over each bucket's own
+    leaves did not. The price: no bucket leaves while backward runs, which across hosts is where
+    the wire time hides (`comm.pack_after_backward`).
     """
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    for bucket in plan.buckets:
-        held = jax.lax.optimization_barrier([leaves[s.leaf] for s in bucket])
-        for s, leaf in zip(bucket, held):
-            leaves[s.leaf] = leaf
-    return treedef.unflatten(leaves)
+    return jax.lax.optimization_barrier(grads)
 
 
 def hold_until_all_reduced(reduced: list[jax.Array]) -> list[jax.Array]:

@@ -27,7 +27,7 @@ from absl import logging
 #   order of fp32 additions). The device count itself is compared (``num_devices``): it sets the
 #   per-device BatchNorm batch.
 # - `comm` strategy, buckets and crossover may change (`comm.first_bucket_bytes`,
-#   `comm.start_when_ready`, `comm.isolate_buckets` and `comm.tell_xla_network` may also be
+#   `comm.start_when_ready`, `comm.pack_after_backward` and `comm.tell_xla_network` may also be
 #   absent, in checkpoints from before they existed): every strategy computes the same mean (up
 #   to summation order); so may `comm.network`, which only picks the plan, and what XLA is told
 #   of it, which only moves the schedule. `comm.dtype`, the precision on the wire, is compared.
@@ -60,7 +60,7 @@ FREE_ON_RESUME = (
     "comm.start_when_ready",
     "comm.hybrid_crossover_bytes",
     "comm.overlap",
-    "comm.isolate_buckets",
+    "comm.pack_after_backward",
     "comm.network",
     "comm.tell_xla_network",
     "comm.told_bandwidth_scale",
@@ -83,13 +83,16 @@ FREE_ON_RESUME = (
 # launched, and with it the trainer failed on an H200 (docs/benchmarks.md, "The same on one H200");
 # `comm.deferred_buckets` (the first buckets summed under the next step's forward, off by default)
 # applied the same updates bit for bit, one program later, and was measured slower (docs/
-# benchmarks.md, "Does summing the first buckets under the next step's forward hide them?").
+# benchmarks.md, "Does summing the first buckets under the next step's forward hide them?");
+# `comm.isolate_buckets` (a barrier over each bucket's gradients before packing, off by default)
+# left the same values and XLA's fusion of backward as it was (docs/benchmarks.md, "One GPU").
 RETIRED = (
     "comm.backward_cuts",
     "model.weight_grads_first",
     "model.fused_bn",
     "xla.command_buffer_convolutions",
     "comm.deferred_buckets",
+    "comm.isolate_buckets",
 )
 _MISSING = object()
 

@@ -163,6 +163,27 @@ def device_index(mesh: Mesh) -> jax.Array:
     return jax.lax.axis_index(mesh_lib.NODE_AXIS) * gpus + jax.lax.axis_index(mesh_lib.GPU_AXIS)
 
 
+PACK_AFTER_BACKWARD = ("auto", "always", "never")
+
+
+def packs_after_backward(comm: ml_collections.ConfigDict, mesh: Mesh) -> bool:
+    """Whether the buckets are packed once backward has ended (`comm.pack_after_backward`).
+
+    "auto" does where the mesh has one node: over one host's links the all-reduce after backward
+    is short, and packing during backward made XLA fuse BatchNorm's backward worse
+    (`allreduce.hold_until_backward_ends`). Across nodes the buckets leave during backward, where
+    the network's wire time hides under it.
+    """
+    choice = comm.get("pack_after_backward", "auto")
+    if choice not in PACK_AFTER_BACKWARD:
+        raise ValueError(
+            f"comm.pack_after_backward={choice!r} is not one of {PACK_AFTER_BACKWARD}."
+        )
+    if choice == "auto":
+        return mesh.shape[mesh_lib.NODE_AXIS] == 1
+    return choice == "always"
+
+
 def _per_device_step(model, config, comm, mesh, image_shape):
     """The `shard_map`ped part of the step: local gradients, then their reduction by `comm`.
 
@@ -178,6 +199,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
     )
     xla_reduces = comm.strategy == "xla"
     leaf_order = None if xla_reduces else call_order.backward_leaf_order(model, image_shape)
+    after_backward = packs_after_backward(comm, mesh)
 
     def per_device(params, batch_stats, scale, batch, key):
         batch = dict(batch)
@@ -204,7 +226,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
             leaf_order=leaf_order,
             overlap=comm.overlap,
             first_bucket_bytes=comm.first_bucket_bytes,
-            isolate=comm.get("isolate_buckets", False),
+            after_backward=after_backward,
         )
         # Keep the running BN averages identical on every device (cheap: a few KB).
         new_stats, metrics = allreduce.pmean_packed((new_stats, metrics), mesh_lib.BATCH_AXES)
@@ -340,6 +362,7 @@ def make_train_step(
     if config.comm.strategy not in known:
         raise ValueError(f"comm.strategy={config.comm.strategy!r} is not one of {known}.")
     comm_model.network_model(config.comm.get("network", ""))  # a bad name fails here, not later
+    packs_after_backward(config.comm, mesh)  # so does a bad pack_after_backward
     update = update_fn(tx, learning_rate, config)
     built = {}  # per image shape: (comm, shard_mapped step); shapes are known when tracing
 

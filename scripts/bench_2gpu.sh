@@ -17,7 +17,7 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_half64  # at 64 images: x0.5, x1, x2, twice
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_scale_trainer  # the trainer told x0.5, x1, x2
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh cmdbuf    # convolutions in XLA's command buffers
-#   OUT=/tmp/out bash scripts/bench_2gpu.sh isolate   # comm.isolate_buckets against the default
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh after     # comm.pack_after_backward: fusion and rates
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -183,18 +183,21 @@ case "$1" in
         --batches=256,64 --strategies=default --out="$OUT/bench_hosts_cmdbuf_$run.json"
     done
     ;;
-  isolate)
-    # `comm.isolate_buckets` (each bucket's gradients behind one barrier before packing) against
-    # the default and XLA's all-reduces: the step's fusion kinds and rate in one process on both
-    # GPUs (docs/benchmarks.md, "Does packing the gradients change how XLA fuses backward?"),
-    # then as 2 emulated hosts x 1 GPU, XLA told the network as the trainer tells it, round-robin.
-    python3 -m scripts.bench.pack_fusion --gpus=2 --batches=256,64 \
-      --variants=xla,flat,flat_grad_barrier,flat_bucket_barrier --out="$OUT/pack_fusion_2gpu.json"
-    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=256,64 \
-      --variants=overlap,isolated --steps=10 --rounds=3 --tell_xla_network=emulated --budget_s=330 \
-      --out="$OUT/bench_overlap_isolated_2x1.json"
+  after)
+    # `comm.pack_after_backward`: the default step's fusion kinds and rate in one process on both
+    # GPUs (packed after backward there) against XLA's all-reduces (docs/benchmarks.md, "Does
+    # packing the gradients change how XLA fuses backward?"); then, round-robin, the default
+    # against packing during backward on 1 x 2, and against after backward on 2 emulated hosts x
+    # 1 GPU (the default there: during), XLA told the network as the trainer tells it.
+    python3 -m scripts.bench.pack_fusion --gpus=2 --batches=256,64 --variants=xla,flat \
+      --out="$OUT/pack_fusion_2gpu.json"
+    variants='{"1x2": ["overlap", "during_backward"], "2x1": ["overlap", "after_backward"]}'
+    python3 -m scripts.bench.overlap --layouts=1x1,1x2,2x1 --batches=256,64 --variants=overlap \
+      --layout_variants="$variants" \
+      --steps=10 --rounds=3 --tell_xla_network=emulated --budget_s=380 \
+      --out="$OUT/bench_overlap_after_2gpu.json"
     ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
-       "|told_half|told_half64|told_scale_trainer|cmdbuf|isolate" >&2
+       "|told_half|told_half64|told_scale_trainer|cmdbuf|after" >&2
      exit 2 ;;
 esac

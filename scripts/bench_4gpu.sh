@@ -9,7 +9,7 @@
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh plans64   # and @64: the step in-process (bench.overlap)
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh told      # 2 x 2 with XLA told the hosts and network
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh told_trainer  # the same, the trainer itself (main)
-#   OUT=/tmp/out bash scripts/bench_4gpu.sh isolate   # comm.isolate_buckets: 1 x 4 and 2 x 2
+#   OUT=/tmp/out bash scripts/bench_4gpu.sh after     # comm.pack_after_backward: 1x4, 2x1, 2x2
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -71,15 +71,16 @@ case "$1" in
       --strategies=default --row_variant="--config.comm.tell_xla_network=False" \
       --out="$OUT/bench_hosts_told_2x2.json"
     ;;
-  isolate)
-    # `comm.isolate_buckets` against the default (and, in one process, XLA's all-reduces, 2.5%
-    # ahead of the default there at 256 images): one process on 4 GPUs, then 2 emulated hosts x 2
-    # GPUs told the network as the trainer tells it, round-robin; stopped at 9 minutes.
-    python3 -m scripts.bench.overlap --layouts=1x1,1x4,2x2 --batches=256,64 \
-      --variants=overlap,isolated --layout_variants='{"1x4": ["overlap", "isolated", "xla"]}' \
+  after)
+    # `comm.pack_after_backward` against the default ("auto": after backward on one node, during
+    # it across nodes) and, in one process, XLA's all-reduces; 2 emulated hosts x 1 and x 2 GPUs
+    # told the network as the trainer tells it; round-robin, stopped at 9 minutes.
+    python3 -m scripts.bench.overlap --layouts=1x1,1x4,2x1,2x2 --batches=256,64 \
+      --variants=overlap,after_backward \
+      --layout_variants='{"1x4": ["overlap", "during_backward", "xla"]}' \
       --steps=10 --rounds=2 --tell_xla_network=emulated --budget_s=540 \
-      --out="$OUT/bench_overlap_isolated_4gpu.json"
+      --out="$OUT/bench_overlap_after_4gpu.json"
     ;;
-  *) echo "usage: $0 link|sigkill|hosts256|hosts64|plans256|plans64|told|told_trainer|isolate" >&2
+  *) echo "usage: $0 link|sigkill|hosts256|hosts64|plans256|plans64|told|told_trainer|after" >&2
      exit 2 ;;
 esac

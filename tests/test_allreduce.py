@@ -482,30 +482,34 @@ def test_one_device_returns_its_gradients_untouched(strategy, wire):
 
 
 @pytest.mark.parametrize("strategy", allreduce.STRATEGIES)
-def test_isolated_buckets_hold_each_buckets_leaves_once_and_keep_the_mean(mesh, strategy):
-    # comm.isolate_buckets: one optimization_barrier per bucket ahead of its packing (the values
-    # pass through unchanged), and the same mean to the bit as without.
+def test_after_backward_holds_every_leaf_behind_one_barrier_and_keeps_the_mean(mesh, strategy):
+    # comm.pack_after_backward: one optimization_barrier over all the gradients ahead of the
+    # first packing (the values pass through unchanged), and the same mean to the bit as without.
     wire = "bfloat16"
-    plan = allreduce.plan_buckets(_abstract_grads(), BUCKET_BYTES, wire)
     grads = per_device_grads()
 
-    def reducer(isolate):
+    def reducer(after_backward):
         def per_device(g):
             return allreduce.reduce_gradients(
                 jax.tree.map(lambda x: x[0], g), strategy=strategy, bucket_bytes=BUCKET_BYTES,
-                wire_dtype=wire, hybrid_crossover_bytes=CROSSOVER_BYTES, isolate=isolate,
+                wire_dtype=wire, hybrid_crossover_bytes=CROSSOVER_BYTES,
+                after_backward=after_backward,
             )
 
         return jax.shard_map(per_device, mesh=mesh, in_specs=BATCH, out_specs=P())
 
-    outer = jax.make_jaxpr(reducer(True))(grads).jaxpr
-    [inner] = [e.params["jaxpr"] for e in outer.eqns if e.primitive.name == "shard_map"]
-    inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr in some JAX versions
-    names = [e.primitive.name for e in inner.eqns]
-    barriers = [i for i, n in enumerate(names) if n == "optimization_barrier"]
-    assert [len(inner.eqns[i].invars) for i in barriers] == [len(b) for b in plan.buckets]
-    assert max(barriers) < names.index("concatenate")
-    same = [jax.tree.leaves(jax.jit(reducer(isolate))(grads)) for isolate in (True, False)]
+    def barriers(after_backward):
+        outer = jax.make_jaxpr(reducer(after_backward))(grads).jaxpr
+        [inner] = [e.params["jaxpr"] for e in outer.eqns if e.primitive.name == "shard_map"]
+        inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr in some JAX versions
+        names = [e.primitive.name for e in inner.eqns]
+        found = [i for i, n in enumerate(names) if n == "optimization_barrier"]
+        # Those ahead of the first bucket; the overlap's own barrier follows the collectives.
+        return [len(inner.eqns[i].invars) for i in found if i < names.index("concatenate")]
+
+    assert barriers(True) == [len(jax.tree.leaves(grads))]
+    assert barriers(False) == []
+    same = [jax.tree.leaves(jax.jit(reducer(after))(grads)) for after in (True, False)]
     for a, b in zip(*same):
         np.testing.assert_array_equal(a, b)
 

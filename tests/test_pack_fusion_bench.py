@@ -38,12 +38,12 @@ def _grads():
 
 def _reduce(mesh: Mesh, variant: str):
     """The reduction as the trainer calls it with the variant's `comm` settings."""
-    isolate = pack_fusion.VARIANT_COMM[variant].get("isolate_buckets", False)
+    after = pack_fusion.VARIANT_COMM[variant].get("pack_after_backward") == "always"
 
     def per_device(g):
         return allreduce.reduce_gradients(
             g, strategy="flat", bucket_bytes=100, wire_dtype="float32", hybrid_crossover_bytes=0,
-            isolate=isolate,
+            after_backward=after,
         )
 
     return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P()))
@@ -51,13 +51,13 @@ def _reduce(mesh: Mesh, variant: str):
 
 @pytest.mark.parametrize(
     "variant, barriers",
-    [("flat", 0), ("flat_packed", 0), ("flat_grad_barrier", 1), ("flat_bucket_barrier", 3)],
+    [("flat", 0), ("flat_packed", 0), ("flat_grad_barrier", 1)],
 )
 def test_variants_compile_what_they_say_and_keep_the_values(variant, barriers):
     one = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("node", "gpu"))
     grads = _grads()
     plan = allreduce.plan_buckets(grads, 100, "float32")
-    assert len(plan.buckets) == 3  # [d] [c, b] [a]: per bucket differs from one
+    assert len(plan.buckets) == 3  # [d] [c, b] [a]: one barrier over all differs from one each
     with pack_fusion._variant_patch(variant):
         reduce = _reduce(one, variant)
         jaxpr = str(jax.make_jaxpr(reduce)(grads))

@@ -242,6 +242,37 @@ def test_resolve_comm_plans_for_the_network_the_config_names(monkeypatch):
         train.make_train_step(model, None, None, config, mesh)
 
 
+@pytest.mark.parametrize(
+    "choice, nodes, held",
+    [("auto", 1, True), ("auto", 2, False), ("always", 2, True), ("never", 1, False)],
+)
+def test_pack_after_backward_holds_the_gradients_where_the_config_says(
+    monkeypatch, choice, nodes, held
+):
+    # "auto": packed after backward on a one-node mesh (one host's links), during it across nodes.
+    config = tiny_config("flat")
+    config.comm.pack_after_backward = choice
+    mesh = mesh_lib.create_mesh(nodes, 8 // nodes)
+    held_leaves = []
+    hold = allreduce.hold_until_backward_ends
+    monkeypatch.setattr(
+        allreduce, "hold_until_backward_ends",
+        lambda grads: held_leaves.append(len(jax.tree.leaves(grads))) or hold(grads),
+    )
+    model, tx, step = build_step(config, mesh)
+    _, state = train.state_initializer(model, tx, mesh, (16, 16, 1), config.precision, seed=0)
+    batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in global_batch().items()}
+    step.lower(state, batch)
+    assert held_leaves == ([len(jax.tree.leaves(state.params))] if held else [])
+
+
+def test_an_unknown_pack_after_backward_stops_at_build():
+    config = tiny_config("flat")
+    config.comm.pack_after_backward = "sometimes"
+    with pytest.raises(ValueError, match="comm.pack_after_backward='sometimes' is not one of"):
+        build_step(config, mesh_lib.create_mesh(2, 4))
+
+
 def _smoothed_cross_entropy_f64(logits: np.ndarray, labels: np.ndarray, smoothing: float):
     """Mean over examples of -sum_c t_c log softmax(z)_c, t = (1 - s) onehot + s / C, in float64."""
     z = np.asarray(logits, np.float64)

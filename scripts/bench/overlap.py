@@ -80,9 +80,10 @@ _OVERLAP_4 = {"xla_gpu_experimental_parallel_collective_overlap_limit": 4}
 VARIANTS: dict[str, dict[str, Any]] = {
     "overlap": {},
     "no_overlap": {"comm.overlap": False},
-    # Each bucket's gradients behind one barrier before packing (`comm.isolate_buckets`): XLA
-    # fuses BatchNorm's backward as without buckets (docs/benchmarks.md, "One GPU").
-    "isolated": {"comm.isolate_buckets": True},
+    # The buckets packed once backward has ended, or as it produces them, whatever the mesh
+    # (`comm.pack_after_backward`; "auto" packs after backward on one node, during it across).
+    "after_backward": {"comm.pack_after_backward": "always"},
+    "during_backward": {"comm.pack_after_backward": "never"},
     "overlap_4mib": {"comm.bucket_bytes": 4 * MIB},
     "overlap_8mib": {"comm.bucket_bytes": 8 * MIB},
     "overlap_32mib": {"comm.bucket_bytes": 32 * MIB},

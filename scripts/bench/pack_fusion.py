@@ -7,13 +7,11 @@ fold it into BatchNorm's reductions) and its rate, 20 steps synced and 20 queued
 
   * `xla`: `comm.strategy='xla'` (no buckets: XLA places the all-reduces);
   * `flat`: the trainer's default, as configured;
-  * `flat_packed`: the default with the buckets packed even on one device
-    (`allreduce.reduce_buckets`, what the trainer ran before it returned one device's gradients
-    untouched);
-  * `flat_grad_barrier`: `flat_packed` with one `optimization_barrier` over the whole gradient
-    tree before packing (no bucket can leave before backward ends);
-  * `flat_bucket_barrier`: `flat_packed` with `comm.isolate_buckets` (one `optimization_barrier`
-    over each bucket's leaves before packing it).
+  * `flat_packed`: the buckets packed as backward produces them (`comm.pack_after_backward=
+    'never'`), even on one device (`allreduce.reduce_buckets`, what the trainer ran before it
+    returned one device's gradients untouched);
+  * `flat_grad_barrier`: the same packed once backward has ended (`'always'`: one
+    `optimization_barrier` over the whole gradient tree before packing).
 
   python -m scripts.bench.pack_fusion --gpus=1 --batches=256 --out=/tmp/pack_fusion.json
 """
@@ -38,9 +36,8 @@ from scripts.bench import harness, trainer_step
 VARIANT_COMM: dict[str, dict[str, Any]] = {
     "xla": {"strategy": "xla"},
     "flat": {"strategy": "flat"},
-    "flat_packed": {"strategy": "flat"},
-    "flat_grad_barrier": {"strategy": "flat"},
-    "flat_bucket_barrier": {"strategy": "flat", "isolate_buckets": True},
+    "flat_packed": {"strategy": "flat", "pack_after_backward": "never"},
+    "flat_grad_barrier": {"strategy": "flat", "pack_after_backward": "always"},
 }
 VARIANTS = tuple(VARIANT_COMM)
 # `%loop_select_fusion.3 = ...`: the fusion's kind, from the name XLA gives it.
@@ -60,25 +57,12 @@ def _packed_everywhere(
     return allreduce.reduce_buckets(grads, plan, **reduction)
 
 
-def _barrier_first(pack):
-    """`allreduce.pack` with every leaf of the tree behind one `optimization_barrier`."""
-
-    def held(tree, plan):
-        leaves, treedef = jax.tree_util.tree_flatten(tree)
-        return pack(treedef.unflatten(jax.lax.optimization_barrier(leaves)), plan)
-
-    return held
-
-
-def _variant_patch(variant: str) -> contextlib.ExitStack:
-    """The patches a variant compiles under; every variant but `xla` and `flat` packs on any mesh
+def _variant_patch(variant: str) -> contextlib.AbstractContextManager:
+    """The patch a variant compiles under; every variant but `xla` and `flat` packs on any mesh
     (`allreduce.reduce_buckets`), so a barrier's effect shows on one GPU too."""
-    stack = contextlib.ExitStack()
     if variant.startswith("flat_"):
-        stack.enter_context(mock.patch.object(allreduce, "reduce_gradients", _packed_everywhere))
-    if variant == "flat_grad_barrier":
-        stack.enter_context(mock.patch.object(allreduce, "pack", _barrier_first(allreduce.pack)))
-    return stack
+        return mock.patch.object(allreduce, "reduce_gradients", _packed_everywhere)
+    return contextlib.nullcontext()
 
 
 def measure(variant: str, batch: int, gpus: int, tiny: bool, steps: int) -> dict[str, Any]:

@@ -1217,6 +1217,63 @@ def test_packing_fusion_answers_agree_with_the_json():
         assert two[slow]["images_per_s"] < two["xla"]["images_per_s"]
 
 
+def test_pack_after_backward_answers_agree_with_the_json():
+    rate = lambda r: f"{r['images_per_s']:,.0f}"  # noqa: E731
+    barrier = {(r["variant"], r["per_device_batch"]): r
+               for r in load("pack_fusion_bucket_barrier_2xH200.json")["results"]}
+    after = {r["variant"]: r for r in load("pack_fusion_after_2xH200.json")["results"]
+             if r["per_device_batch"] == 256}
+    isolated = _overlap_rows("bench_overlap_isolated_2x1_2xH200.json")
+    two = _overlap_rows("bench_overlap_after_2gpu_2xH200.json")
+    two64 = _overlap_rows("bench_overlap_after_2x1_64_2xH200.json")
+    four = _overlap_rows("bench_overlap_after_1x4_256_4xH200.json")
+    e = lambda rows, layout, variant, b: f"{rows[layout, variant, b]['eff']:.3f}"  # noqa: E731
+    [one64] = [r for r in load("bench_overlap_after_2gpu_2xH200.json")["results"]
+               if r.get("layout") == "1x1" and r.get("per_device_batch") == 64]
+    assert barrier["flat_bucket_barrier", 256]["kinds"]["loop_select"] == (
+        barrier["flat", 256]["kinds"]["loop_select"]
+    )
+    kinds = after["flat"]["kinds"]
+    cross = (
+        f"{e(two, '2x1', 'after_backward', 256)} of one GPU at 256 images against "
+        f"{e(two, '2x1', 'overlap', 256)} during backward "
+        f"({two['2x1', 'after_backward', 256]['exposed_comm_ms']:.1f} ms of the all-reduce "
+        f"exposed a step against {two['2x1', 'overlap', 256]['exposed_comm_ms']:.1f}), and {e(two64, '2x1', 'after_backward', 64)} at 64 against "
+        f"{e(two64, '2x1', 'overlap', 64)}"
+    )
+    assert_quoted(read("docs/benchmarks.md"), [
+        f"in a second call {rate(barrier['flat_bucket_barrier', 256])} images/s against "
+        f"{rate(barrier['flat', 256])} for `flat`, {rate(barrier['flat_grad_barrier', 256])} with "
+        f"the barrier over the whole tree and {rate(barrier['xla', 256])} for `xla`, with "
+        f"{barrier['flat_bucket_barrier', 256]['kinds']['loop_select']} `loop_select` fusions",
+        f"({e(isolated, '2x1', 'isolated', 256)} of one GPU against "
+        f"{e(isolated, '2x1', 'overlap', 256)} at 256 images, "
+        f"{e(isolated, '2x1', 'isolated', 64)} against {e(isolated, '2x1', 'overlap', 64)} at 64)",
+        f"runs {rate(after['flat'])} images/s on two GPUs against {rate(after['xla'])} for `xla`, "
+        f"with XLA's fusion ({kinds['loop_select']} `loop_select`, "
+        f"{kinds['input_reduce_select']} `input_reduce_select`)",
+        f"it keeps {e(two, '1x2', 'overlap', 256)} of one GPU at 256 images against "
+        f"{e(two, '1x2', 'during_backward', 256)} packed during backward",
+        f"one-GPU row idled {one64['idle_ms']:.1f} ms a step, so its efficiencies exceed 1: "
+        f"{rate(two['1x2', 'overlap', 64])} against {rate(two['1x2', 'during_backward', 64])} "
+        "images/s)",
+        f"On four GPUs in one process: {e(four, '1x4', 'overlap', 256)} against "
+        f"{e(four, '1x4', 'during_backward', 256)} packed during backward and "
+        f"{e(four, '1x4', 'xla', 256)} for `xla`",
+        "packing after backward loses: " + cross,
+        f"the same four GPUs ran the default at {e(four, '1x4', 'overlap', 256)} of one GPU at 256 "
+        f"images against {e(four, '1x4', 'xla', 256)} for `xla`",
+    ])
+    assert_quoted(read("README.md"), [
+        f"keeps {e(four, '1x4', 'overlap', 256)} of one GPU's rate, against "
+        f"{e(four, '1x4', 'during_backward', 256)} packed during backward and "
+        f"{e(four, '1x4', 'xla', 256)} with XLA's own all-reduces",
+        f"packing after backward kept {e(two, '2x1', 'after_backward', 256)} at 256 and "
+        f"{e(two64, '2x1', 'after_backward', 64)} at 64 against {e(two, '2x1', 'overlap', 256)} "
+        f"and {e(two64, '2x1', 'overlap', 64)} during backward",
+    ])
+
+
 def test_conv_stats_sweep_prose_quotes_the_json():
     total: dict[tuple, float] = {}
     for r in load("conv_stats_sweep_1xH200.json")["results"]:

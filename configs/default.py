@@ -146,6 +146,11 @@ def get_config() -> ml_collections.ConfigDict:
     # GPU (docs/benchmarks.md, "One GPU"); across hosts the buckets must leave during backward
     # to hide the wire time. Same mean.
     config.comm.pack_after_backward = "auto"
+    # Explicit strategies: copy each bucket's gradients into one array for its all-reduce (True),
+    # or send the leaves themselves, whose all-reduces XLA's combiner merges (False: no copy, and
+    # no concatenation for backward's fusions to work around). Not yet measured on GPUs.
+    # Same mean, up to summation order.
+    config.comm.concatenate_buckets = True
     # The links `comm.strategy='auto'` plans for (jia_jax/comm_model.py, `network_model`) when
     # the run spans processes: "" the calibration's default fabric (a published 400 Gb/s
     # InfiniBand), a fabric name of jia_jax/comm_calibration.json, or "emulated": processes that

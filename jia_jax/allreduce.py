@@ -134,8 +134,30 @@ def pack(tree: Any, plan: BucketPlan) -> list[jax.Array]:
     ]
 
 
-def unpack(buckets: list[jax.Array], plan: BucketPlan, scale: float | None = None) -> Any:
-    """Inverse of `pack`: rebuilds the tree with the original shapes and dtypes.
+def split(tree: Any, plan: BucketPlan) -> list[tuple[jax.Array, ...]]:
+    """`pack` without the concatenation: each bucket as its leaves, flattened and cast to the wire
+    dtype, in packing order."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    if treedef != plan.treedef:
+        raise ValueError(f"Tree structure {treedef} does not match the plan's {plan.treedef}.")
+    return [
+        tuple(jnp.ravel(leaves[s.leaf]).astype(plan.wire_dtype) for s in bucket)
+        for bucket in plan.buckets
+    ]
+
+
+def _pieces(bucket: jax.Array | Sequence[jax.Array], segments) -> list[jax.Array]:
+    """A bucket's segments as flat arrays: sliced from a packed bucket, or a split one's own."""
+    if isinstance(bucket, (tuple, list)):
+        return list(bucket)
+    return [jax.lax.slice_in_dim(bucket, s.offset, s.offset + s.size) for s in segments]
+
+
+def unpack(
+    buckets: Sequence[jax.Array | Sequence[jax.Array]], plan: BucketPlan, scale: float | None = None
+) -> Any:
+    """Inverse of `pack` (and of `split`: a bucket given as its leaves): rebuilds the tree with the
+    original shapes and dtypes.
 
     With `scale`, each leaf is multiplied by it in fp32 before the cast back to its dtype.
     """
@@ -146,9 +168,8 @@ def unpack(buckets: list[jax.Array], plan: BucketPlan, scale: float | None = Non
         jnp.zeros(shape, dtype) if math.prod(shape) == 0 else None
         for shape, dtype in zip(plan.shapes, plan.dtypes)
     ]
-    for flat, segments in zip(buckets, plan.buckets):
-        for s in segments:
-            piece = jax.lax.slice_in_dim(flat, s.offset, s.offset + s.size)
+    for bucket, segments in zip(buckets, plan.buckets):
+        for s, piece in zip(segments, _pieces(bucket, segments)):
             if scale is not None:
                 piece = piece.astype(jnp.float32) * scale
             leaves[s.leaf] = piece.reshape(plan.shapes[s.leaf]).astype(plan.dtypes[s.leaf])
@@ -193,6 +214,7 @@ def reduce_gradients(
     overlap: bool = False,
     first_bucket_bytes: int = 0,
     after_backward: bool = False,
+    packed: bool = True,
 ) -> Any:
     """Averages per-device gradients over every device of the mesh.
 
@@ -215,6 +237,10 @@ def reduce_gradients(
       after_backward: Pack the buckets only once backward has produced every gradient
         (`hold_until_backward_ends`); no bucket then leaves during backward. The values are
         the same.
+      packed: Concatenate each bucket into one array for its all-reduce; False sends a bucket
+        reduced flat as a `psum` of its leaves (no copy into a bucket; XLA's combiner merges the
+        all-reduces as its thresholds allow), and concatenates a hierarchical one only for its
+        reduce-scatter. The same sums, up to their order.
 
     Returns:
       The mean over all devices, same structure, shapes and dtypes as `grads`, identical on every
@@ -249,6 +275,7 @@ def reduce_gradients(
         gpu_axis=gpu_axis,
         overlap=overlap,
         after_backward=after_backward,
+        packed=packed,
     )
 
 
@@ -262,6 +289,7 @@ def reduce_buckets(
     gpu_axis: str = "gpu",
     overlap: bool = False,
     after_backward: bool = False,
+    packed: bool = True,
 ) -> Any:
     """`reduce_gradients` of `grads` packed as `plan` says, without its checks and its one-device
     shortcut: the buckets are packed and reduced even where the mesh has one device."""
@@ -275,13 +303,18 @@ def reduce_buckets(
         grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32) / devices, grads)
     if after_backward:
         grads = hold_until_backward_ends(grads)
-    buckets = pack(grads, plan)
+    buckets = pack(grads, plan) if packed else split(grads, plan)
 
     reduced = []
-    for flat, nbytes in zip(buckets, plan.bucket_nbytes()):
+    for bucket, segments, nbytes in zip(buckets, plan.buckets, plan.bucket_nbytes()):
         hierarchical = bucketing.reduces_hierarchically(strategy, nbytes, hybrid_crossover_bytes)
-        reduce = _hierarchical_sum if hierarchical else _flat_sum
-        reduced.append(reduce(flat, node_axis, gpu_axis))
+        if not hierarchical:
+            reduced.append(_flat_sum(bucket, node_axis, gpu_axis))
+        elif packed:
+            reduced.append(_hierarchical_sum(bucket, node_axis, gpu_axis))
+        else:  # the reduce-scatter needs one array to shard
+            total = _hierarchical_sum(jnp.concatenate(bucket), node_axis, gpu_axis)
+            reduced.append(tuple(_pieces(total, segments)))
 
     if overlap:
         reduced = hold_until_all_reduced(reduced)
@@ -318,7 +351,7 @@ def hold_until_backward_ends(grads: Any) -> Any:
     return jax.lax.optimization_barrier(grads)
 
 
-def hold_until_all_reduced(reduced: list[jax.Array]) -> list[jax.Array]:
+def hold_until_all_reduced(reduced: list[Any]) -> list[Any]:
     """The reduced buckets, each usable only once every bucket is reduced.
 
     Backward fills the buckets one after another, so each bucket's all-reduce can start as soon as

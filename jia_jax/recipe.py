@@ -27,9 +27,9 @@ from absl import logging
 #   order of fp32 additions). The device count itself is compared (``num_devices``): it sets the
 #   per-device BatchNorm batch.
 # - `comm` strategy, buckets and crossover may change (`comm.first_bucket_bytes`,
-#   `comm.start_when_ready`, `comm.pack_after_backward` and `comm.tell_xla_network` may also be
-#   absent, in checkpoints from before they existed): every strategy computes the same mean (up
-#   to summation order); so may `comm.network`, which only picks the plan, and what XLA is told
+#   `comm.start_when_ready`, `comm.pack_after_backward`, `comm.concatenate_buckets` and
+#   `comm.tell_xla_network` may also be absent, in checkpoints from before they existed): every
+#   strategy computes the same mean (up to summation order); so may `comm.network`, which only picks the plan, and what XLA is told
 #   of it, which only moves the schedule. `comm.dtype`, the precision on the wire, is compared.
 # - `model.space_to_depth_stem` / `model.sliced_max_pool` may change (or be absent, in
 #   checkpoints from before they existed): the same function on the same variables, another
@@ -61,6 +61,7 @@ FREE_ON_RESUME = (
     "comm.hybrid_crossover_bytes",
     "comm.overlap",
     "comm.pack_after_backward",
+    "comm.concatenate_buckets",
     "comm.network",
     "comm.tell_xla_network",
     "comm.told_bandwidth_scale",

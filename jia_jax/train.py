@@ -227,6 +227,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
             overlap=comm.overlap,
             first_bucket_bytes=comm.first_bucket_bytes,
             after_backward=after_backward,
+            packed=comm.get("concatenate_buckets", True),
         )
         # Keep the running BN averages identical on every device (cheap: a few KB).
         new_stats, metrics = allreduce.pmean_packed((new_stats, metrics), mesh_lib.BATCH_AXES)

@@ -18,6 +18,7 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_scale_trainer  # the trainer told x0.5, x1, x2
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh cmdbuf    # convolutions in XLA's command buffers
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh after     # comm.pack_after_backward: fusion and rates
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh leaves    # comm.concatenate_buckets=False likewise
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -197,7 +198,18 @@ case "$1" in
       --steps=10 --rounds=3 --tell_xla_network=emulated --budget_s=380 \
       --out="$OUT/bench_overlap_after_2gpu.json"
     ;;
+  leaves)
+    # `comm.concatenate_buckets=False`: whether buckets sent as their leaves keep XLA's fusion of
+    # BatchNorm's backward while they leave during backward (one process on both GPUs, packed
+    # during backward as across hosts), then its rate across 2 emulated hosts x 1 GPU against the
+    # default, XLA told the network as the trainer tells it; round-robin.
+    python3 -m scripts.bench.pack_fusion --gpus=2 --batches=256,64 \
+      --variants=xla,flat_packed,flat_leaves --out="$OUT/pack_fusion_leaves_2gpu.json"
+    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=256,64 --variants=overlap \
+      --layout_variants='{"2x1": ["overlap", "leaves"]}' --steps=10 --rounds=3 --tell_xla_network=emulated \
+      --budget_s=330 --out="$OUT/bench_overlap_leaves_2x1.json"
+    ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
-       "|told_half|told_half64|told_scale_trainer|cmdbuf|after" >&2
+       "|told_half|told_half64|told_scale_trainer|cmdbuf|after|leaves" >&2
      exit 2 ;;
 esac

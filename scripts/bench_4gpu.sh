@@ -9,7 +9,7 @@
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh plans64   # and @64: the step in-process (bench.overlap)
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh told      # 2 x 2 with XLA told the hosts and network
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh told_trainer  # the same, the trainer itself (main)
-#   OUT=/tmp/out bash scripts/bench_4gpu.sh after     # comm.pack_after_backward: 1x4, 2x1, 2x2
+#   OUT=/tmp/out bash scripts/bench_4gpu.sh after     # comm.pack_after_backward: 1x4 and 2x2
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -73,11 +73,13 @@ case "$1" in
     ;;
   after)
     # `comm.pack_after_backward` against the default ("auto": after backward on one node, during
-    # it across nodes) and, in one process, XLA's all-reduces; 2 emulated hosts x 1 and x 2 GPUs
-    # told the network as the trainer tells it; round-robin, stopped at 9 minutes.
-    python3 -m scripts.bench.overlap --layouts=1x1,1x4,2x1,2x2 --batches=256,64 \
-      --variants=overlap,after_backward \
-      --layout_variants='{"1x4": ["overlap", "during_backward", "xla"]}' \
+    # it across nodes) and, in one process, XLA's all-reduces; 2 emulated hosts x 2 GPUs told the
+    # network as the trainer tells it, also with `comm.concatenate_buckets=False` (`leaves`);
+    # round-robin, stopped at 9 minutes.
+    variants='{"1x4": ["overlap", "during_backward", "xla"],
+      "2x2": ["overlap", "after_backward", "leaves"]}'
+    python3 -m scripts.bench.overlap --layouts=1x1,1x4,2x2 --batches=256,64 \
+      --variants=overlap --layout_variants="$variants" \
       --steps=10 --rounds=2 --tell_xla_network=emulated --budget_s=540 \
       --out="$OUT/bench_overlap_after_4gpu.json"
     ;;

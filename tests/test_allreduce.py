@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from jax.sharding import Mesh, PartitionSpec as P
 
-from jia_jax import allreduce
+from jia_jax import allreduce, bucketing
 from tests.mp_util import run_multiprocess
 
 BF16 = np.dtype(jnp.bfloat16)
@@ -511,6 +511,50 @@ def test_after_backward_holds_every_leaf_behind_one_barrier_and_keeps_the_mean(m
     assert barriers(False) == []
     same = [jax.tree.leaves(jax.jit(reducer(after))(grads)) for after in (True, False)]
     for a, b in zip(*same):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("wire", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("strategy", allreduce.STRATEGIES)
+def test_unconcatenated_buckets_send_each_bucket_as_one_psum_of_its_leaves(mesh, strategy, wire):
+    # comm.concatenate_buckets=False: a bucket reduced flat is a psum of its leaves (no
+    # concatenate), a hierarchical one is concatenated for its reduce-scatter only. On the CPU's
+    # all-reduce each element is summed over the same devices in the same order either way, so
+    # the means agree to the bit with the concatenated buckets' (fp16: divided first in both).
+    grads = per_device_grads()
+    plan = allreduce.plan_buckets(_abstract_grads(), BUCKET_BYTES, wire)
+
+    def reducer(packed):
+        def per_device(g):
+            return allreduce.reduce_gradients(
+                jax.tree.map(lambda x: x[0], g), strategy=strategy, bucket_bytes=BUCKET_BYTES,
+                wire_dtype=wire, hybrid_crossover_bytes=CROSSOVER_BYTES, packed=packed,
+            )
+
+        return jax.shard_map(per_device, mesh=mesh, in_specs=BATCH, out_specs=P())
+
+    outer = jax.make_jaxpr(reducer(False))(grads).jaxpr
+    [inner] = [e.params["jaxpr"] for e in outer.eqns if e.primitive.name == "shard_map"]
+    inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr in some JAX versions
+    hierarchical = [
+        bucketing.reduces_hierarchically(strategy, n, CROSSOVER_BYTES)
+        for n in plan.bucket_nbytes()
+    ]
+    flat_psums = [e for e in inner.eqns
+                  if e.primitive.name.startswith("psum") and set(e.params["axes"]) == {"node", "gpu"}]
+    # JAX binds one psum per leaf (or one for all): XLA's combiner merges them.
+    assert sum(len(e.invars) for e in flat_psums) == sum(
+        len(b) for b, h in zip(plan.buckets, hierarchical) if not h
+    )
+    concatenates = [e for e in inner.eqns if e.primitive.name == "concatenate"]
+    # (a bucket of one leaf needs no concatenate in either form)
+    assert len(concatenates) == sum(h and len(b) > 1 for b, h in zip(plan.buckets, hierarchical))
+    assert any(not h and len(b) > 1 for b, h in zip(plan.buckets, hierarchical)) == (
+        strategy != "hierarchical"
+    )
+    got, want = (jax.tree.leaves(jax.jit(reducer(packed))(grads)) for packed in (False, True))
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
         np.testing.assert_array_equal(a, b)
 
 

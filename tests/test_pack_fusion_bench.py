@@ -38,12 +38,13 @@ def _grads():
 
 def _reduce(mesh: Mesh, variant: str):
     """The reduction as the trainer calls it with the variant's `comm` settings."""
-    after = pack_fusion.VARIANT_COMM[variant].get("pack_after_backward") == "always"
+    comm = pack_fusion.VARIANT_COMM[variant]
+    after = comm.get("pack_after_backward") == "always"
 
     def per_device(g):
         return allreduce.reduce_gradients(
             g, strategy="flat", bucket_bytes=100, wire_dtype="float32", hybrid_crossover_bytes=0,
-            after_backward=after,
+            after_backward=after, packed=comm.get("concatenate_buckets", True),
         )
 
     return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P()))
@@ -51,7 +52,7 @@ def _reduce(mesh: Mesh, variant: str):
 
 @pytest.mark.parametrize(
     "variant, barriers",
-    [("flat", 0), ("flat_packed", 0), ("flat_grad_barrier", 1)],
+    [("flat", 0), ("flat_packed", 0), ("flat_grad_barrier", 1), ("flat_leaves", 0)],
 )
 def test_variants_compile_what_they_say_and_keep_the_values(variant, barriers):
     one = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("node", "gpu"))
@@ -62,8 +63,10 @@ def test_variants_compile_what_they_say_and_keep_the_values(variant, barriers):
         reduce = _reduce(one, variant)
         jaxpr = str(jax.make_jaxpr(reduce)(grads))
         out = reduce(grads)
-    # On one device the trainer packs nothing; every other variant packs (one bucket of two).
-    assert jaxpr.count("concatenate") == (0 if variant == "flat" else 1), jaxpr
+    # On one device the trainer packs nothing; every other variant packs (one bucket of two),
+    # into one array unless it sends the leaves.
+    assert jaxpr.count("concatenate") == (0 if variant in ("flat", "flat_leaves") else 1), jaxpr
+    assert ("psum" in jaxpr) == (variant != "flat"), jaxpr
     assert jaxpr.count("optimization_barrier") == barriers, jaxpr
     for k in grads:
         np.testing.assert_array_equal(np.asarray(out[k]), np.asarray(grads[k]))

@@ -266,6 +266,26 @@ def test_pack_after_backward_holds_the_gradients_where_the_config_says(
     assert held_leaves == ([len(jax.tree.leaves(state.params))] if held else [])
 
 
+@pytest.mark.parametrize("concatenate", [True, False])
+def test_concatenate_buckets_chooses_how_the_step_sends_its_buckets(monkeypatch, concatenate):
+    config = tiny_config("flat")
+    config.comm.concatenate_buckets = concatenate
+    mesh = mesh_lib.create_mesh(2, 4)
+    used = []
+    for name in ("pack", "split"):
+        real = getattr(allreduce, name)
+        monkeypatch.setattr(
+            allreduce, name, lambda tree, plan, n=name, f=real: used.append(n) or f(tree, plan)
+        )
+    model, tx, step = build_step(config, mesh)
+    _, state = train.state_initializer(model, tx, mesh, (16, 16, 1), config.precision, seed=0)
+    batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in global_batch().items()}
+    step.lower(state, batch)
+    # The gradients are packed or split; the BatchNorm statistics and metrics are always packed
+    # (`allreduce.pmean_packed`).
+    assert sorted(used) == (["pack", "pack"] if concatenate else ["pack", "split"])
+
+
 def test_an_unknown_pack_after_backward_stops_at_build():
     config = tiny_config("flat")
     config.comm.pack_after_backward = "sometimes"

@@ -84,6 +84,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # (`comm.pack_after_backward`; "auto" packs after backward on one node, during it across).
     "after_backward": {"comm.pack_after_backward": "always"},
     "during_backward": {"comm.pack_after_backward": "never"},
+    # Each bucket sent as its leaves, not concatenated (`comm.concatenate_buckets`).
+    "leaves": {"comm.concatenate_buckets": False},
     "overlap_4mib": {"comm.bucket_bytes": 4 * MIB},
     "overlap_8mib": {"comm.bucket_bytes": 8 * MIB},
     "overlap_32mib": {"comm.bucket_bytes": 32 * MIB},

@@ -11,7 +11,9 @@ fold it into BatchNorm's reductions) and its rate, 20 steps synced and 20 queued
     'never'`), even on one device (`allreduce.reduce_buckets`, what the trainer ran before it
     returned one device's gradients untouched);
   * `flat_grad_barrier`: the same packed once backward has ended (`'always'`: one
-    `optimization_barrier` over the whole gradient tree before packing).
+    `optimization_barrier` over the whole gradient tree before packing);
+  * `flat_leaves`: `flat_packed` with each bucket sent as its leaves, not concatenated
+    (`comm.concatenate_buckets=False`).
 
   python -m scripts.bench.pack_fusion --gpus=1 --batches=256 --out=/tmp/pack_fusion.json
 """
@@ -38,6 +40,9 @@ VARIANT_COMM: dict[str, dict[str, Any]] = {
     "flat": {"strategy": "flat"},
     "flat_packed": {"strategy": "flat", "pack_after_backward": "never"},
     "flat_grad_barrier": {"strategy": "flat", "pack_after_backward": "always"},
+    "flat_leaves": {
+        "strategy": "flat", "pack_after_backward": "never", "concatenate_buckets": False
+    },
 }
 VARIANTS = tuple(VARIANT_COMM)
 # `%loop_select_fusion.3 = ...`: the fusion's kind, from the name XLA gives it.

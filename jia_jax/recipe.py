@@ -29,8 +29,9 @@ from absl import logging
 # - `comm` strategy, buckets and crossover may change (`comm.first_bucket_bytes`,
 #   `comm.start_when_ready`, `comm.pack_after_backward`, `comm.concatenate_buckets` and
 #   `comm.tell_xla_network` may also be absent, in checkpoints from before they existed): every
-#   strategy computes the same mean (up to summation order); so may `comm.network`, which only picks the plan, and what XLA is told
-#   of it, which only moves the schedule. `comm.dtype`, the precision on the wire, is compared.
+#   strategy computes the same mean (up to summation order); so may `comm.network`, which only
+#   picks the plan, and what XLA is told of it, which only moves the schedule. `comm.dtype`, the
+#   precision on the wire, is compared.
 # - `model.space_to_depth_stem` / `model.sliced_max_pool` may change (or be absent, in
 #   checkpoints from before they existed): the same function on the same variables, another
 #   summation order (tests/test_fused_layers.py).

@@ -206,7 +206,8 @@ case "$1" in
     python3 -m scripts.bench.pack_fusion --gpus=2 --batches=256,64 \
       --variants=xla,flat_packed,flat_leaves --out="$OUT/pack_fusion_leaves_2gpu.json"
     python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=256,64 --variants=overlap \
-      --layout_variants='{"2x1": ["overlap", "leaves"]}' --steps=10 --rounds=3 --tell_xla_network=emulated \
+      --layout_variants='{"2x1": ["overlap", "leaves"]}' --steps=10 --rounds=3 \
+      --tell_xla_network=emulated \
       --budget_s=330 --out="$OUT/bench_overlap_leaves_2x1.json"
     ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \

@@ -540,8 +540,9 @@ def test_unconcatenated_buckets_send_each_bucket_as_one_psum_of_its_leaves(mesh,
         bucketing.reduces_hierarchically(strategy, n, CROSSOVER_BYTES)
         for n in plan.bucket_nbytes()
     ]
+    both = {"node", "gpu"}
     flat_psums = [e for e in inner.eqns
-                  if e.primitive.name.startswith("psum") and set(e.params["axes"]) == {"node", "gpu"}]
+                  if e.primitive.name.startswith("psum") and set(e.params["axes"]) == both]
     # JAX binds one psum per leaf (or one for all): XLA's combiner merges them.
     assert sum(len(e.invars) for e in flat_psums) == sum(
         len(b) for b, h in zip(plan.buckets, hierarchical) if not h

@@ -1238,7 +1238,8 @@ def test_pack_after_backward_answers_agree_with_the_json():
         f"{e(two, '2x1', 'after_backward', 256)} of one GPU at 256 images against "
         f"{e(two, '2x1', 'overlap', 256)} during backward "
         f"({two['2x1', 'after_backward', 256]['exposed_comm_ms']:.1f} ms of the all-reduce "
-        f"exposed a step against {two['2x1', 'overlap', 256]['exposed_comm_ms']:.1f}), and {e(two64, '2x1', 'after_backward', 64)} at 64 against "
+        f"exposed a step against {two['2x1', 'overlap', 256]['exposed_comm_ms']:.1f}), and "
+        f"{e(two64, '2x1', 'after_backward', 64)} at 64 against "
         f"{e(two64, '2x1', 'overlap', 64)}"
     )
     assert_quoted(read("docs/benchmarks.md"), [

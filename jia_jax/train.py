@@ -200,6 +200,13 @@ def _per_device_step(model, config, comm, mesh, image_shape):
     xla_reduces = comm.strategy == "xla"
     leaf_order = None if xla_reduces else call_order.backward_leaf_order(model, image_shape)
     after_backward = packs_after_backward(comm, mesh)
+    if not xla_reduces:
+        logging.info(
+            "gradients: %s all-reduce of %g MiB buckets, %s, sent %s backward",
+            comm.strategy, comm.bucket_bytes / 2**20,
+            "concatenated" if comm.get("concatenate_buckets", True) else "as their leaves",
+            "after" if after_backward else "during",
+        )
 
     def per_device(params, batch_stats, scale, batch, key):
         batch = dict(batch)

@@ -247,7 +247,7 @@ def test_resolve_comm_plans_for_the_network_the_config_names(monkeypatch):
     [("auto", 1, True), ("auto", 2, False), ("always", 2, True), ("never", 1, False)],
 )
 def test_pack_after_backward_holds_the_gradients_where_the_config_says(
-    monkeypatch, choice, nodes, held
+    monkeypatch, caplog, choice, nodes, held
 ):
     # "auto": packed after backward on a one-node mesh (one host's links), during it across nodes.
     config = tiny_config("flat")
@@ -262,8 +262,13 @@ def test_pack_after_backward_holds_the_gradients_where_the_config_says(
     model, tx, step = build_step(config, mesh)
     _, state = train.state_initializer(model, tx, mesh, (16, 16, 1), config.precision, seed=0)
     batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in global_batch().items()}
-    step.lower(state, batch)
+    with caplog.at_level("INFO"):
+        step.lower(state, batch)
     assert held_leaves == ([len(jax.tree.leaves(state.params))] if held else [])
+    # and the log says so
+    sent = "after" if held else "during"
+    line = f"gradients: flat all-reduce of 0.00390625 MiB buckets, concatenated, sent {sent} backward"
+    assert line in caplog.text
 
 
 @pytest.mark.parametrize("concatenate", [True, False])

@@ -267,7 +267,7 @@ def test_pack_after_backward_holds_the_gradients_where_the_config_says(
     assert held_leaves == ([len(jax.tree.leaves(state.params))] if held else [])
     # and the log says so
     sent = "after" if held else "during"
-    line = f"gradients: flat all-reduce of 0.00390625 MiB buckets, concatenated, sent {sent} backward"
+    line = f"flat all-reduce of 0.00390625 MiB buckets, concatenated, sent {sent} backward"
     assert line in caplog.text
 
 

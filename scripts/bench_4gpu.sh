@@ -10,6 +10,7 @@
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh told      # 2 x 2 with XLA told the hosts and network
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh told_trainer  # the same, the trainer itself (main)
 #   OUT=/tmp/out bash scripts/bench_4gpu.sh after     # comm.pack_after_backward: 1x4 and 2x2
+#   OUT=/tmp/out bash scripts/bench_4gpu.sh peers     # the default against the peers, 1 x 4
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -83,6 +84,16 @@ case "$1" in
       --steps=10 --rounds=2 --tell_xla_network=emulated --budget_s=540 \
       --out="$OUT/bench_overlap_after_4gpu.json"
     ;;
-  *) echo "usage: $0 link|sigkill|hosts256|hosts64|plans256|plans64|told|told_trainer|after" >&2
+  peers)
+    # One process on the four GPUs: the default (`flat`, packed after backward there) against
+    # XLA's all-reduces and the plain peers, at 256 then 64 images a GPU.
+    for batch in 256 64; do
+      python3 -m scripts.bench.step --models=resnet50 --per_device_batch=$batch --meshes=1x1,1xn \
+        --strategies=flat,xla,peer_ad_psum,peer_ad_psum_raveled,peer_concat_buckets \
+        --budget_s=170 --variant_budget_s=0 --grace_s=15 \
+        --out="$OUT/bench_step_peers_1x4_$batch.json"
+    done
+    ;;
+  *) echo "usage: $0 link|sigkill|hosts256|hosts64|plans256|plans64|told|told_trainer|after|peers" >&2
      exit 2 ;;
 esac

@@ -94,6 +94,7 @@ case "$1" in
         --out="$OUT/bench_step_peers_1x4_$batch.json"
     done
     ;;
-  *) echo "usage: $0 link|sigkill|hosts256|hosts64|plans256|plans64|told|told_trainer|after|peers" >&2
+  *) echo "usage: $0 link|sigkill|hosts256|hosts64|plans256|plans64|told|told_trainer|after" \
+       "|peers" >&2
      exit 2 ;;
 esac

@@ -37,6 +37,8 @@ import tomllib
 
 import pytest
 
+from tests.main_util import LOOP_EMITTERS
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [
     "README.md",
@@ -72,7 +74,9 @@ TINY = {
     "data.image_size": 8,
     "log_every_steps": 1,
 }
-CHEAP_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+CHEAP_COMPILE = (
+    f"--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true {LOOP_EMITTERS}"
+)
 TIMEOUT_S = 300
 
 

@@ -28,31 +28,17 @@ DIGITS_RUN_FLAGS = (
 # the code runs slower, by ~25x for ResNet-50's convolutions (a 2-step run: 50 s a step instead
 # of 2 s, for about the same compile time).
 UNOPTIMISED = "--xla_backend_optimization_level=0"
-# XLA:CPU's older loop emitters instead of its fusion emitters: at conftest.py's optimisation
-# level the trainer's fp32 digits step compiles in half the time (~4.5 s -> ~2.2 s on 8 devices),
-# ResNet-50's bf16 one in ~60% (~13 s -> ~8 s; its steps then run ~25% slower). XLA fuses a few
-# ops differently; the tiny ResNet-18's parameters after 4 steps were bitwise the same. Given to
-# the child processes of the test files whose time is mostly their compiles, which compare runs
-# of the same flags only; conftest.py does not give it to every test, as no full run has tried it.
-LOOP_EMITTERS = "--xla_cpu_use_fusion_emitters=false"
 
 
 def run_main(
-    *args: str,
-    timeout: float = 600,
-    optimised: bool = False,
-    devices: int | None = None,
-    xla_flags: str = "",
+    *args: str, timeout: float = 600, optimised: bool = False, devices: int | None = None
 ) -> subprocess.CompletedProcess:
     """`python -m jia_jax.main ARGS` from the repository root, on the CPU devices set above;
     `optimised` runs it without UNOPTIMISED (for a model whose steps, not compiles, take long);
-    `devices` simulates that many CPU devices instead of conftest.py's 8 (the last count wins);
-    `xla_flags` come after conftest.py's (e.g. LOOP_EMITTERS)."""
+    `devices` simulates that many CPU devices instead of conftest.py's 8 (the last count wins)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     if optimised:
         env["XLA_FLAGS"] = " ".join(f for f in env["XLA_FLAGS"].split() if f != UNOPTIMISED)
-    if xla_flags:
-        env["XLA_FLAGS"] += f" {xla_flags}"
     if devices is not None:
         env["XLA_FLAGS"] += f" --xla_force_host_platform_device_count={devices}"
     return subprocess.run(

@@ -31,7 +31,6 @@ from scripts.bench import trainer_step
 from scripts.render import benchmarks as render_benchmarks
 from scripts.render import render
 from tests.gpu_fakes import fake_gpu  # noqa: F401  pytest fixture
-from tests.main_util import LOOP_EMITTERS
 
 # Hand count for AlexNet-BN of width 3: kernels of conv1-5, fc6, fc7 (no bias before a BN) (7),
 # scale and bias of the 8 BatchNorms (after each of those and after pool5) (16), fc8 kernel and
@@ -41,15 +40,6 @@ ALEXNET_LEAVES = 25
 # 11*11*3*3 + 5*5*3*8 + 3*3*8*12 + 3*3*12*12 + 3*3*12*8, fc 288*128 + 128*128 + 128*1000 + 1000,
 # BN 2 * (3 + 8 + 12 + 12 + 8 + 128 + 128 + 8).
 ALEXNET_VALUES = 4713 + 182248 + 614
-
-
-@pytest.fixture(autouse=True)
-def _children_use_loop_emitters(monkeypatch) -> None:
-    """The benchmarks' child processes (trainers, workers), most of this file's time, compile
-    with XLA's loop emitters, in half the time. This process's backend is started first, so that
-    it keeps conftest.py's flags alone whichever test starts it."""
-    jax.devices()
-    monkeypatch.setenv("XLA_FLAGS", f"{os.environ['XLA_FLAGS']} {LOOP_EMITTERS}")
 
 
 def _compile_cache(monkeypatch, tmp_path) -> None:
@@ -173,10 +163,9 @@ def test_bench_step_case_order_and_skip_rule():
 
 
 def test_bench_step_measures_the_train_step(tmp_path, monkeypatch):
-    # The children inherit conftest.py's fast-compile XLA_FLAGS (and the loop emitters). The
-    # variant's flag repeats its device count (a no-op, as the fast-compile flag it replaces had
-    # become) and JAX leaves it out of its cache key: the variant's child reads the 2x4 step the
-    # first child compiled.
+    # The children inherit conftest.py's fast-compile XLA_FLAGS. The variant's flag repeats its
+    # device count (a no-op, as the fast-compile flag it replaces had become) and JAX leaves it out
+    # of its cache key: the variant's child reads the 2x4 step the first child compiled.
     _compile_cache(monkeypatch, tmp_path)
     flags = "--xla_force_host_platform_device_count=8"
     doc = bench_step.main(
@@ -424,8 +413,8 @@ def test_bench_train_input_rates_two_processes_once(tmp_path, monkeypatch):
     """A real run of 2 processes of 4 CPU devices each: every step's interval counted once, the
     rate one of the global rates the trainers logged, and GPUs that the processes do not divide
     refused."""
-    # The benchmark counts this process's 8 devices (conftest.py): the backend started before
-    # the children's device count is set.
+    # The benchmark counts this process's 8 devices (conftest.py): the backend starts here,
+    # before the children's device count is set.
     assert jax.local_device_count() == 8
     _cpu_processes(monkeypatch, 4)
     flags = ["--config=configs/digits.py", "--override=--config.data.image_size=16", "--per_gpu=2"]

@@ -37,8 +37,6 @@ import tomllib
 
 import pytest
 
-from tests.main_util import LOOP_EMITTERS
-
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [
     "README.md",
@@ -74,9 +72,7 @@ TINY = {
     "data.image_size": 8,
     "log_every_steps": 1,
 }
-CHEAP_COMPILE = (
-    f"--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true {LOOP_EMITTERS}"
-)
+CHEAP_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 TIMEOUT_S = 300
 
 

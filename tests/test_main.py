@@ -14,7 +14,7 @@ import pytest
 
 from configs import digits, resnet50_64k
 from jia_jax import loop
-from tests.main_util import LOOP_EMITTERS, run_main
+from tests.main_util import run_main
 from tests.test_metrics import read_scalars
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ def resnet50_64k_run(tmp_path_factory) -> tuple[pathlib.Path, subprocess.Complet
     and which makes the compiles half as long again: ~25% less CPU. 2 devices, not 8: a quarter
     of what each device repeats (the replicated LARS update, the checkpoint's per-device copies);
     the config's flat all-reduce is the same psum over both mesh axes, and still crosses the two
-    "nodes". XLA's loop emitters (LOOP_EMITTERS) compile ResNet-50's step in ~60% of the time.
+    "nodes".
     """
     workdir = tmp_path_factory.mktemp("resnet50_64k")
     result = run_main(
@@ -45,7 +45,6 @@ def resnet50_64k_run(tmp_path_factory) -> tuple[pathlib.Path, subprocess.Complet
         "--config.mesh.node=2",
         "--config.mesh.gpu=1",
         devices=2,
-        xla_flags=LOOP_EMITTERS,
     )
     return workdir, result
 
@@ -96,7 +95,7 @@ def test_bad_config_fails_naming_the_field(tmp_path, field, value):
 def test_bf16_divergence_stops_naming_the_step_and_keeps_the_last_finite_checkpoint(tmp_path):
     # AlexNet-BN, not the digits ResNet-18: it compiles in half the time, and diverges the same.
     # 2 devices, not 8: a quarter of the per-device copies each save compiles and writes.
-    # Together, ~40% of the test's time; XLA's loop emitters take a third off what is left.
+    # Together, ~40% of the test's time.
     result = run_main(
         "--config=configs/digits.py",
         f"--workdir={tmp_path}",
@@ -113,7 +112,6 @@ def test_bf16_divergence_stops_naming_the_step_and_keeps_the_last_finite_checkpo
         "--config.mesh.node=2",
         "--config.mesh.gpu=1",
         devices=2,
-        xla_flags=LOOP_EMITTERS,
     )
     assert result.returncode != 0, result.stderr[-3000:]
     match = re.search(r"NonFiniteLossError: Training diverged (at|by) step (\d+)", result.stderr)

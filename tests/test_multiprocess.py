@@ -31,7 +31,7 @@ import pytest
 from configs import digits
 from jia_jax import input_pipeline, liveness, peer_watch
 from tests import mp_util
-from tests.main_util import LOOP_EMITTERS, run_main
+from tests.main_util import run_main
 from tests.test_metrics import read_scalars
 from tests.test_resume import assert_bitwise_equal
 
@@ -67,8 +67,6 @@ def env(tmp_path_factory):
     cache = tmp_path_factory.mktemp("xla_cache")
     return {
         **os.environ,
-        # Process 1 compiles in every run: XLA's loop emitters halve that.
-        "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} {LOOP_EMITTERS}",
         "JAX_PLATFORMS": "cpu",
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
         "JAX_COMPILATION_CACHE_DIR": str(cache),
@@ -197,7 +195,6 @@ def test_launch_local_reaches_the_accuracy_of_one_process(launched, tmp_path):
         *FLAGS,
         *mesh,
         devices=PROCESSES * DEVICES,
-        xla_flags=LOOP_EMITTERS,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "over 4 cpu devices, 1 processes" in result.stderr, result.stderr

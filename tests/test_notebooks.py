@@ -7,8 +7,6 @@ import re
 import nbformat
 from nbclient import NotebookClient
 
-from tests.main_util import LOOP_EMITTERS
-
 NOTEBOOKS = pathlib.Path(__file__).resolve().parents[1] / "notebooks"
 # Per cell. Quick mode runs each notebook in well under a minute on an idle 2-core CPU; the
 # slowest cell (compiles plus a short training loop) takes about 20 s there.
@@ -22,9 +20,8 @@ def execute(name: str) -> nbformat.NotebookNode:
     """
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     # The kernel inherits this environment: conftest's XLA_FLAGS (fast CPU compiles, which the
-    # notebooks keep) with XLA's loop emitters (compiles in half the time), and the quick switch.
+    # notebooks keep) and the quick switch.
     env = dict(os.environ, JIA_JAX_NOTEBOOK_QUICK="1")
-    env["XLA_FLAGS"] += f" {LOOP_EMITTERS}"
     client = NotebookClient(
         nb,
         timeout=CELL_TIMEOUT_S,

@@ -123,20 +123,9 @@ def plan_buckets(
     return BucketPlan(treedef, shapes, dtypes, wire, tuple(buckets))
 
 
-def pack(tree: Any, plan: BucketPlan) -> list[jax.Array]:
-    """Flattens `tree` into the plan's buckets, cast to the wire dtype."""
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    if treedef != plan.treedef:
-        raise ValueError(f"Tree structure {treedef} does not match the plan's {plan.treedef}.")
-    return [
-        jnp.concatenate([jnp.ravel(leaves[s.leaf]).astype(plan.wire_dtype) for s in bucket])
-        for bucket in plan.buckets
-    ]
-
-
 def split(tree: Any, plan: BucketPlan) -> list[tuple[jax.Array, ...]]:
-    """`pack` without the concatenation: each bucket as its leaves, flattened and cast to the wire
-    dtype, in packing order."""
+    """The plan's buckets, each as its leaves, flattened and cast to the wire dtype, in packing
+    order (`pack` without the concatenation)."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     if treedef != plan.treedef:
         raise ValueError(f"Tree structure {treedef} does not match the plan's {plan.treedef}.")
@@ -144,6 +133,11 @@ def split(tree: Any, plan: BucketPlan) -> list[tuple[jax.Array, ...]]:
         tuple(jnp.ravel(leaves[s.leaf]).astype(plan.wire_dtype) for s in bucket)
         for bucket in plan.buckets
     ]
+
+
+def pack(tree: Any, plan: BucketPlan) -> list[jax.Array]:
+    """Flattens `tree` into the plan's buckets, cast to the wire dtype."""
+    return [jnp.concatenate(parts) for parts in split(tree, plan)]
 
 
 def _pieces(bucket: jax.Array | Sequence[jax.Array], segments) -> list[jax.Array]:

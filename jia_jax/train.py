@@ -200,11 +200,12 @@ def _per_device_step(model, config, comm, mesh, image_shape):
     xla_reduces = comm.strategy == "xla"
     leaf_order = None if xla_reduces else call_order.backward_leaf_order(model, image_shape)
     after_backward = packs_after_backward(comm, mesh)
+    packed = comm.get("concatenate_buckets", True)
     if not xla_reduces:
         logging.info(
             "gradients: %s all-reduce of %g MiB buckets, %s, sent %s backward",
-            comm.strategy, comm.bucket_bytes / 2**20,
-            "concatenated" if comm.get("concatenate_buckets", True) else "as their leaves",
+            comm.strategy, comm.bucket_bytes / comm_model.MIB,
+            "concatenated" if packed else "as their leaves",
             "after" if after_backward else "during",
         )
 
@@ -234,7 +235,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
             overlap=comm.overlap,
             first_bucket_bytes=comm.first_bucket_bytes,
             after_backward=after_backward,
-            packed=comm.get("concatenate_buckets", True),
+            packed=packed,
         )
         # Keep the running BN averages identical on every device (cheap: a few KB).
         new_stats, metrics = allreduce.pmean_packed((new_stats, metrics), mesh_lib.BATCH_AXES)

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from jax.sharding import Mesh, PartitionSpec as P
 
-from jia_jax import allreduce, bucketing
+from jia_jax import allreduce
 from tests.mp_util import run_multiprocess
 
 BF16 = np.dtype(jnp.bfloat16)
@@ -230,8 +230,9 @@ def _collectives(hlo: str) -> list[tuple[str, tuple, int, str]]:
     ]
 
 
-def _reducer(strategy: str, wire: str):
-    """Per-device gradients -> their mean, with the test's bucket and crossover sizes."""
+def _reducer(strategy: str, wire: str, **options):
+    """Per-device gradients -> their mean, with the test's bucket and crossover sizes and the
+    other `reduce_gradients` `options`."""
 
     def per_device(g):
         return allreduce.reduce_gradients(
@@ -240,9 +241,34 @@ def _reducer(strategy: str, wire: str):
             bucket_bytes=BUCKET_BYTES,
             wire_dtype=wire,
             hybrid_crossover_bytes=CROSSOVER_BYTES,
+            **options,
         )
 
     return per_device
+
+
+def _stacked_reducer(mesh: Mesh, strategy: str, wire: str, **options):
+    """`_reducer` over `mesh` of gradients stacked per device (`per_device_grads`)."""
+    reduce = _reducer(strategy, wire, **options)
+    return jax.shard_map(
+        lambda g: reduce(jax.tree.map(lambda x: x[0], g)), mesh=mesh, in_specs=BATCH, out_specs=P()
+    )
+
+
+def _shard_map_eqns(fn, *args) -> list:
+    """The equations of the one `shard_map` that `fn` traces to with `args`."""
+    outer = jax.make_jaxpr(fn)(*args).jaxpr
+    [inner] = [e.params["jaxpr"] for e in outer.eqns if e.primitive.name == "shard_map"]
+    return getattr(inner, "jaxpr", inner).eqns  # a ClosedJaxpr in some JAX versions
+
+
+def _hierarchical_buckets(strategy: str, plan) -> list[bool]:
+    """Per bucket, whether `strategy` reduces it hierarchically: all for `hierarchical`, those
+    under the crossover for `hybrid`."""
+    return [
+        n < CROSSOVER_BYTES if strategy == "hybrid" else strategy == "hierarchical"
+        for n in plan.bucket_nbytes()
+    ]
 
 
 @pytest.mark.parametrize("strategy", allreduce.STRATEGIES)
@@ -250,10 +276,7 @@ def test_hlo_has_the_strategys_collectives_once_per_bucket(mesh, strategy):
     wire = "bfloat16"
     abstract = _abstract_grads()
     plan = allreduce.plan_buckets(abstract, BUCKET_BYTES, wire)
-    hier = [
-        n < CROSSOVER_BYTES if strategy == "hybrid" else strategy == "hierarchical"
-        for n in plan.bucket_nbytes()
-    ]
+    hier = _hierarchical_buckets(strategy, plan)
     n_hier, n_flat = sum(hier), len(hier) - sum(hier)
     expected = Counter(
         {
@@ -488,28 +511,21 @@ def test_after_backward_holds_every_leaf_behind_one_barrier_and_keeps_the_mean(m
     wire = "bfloat16"
     grads = per_device_grads()
 
-    def reducer(after_backward):
-        def per_device(g):
-            return allreduce.reduce_gradients(
-                jax.tree.map(lambda x: x[0], g), strategy=strategy, bucket_bytes=BUCKET_BYTES,
-                wire_dtype=wire, hybrid_crossover_bytes=CROSSOVER_BYTES,
-                after_backward=after_backward,
-            )
-
-        return jax.shard_map(per_device, mesh=mesh, in_specs=BATCH, out_specs=P())
-
     def barriers(after_backward):
-        outer = jax.make_jaxpr(reducer(after_backward))(grads).jaxpr
-        [inner] = [e.params["jaxpr"] for e in outer.eqns if e.primitive.name == "shard_map"]
-        inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr in some JAX versions
-        names = [e.primitive.name for e in inner.eqns]
+        eqns = _shard_map_eqns(
+            _stacked_reducer(mesh, strategy, wire, after_backward=after_backward), grads
+        )
+        names = [e.primitive.name for e in eqns]
         found = [i for i, n in enumerate(names) if n == "optimization_barrier"]
         # Those ahead of the first bucket; the overlap's own barrier follows the collectives.
-        return [len(inner.eqns[i].invars) for i in found if i < names.index("concatenate")]
+        return [len(eqns[i].invars) for i in found if i < names.index("concatenate")]
 
     assert barriers(True) == [len(jax.tree.leaves(grads))]
     assert barriers(False) == []
-    same = [jax.tree.leaves(jax.jit(reducer(after))(grads)) for after in (True, False)]
+    same = [
+        jax.tree.leaves(jax.jit(_stacked_reducer(mesh, strategy, wire, after_backward=a))(grads))
+        for a in (True, False)
+    ]
     for a, b in zip(*same):
         np.testing.assert_array_equal(a, b)
 
@@ -523,37 +539,25 @@ def test_unconcatenated_buckets_send_each_bucket_as_one_psum_of_its_leaves(mesh,
     # the means agree to the bit with the concatenated buckets' (fp16: divided first in both).
     grads = per_device_grads()
     plan = allreduce.plan_buckets(_abstract_grads(), BUCKET_BYTES, wire)
-
-    def reducer(packed):
-        def per_device(g):
-            return allreduce.reduce_gradients(
-                jax.tree.map(lambda x: x[0], g), strategy=strategy, bucket_bytes=BUCKET_BYTES,
-                wire_dtype=wire, hybrid_crossover_bytes=CROSSOVER_BYTES, packed=packed,
-            )
-
-        return jax.shard_map(per_device, mesh=mesh, in_specs=BATCH, out_specs=P())
-
-    outer = jax.make_jaxpr(reducer(False))(grads).jaxpr
-    [inner] = [e.params["jaxpr"] for e in outer.eqns if e.primitive.name == "shard_map"]
-    inner = getattr(inner, "jaxpr", inner)  # a ClosedJaxpr in some JAX versions
-    hierarchical = [
-        bucketing.reduces_hierarchically(strategy, n, CROSSOVER_BYTES)
-        for n in plan.bucket_nbytes()
-    ]
+    eqns = _shard_map_eqns(_stacked_reducer(mesh, strategy, wire, packed=False), grads)
+    hierarchical = _hierarchical_buckets(strategy, plan)
     both = {"node", "gpu"}
-    flat_psums = [e for e in inner.eqns
+    flat_psums = [e for e in eqns
                   if e.primitive.name.startswith("psum") and set(e.params["axes"]) == both]
     # JAX binds one psum per leaf (or one for all): XLA's combiner merges them.
     assert sum(len(e.invars) for e in flat_psums) == sum(
         len(b) for b, h in zip(plan.buckets, hierarchical) if not h
     )
-    concatenates = [e for e in inner.eqns if e.primitive.name == "concatenate"]
+    concatenates = [e for e in eqns if e.primitive.name == "concatenate"]
     # (a bucket of one leaf needs no concatenate in either form)
     assert len(concatenates) == sum(h and len(b) > 1 for b, h in zip(plan.buckets, hierarchical))
     assert any(not h and len(b) > 1 for b, h in zip(plan.buckets, hierarchical)) == (
         strategy != "hierarchical"
     )
-    got, want = (jax.tree.leaves(jax.jit(reducer(packed))(grads)) for packed in (False, True))
+    got, want = (
+        jax.tree.leaves(jax.jit(_stacked_reducer(mesh, strategy, wire, packed=p))(grads))
+        for p in (False, True)
+    )
     for a, b in zip(got, want):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(a, b)

@@ -240,8 +240,8 @@ def resize_tiles(
     # (h) as its contraction over [T, h, w c], the horizontal one the intermediate rows' columns
     # as theirs over [T, w, c s], so that neither operand is transposed in memory; only the
     # small output is, to [T, s, k, c]. With the rows kept as [T, s, w, c] XLA transposed them
-    # before the horizontal product, and the program took 1.05 ms a batch of 256 on an H200
-    # against 0.93 ms this way (docs/benchmarks/gpu_decode_crop_layout_1xH200.json).
+    # before the horizontal product, and the program took 1.05 to 1.11 ms a batch of 256 on an
+    # H200 against 0.91 to 0.98 ms this way (docs/benchmarks/gpu_decode_crop_layout_1xH200.json).
     t, channels = tiles.shape[0], tiles.shape[-1]
     pixels = tiles.astype(dtype).reshape(t, canvas, canvas * channels)
     columns = jnp.einsum(

@@ -2382,3 +2382,23 @@ def test_conv_stats_prose_quotes_the_json():
         f"the fused kernel took {total[64, 'pallas']:,.0f} µs against {total[64, 'xla']:,.0f}",
         f"({floor:.0f} µs for the smallest product alone)",
     ])
+
+
+def test_widened_batchnorm_sums_prose_quotes_the_json():
+    """The widened rows against XLA's plain sums, weighted by ResNet-50's BatchNorm shapes."""
+    from scripts.bench.bn_reductions import RESNET50_BN_SHAPES
+
+    count = {(size, channels): n for size, channels, n in RESNET50_BN_SHAPES}
+    total: dict[tuple[int, str], float] = {}
+    for r in load("bn_reductions_wide_1xH200.json")["results"]:
+        key = (r["batch"], r["op"])
+        total[key] = total.get(key, 0.0) + r["us"] * count[r["size"], r["channels"]]
+    us = {k: f"{v:,.0f}" for k, v in total.items()}
+    assert total[256, "fwd:xla_wide"] < total[256, "fwd:xla"]  # a 2% gain, called nothing
+    assert total[256, "bwd:xla_wide"] > total[256, "bwd:xla"]
+    assert_quoted(read("docs/benchmarks.md"), [
+        f"the forward sums took {us[256, 'fwd:xla_wide']} µs against {us[256, 'fwd:xla']} at 256 "
+        f"images and {us[64, 'fwd:xla_wide']} against {us[64, 'fwd:xla']} at 64, and the backward "
+        f"sums {us[256, 'bwd:xla_wide']} against {us[256, 'bwd:xla']} and "
+        f"{us[64, 'bwd:xla_wide']} against {us[64, 'bwd:xla']}.",
+    ])

@@ -89,6 +89,12 @@ def create_input(
                 f"{field}={size} must be divisible by the device count ({num_devices})."
             )
     process, processes = jax.process_index(), jax.process_count()
+    if data.name in ("synthetic", "digits") and data.decode == "gpu":
+        # Asked for by name, so say that it does nothing here rather than drop it silently.
+        logging.warning(
+            "data.decode='gpu' is ignored: data.name=%r has no JPEGs to decode (it applies to "
+            "prepared tfds datasets).", data.name,
+        )
 
     if data.name == "synthetic":
         info = DatasetInfo(

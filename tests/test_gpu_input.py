@@ -275,6 +275,17 @@ def test_decode_choice_is_checked_and_auto_falls_back_to_the_cpu(monkeypatch, ca
         input_pipeline.create_input(data, 8, 8, mesh_lib.create_mesh(2, 4), 0)
 
 
+def test_decode_gpu_asked_for_a_dataset_without_jpegs_is_said_to_be_ignored(caplog):
+    data = default.get_config().data
+    data.name = "synthetic"
+    for decode, warned in (("gpu", True), ("auto", False)):
+        data.decode = decode
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            input_pipeline.create_input(data, 8, 8, mesh_lib.create_mesh(2, 4), 0)
+        assert ("data.decode='gpu' is ignored: data.name='synthetic'" in caplog.text) == warned
+
+
 def test_the_gpu_path_warns_where_cuda_started_without_its_hardware_queues(monkeypatch, caplog):
     monkeypatch.setattr(gpu_decode, "available", lambda: True)
     monkeypatch.setattr(gpu_decode, "library_installed", lambda: True)

@@ -109,3 +109,17 @@ def test_a_named_tiling_computes_the_same_and_a_bad_one_is_refused():
         conv_stats.variant("xla@64x32x16x8x2")
     with pytest.raises(ValueError, match="BMxBNxBKxWARPSxSTAGES"):
         conv_stats.variant("pallas@64x32")
+
+
+def test_input_stats_variant_is_the_models_linear_moments():
+    """Its product is the plain variant's, its statistics `linear_moments`' (tested against
+    float64 in tests/test_fused_layers.py) and within their fp32 rounding of y's float64 ones."""
+    from jia_jax.models import batch_norm_ops
+
+    x, w = _inputs(offset=1.0)
+    y, mean, var = jax.jit(conv_stats.xla_input_stats)(x, w)
+    y_plain, *_ = jax.jit(conv_stats.xla_conv_stats)(x, w)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(y_plain))
+    want = jax.jit(batch_norm_ops.linear_moments)(y, x, w)
+    np.testing.assert_array_equal(np.asarray(mean), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(var), np.asarray(want[1]))

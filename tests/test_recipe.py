@@ -102,6 +102,8 @@ def test_model_options_are_free_on_resume():
     meta = {"step": 5, "seed": 0, "config": config.to_json(), "num_devices": 8}
     assert current["model.sliced_max_pool"] is True  # the default
     recipe.check_resume(meta, current, allow_change=False, step=5, directory="/c")
+    current["model.input_moments"] = True  # another way to the same statistics
+    recipe.check_resume(meta, current, allow_change=False, step=5, directory="/c")
     current["model.bn_momentum"] = 0.99  # other model fields stay compared
     with pytest.raises(recipe.ConfigChangedError, match="model.bn_momentum"):
         recipe.check_resume(meta, current, allow_change=False, step=5, directory="/c")

@@ -13,6 +13,7 @@ call each:
 
   * `xla`: `jnp.dot` then `moments` on its bf16 output (what the trainer's step compiles to);
   * `xla_gemm`: the product alone;
+  * `xla_input_stats`: the product, and the statistics from x's covariance (see there);
   * `pallas`: the product with the statistics in its epilogue;
   * `pallas_shifted`: the same, the tile's two sums independent of each other (see `stats`);
   * `pallas_gemm`: the same kernel without them (how fast the Pallas product itself is);
@@ -59,6 +60,14 @@ def xla_conv_stats(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array, ja
 def xla_gemm(x: jax.Array, w: jax.Array) -> jax.Array:
     """y = x @ w in bf16 (fp32 accumulation)."""
     return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def xla_input_stats(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """y = x @ w, with y's per-channel mean and biased variance from x's covariance instead of
+    from y (`batch_norm_ops.linear_moments`, what `model.input_moments` computes): a [K, K]
+    product over x's K columns where `moments` reads y's N."""
+    y = xla_gemm(x, w)
+    return (y, *batch_norm_ops.linear_moments(y, x, w))
 
 
 def combine(means: jax.Array, squares: jax.Array, rows: int) -> tuple[jax.Array, jax.Array]:
@@ -143,6 +152,7 @@ def pallas_conv_stats(
 VARIANTS = {
     "xla": xla_conv_stats,
     "xla_gemm": xla_gemm,
+    "xla_input_stats": xla_input_stats,
     "pallas": pallas_conv_stats,
     "pallas_shifted": functools.partial(pallas_conv_stats, stats="shifted"),
     "pallas_gemm": functools.partial(pallas_conv_stats, stats=None),

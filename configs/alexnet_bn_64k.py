@@ -22,7 +22,6 @@ def get_config() -> ml_collections.ConfigDict:
     # 256 images and 1.12x at 64 on one H200 (docs/benchmarks.md, "One GPU"); the space-to-depth
     # stem is unmeasured on its 11x11/4 stem and stays off.
     config.model.space_to_depth_stem = False
-    del config.model.input_moments  # ResNet's bottlenecks only
     config.global_batch_size = 65536
     config.eval_batch_size = 4096
     config.microbatch_size = 512

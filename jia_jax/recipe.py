@@ -32,9 +32,9 @@ from absl import logging
 #   strategy computes the same mean (up to summation order); so may `comm.network`, which only
 #   picks the plan, and what XLA is told of it, which only moves the schedule. `comm.dtype`, the
 #   precision on the wire, is compared.
-# - `model.space_to_depth_stem` / `model.sliced_max_pool` / `model.input_moments` may change
-#   (or be absent, in checkpoints from before they existed): the same function on the same
-#   variables, another summation order (tests/test_fused_layers.py).
+# - `model.space_to_depth_stem` / `model.sliced_max_pool` may change (or be absent, in
+#   checkpoints from before they existed): the same function on the same variables, another
+#   summation order (tests/test_fused_layers.py).
 FREE_ON_RESUME = (
     "allow_config_change",
     "log_every_steps",
@@ -68,7 +68,6 @@ FREE_ON_RESUME = (
     "comm.told_bandwidth_scale",
     "model.space_to_depth_stem",
     "model.sliced_max_pool",
-    "model.input_moments",
     # When to give up (on bad records, on overflowing fp16 steps): never what a step computes.
     "data.max_bad_records",
     "precision.loss_scale.max_skips_at_minimum",
@@ -88,7 +87,11 @@ FREE_ON_RESUME = (
 # applied the same updates bit for bit, one program later, and was measured slower (docs/
 # benchmarks.md, "Does summing the first buckets under the next step's forward hide them?");
 # `comm.isolate_buckets` (a barrier over each bucket's gradients before packing, off by default)
-# left the same values and XLA's fusion of backward as it was (docs/benchmarks.md, "One GPU").
+# left the same values and XLA's fusion of backward as it was (docs/benchmarks.md, "One GPU");
+# `model.input_moments` (BatchNorm statistics of ResNet's widening 1x1 convolutions from their
+# input, off by default) gave the same statistics up to fp32 rounding and the same backward, and
+# was measured no faster (docs/benchmarks.md, "Can BatchNorm's statistics come from a 1x1
+# convolution's input?").
 RETIRED = (
     "comm.backward_cuts",
     "model.weight_grads_first",
@@ -96,6 +99,7 @@ RETIRED = (
     "xla.command_buffer_convolutions",
     "comm.deferred_buckets",
     "comm.isolate_buckets",
+    "model.input_moments",
 )
 _MISSING = object()
 

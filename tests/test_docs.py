@@ -2402,3 +2402,33 @@ def test_widened_batchnorm_sums_prose_quotes_the_json():
         f"sums {us[256, 'bwd:xla_wide']} against {us[256, 'bwd:xla']} and "
         f"{us[64, 'bwd:xla_wide']} against {us[64, 'bwd:xla']}.",
     ])
+
+
+def test_input_statistics_prose_quotes_the_json():
+    """The 1x1 convolutions' statistics from their input, alone and in the step."""
+    us = {(r["batch"], r["size"], r["in_channels"], r["out_channels"], r["variant"]): r["us"]
+          for r in load("conv_input_stats_1xH200.json")["results"]}
+    widening = [(s, k, n) for s, k, n in {key[1:4] for key in us} if n == 4 * k]
+    narrowing = [(s, k, n) for s, k, n in {key[1:4] for key in us} if n < k]
+    assert all(us[256, *w, "xla_input_stats"] > us[256, *w, "xla"] for w in narrowing)
+    at64 = sorted((us[64, *w, "xla_input_stats"], us[64, *w, "xla"]) for w in widening)
+    runs = []
+    for name in ("bench_peers_input_moments_1xH200.json",
+                 "bench_peers_input_moments_repeat_1xH200.json"):
+        rows = {(r["per_device_batch"], tuple(r["model_options"])): r
+                for r in load(name)["results"] if r["kind"] == "trainer"}
+        runs.append({b: rows[b, ("input_moments",)]["images_per_s"]
+                     / rows[b, ()]["images_per_s"] for b in (256, 64)})
+    assert_quoted(read("docs/benchmarks.md"), [
+        f"took {us[256, 56, 64, 256, 'xla_input_stats']:.0f} µs against XLA's "
+        f"{us[256, 56, 64, 256, 'xla']:.0f} at 56 × 56 × 64 → 256 and 256 images, "
+        f"{us[256, 28, 128, 512, 'xla_input_stats']:.0f} against {us[256, 28, 128, 512, 'xla']:.0f}"
+        f" and {us[256, 14, 256, 1024, 'xla_input_stats']:.0f} against "
+        f"{us[256, 14, 256, 1024, 'xla']:.0f} in the next stages, but "
+        f"{us[256, 7, 512, 2048, 'xla_input_stats']:.0f} against {us[256, 7, 512, 2048, 'xla']:.0f}"
+        " at 7 × 7 × 512 → 2048",
+        f"at 64 images {min(a for a, _ in at64):.0f} to {max(a for a, _ in at64):.0f} µs against "
+        f"{min(b for _, b in at64):.0f} to {max(b for _, b in at64):.0f}",
+        f"{runs[0][256]:.3f}× and {runs[1][256]:.3f}× the default at 256 images, "
+        f"{runs[0][64]:.3f}× and {runs[1][64]:.3f}× at 64",
+    ])

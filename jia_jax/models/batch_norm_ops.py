@@ -3,7 +3,6 @@
 `moments` computes each channel's mean and biased variance in one pass over ``x``, shifted by a
 sample of the channel (Chan, Golub & LeVeque 1983), so that it keeps fp32 accuracy where flax's
 unshifted one-pass form does not and costs one pass where flax's two-pass form costs two.
-`linear_moments` gives the same statistics of a 1x1 convolution's output from its input.
 `batch_norm_eval` is flax's normalisation ``(x - mean) * rsqrt(var + epsilon) * scale + bias``,
 computed in the statistics' dtype (at least fp32) and cast once to the output dtype, as
 `nn.BatchNorm` with ``force_float32_reductions``. Both are plain jax: autodiff differentiates
@@ -50,52 +49,6 @@ def moments(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     mean_d = jnp.sum(d, axes) / n
     var = jnp.maximum(jnp.sum(d * d, axes) / n - mean_d * mean_d, 0.0)
     return shift + mean_d, var
-
-
-@jax.custom_vjp
-def linear_moments(y: jax.Array, x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """`moments(y)` of a 1x1 convolution's output y = x @ w, computed from x: no pass over y.
-
-    x: (..., K) the convolution's input, w: (K, N) its kernel, y: (..., N). The convolution is
-    linear per pixel, so mean(y) = mean(x) @ w and var(y) = diag(w^T C w) with C = x^T x / M -
-    mean(x) mean(x)^T, x's [K, K] covariance over its M rows: one product that reads x (K
-    columns) where `moments` reads y (N): a quarter of the bytes where ResNet's bottleneck widens
-    K to N = 4K. The statistics are those of the exact product, in fp32; y (rounded to its dtype,
-    2^-9 relative in bf16) is only used by the backward. Accuracy: C's entries carry fp32
-    rounding of M terms relative to E|x_i x_j| + |mean_i mean_j| (x a ReLU's output: of C's own
-    size), and w^T C w adds that, weighted by |w|^T |C| |w|, to the variance.
-
-    Differentiated as the statistics of y, which they are: the backward is `moments`' own,
-    dy = (d mean + 2 (y - mean) d var) / M, elementwise, and x and w get their gradients through
-    y alone.
-    """
-    return _linear_moments(x, w)
-
-
-def _linear_moments(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
-    cdt = _stats_dtype(x)
-    rows = x.reshape(-1, x.shape[-1])
-    mean_x = jnp.sum(rows.astype(cdt), 0) / rows.shape[0]
-    gram = lax.dot_general(rows, rows, (((0,), (0,)), ((), ())), preferred_element_type=cdt)
-    cov = gram / rows.shape[0] - jnp.outer(mean_x, mean_x)
-    w = w.astype(cdt)
-    return mean_x @ w, jnp.maximum(jnp.sum(w * (cov @ w), 0), 0.0)
-
-
-def _linear_moments_fwd(y, x, w):
-    mean, var = _linear_moments(x, w)
-    return (mean, var), (y, mean)
-
-
-def _linear_moments_bwd(residuals, cotangents):
-    y, mean = residuals
-    d_mean, d_var = cotangents
-    n = math.prod(y.shape[:-1])
-    dy = (d_mean + 2.0 * (y.astype(mean.dtype) - mean) * d_var) / n
-    return dy.astype(y.dtype), None, None
-
-
-linear_moments.defvjp(_linear_moments_fwd, _linear_moments_bwd)
 
 
 def batch_norm_eval(

@@ -38,19 +38,14 @@ class BatchNormAct(nn.BatchNorm):
         residual: Callable[[], jax.Array] | None = None,
         *,
         relu: bool = False,
-        moments: Callable[[], tuple[jax.Array, jax.Array]] | None = None,
     ) -> jax.Array:
         """``relu(residual() + bn(x))``, the ReLU only if ``relu``, the add only with a residual.
 
         ``residual`` is a function (a ResNet shortcut, itself maybe a conv + BN), called after
         this BatchNorm, so the submodules are called in the order of the plain net, which
-        `call_order` turns into the all-reduce's buckets. ``moments``, where given, computes
-        x's batch mean and variance in place of `batch_norm_ops.moments` (the same values,
-        another way: `batch_norm_ops.linear_moments`); per-device statistics only.
+        `call_order` turns into the all-reduce's buckets.
         """
-        if moments is not None and not self._one_pass_plain(x):
-            raise ValueError("BatchNormAct: moments= needs per-device statistics of the last axis")
-        y = self._plain(x, moments) if self._one_pass_plain(x) else super().__call__(x)
+        y = self._plain(x) if self._one_pass_plain(x) else super().__call__(x)
         if residual is not None:
             y = residual() + y
         return nn.relu(y) if relu else y
@@ -79,13 +74,13 @@ class BatchNormAct(nn.BatchNorm):
             ra_mean.value = self.momentum * ra_mean.value + (1 - self.momentum) * mean
             ra_var.value = self.momentum * ra_var.value + (1 - self.momentum) * var
 
-    def _plain(self, x: jax.Array, moments: Callable | None = None) -> jax.Array:
+    def _plain(self, x: jax.Array) -> jax.Array:
         """nn.BatchNorm with per-device one-pass shifted statistics, differentiated by autodiff."""
         ra_mean, ra_var, scale, bias, dtype = self._variables(x)
         if self.use_running_average:
             mean, var = ra_mean.value, ra_var.value
         else:
-            mean, var = moments() if moments is not None else batch_norm_ops.moments(x)
+            mean, var = batch_norm_ops.moments(x)
             self._update_averages(ra_mean, ra_var, *map(jax.lax.stop_gradient, (mean, var)))
         # nn.BatchNorm's normalisation (in the statistics' dtype, one cast to dtype): elementwise
         # given the statistics, so autodiff carries the batch statistics' gradient through them.
@@ -109,19 +104,6 @@ def batch_norm(model: nn.Module, train: bool) -> Callable[..., BatchNormAct]:
         param_dtype=model.param_dtype,
         axis_name=model.bn_axis_name,
     )
-
-
-def input_moments(conv: nn.Module, x: jax.Array, y: jax.Array) -> Callable[[], tuple]:
-    """For `BatchNormAct`'s ``moments``: y's batch statistics from the input x of ``conv``, a
-    bound 1x1, stride-1 `Conv` that computed y (`batch_norm_ops.linear_moments`), its kernel
-    cast as the convolution casts it."""
-
-    def moments() -> tuple[jax.Array, jax.Array]:
-        kernel = conv.variables["params"]["kernel"]  # (out, 1, 1, in)
-        x_, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=conv.dtype)
-        return batch_norm_ops.linear_moments(y, x_, kernel[:, 0, 0, :].T)
-
-    return moments
 
 
 def stem_conv(model: nn.Module, kernel_init: Initializer) -> Callable[..., nn.Module]:

@@ -5,7 +5,6 @@ stored in ``param_dtype`` (fp32 master weights). BatchNorm statistics, the globa
 the classifier run in fp32 whatever ``dtype`` is, and the logits are returned in fp32.
 """
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -59,18 +58,12 @@ class BasicBlock(nn.Module):
 
 
 class BottleneckBlock(nn.Module):
-    """1x1 -> 3x3 (strided, v1.5) -> 1x1 convs (ResNet-50/101). Output channels: 4*``features``.
-
-    ``input_moments``: the BatchNorms after the widening 1x1, stride-1 convolutions (conv3, and
-    a stride-1 projection) take their batch statistics from the convolution's input
-    (`layers.input_moments`): the same values, from a quarter of the bytes.
-    """
+    """1x1 -> 3x3 (strided, v1.5) -> 1x1 convs (ResNet-50/101). Output channels: 4*``features``."""
 
     features: int
     strides: int
     conv: ModuleDef
     norm: ModuleDef
-    input_moments: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -79,40 +72,25 @@ class BottleneckBlock(nn.Module):
         y = self.norm(name="bn1")(y, relu=True)
         # v1.5: the stride sits here, not on the first 1x1 conv as in the original v1.
         y = self.conv(self.features, (3, 3), self.strides, padding=_pad(3), name="conv2")(y)
-        h = self.norm(name="bn2")(y, relu=True)
-        conv3 = self.conv(4 * self.features, (1, 1), name="conv3")
-        y = conv3(h)
-        moments = layers.input_moments(conv3, h, y) if self.input_moments else None
-        shortcut = _shortcut(x, y.shape, self.strides, self.conv, self.norm, self.input_moments)
-        bn3 = self.norm(scale_init=nn.initializers.zeros, name="bn3")
-        return bn3(y, shortcut, relu=True, moments=moments)
+        y = self.norm(name="bn2")(y, relu=True)
+        y = self.conv(4 * self.features, (1, 1), name="conv3")(y)
+        shortcut = _shortcut(x, y.shape, self.strides, self.conv, self.norm)
+        return self.norm(scale_init=nn.initializers.zeros, name="bn3")(y, shortcut, relu=True)
 
 
 def _shortcut(
-    x: jax.Array,
-    shape: tuple[int, ...],
-    strides: int,
-    conv: ModuleDef,
-    norm: ModuleDef,
-    input_moments: bool = False,
+    x: jax.Array, shape: tuple[int, ...], strides: int, conv: ModuleDef, norm: ModuleDef
 ) -> Callable[[], jax.Array]:
     """Identity, or a strided 1x1 projection + BN where the residual branch changes the shape.
 
     Returned as a function for the branch's last BN to call (`layers.BatchNormAct`); the layers
-    are made here, so that they belong to the block, not to that BN. ``input_moments``: a
-    stride-1 projection's BN takes its statistics from x (`layers.input_moments`).
+    are made here, so that they belong to the block, not to that BN.
     """
     if x.shape == shape:
         return lambda: x
     proj_conv = conv(shape[-1], (1, 1), strides, name="proj_conv")
     proj_bn = norm(name="proj_bn")
-
-    def project() -> jax.Array:
-        y = proj_conv(x)
-        from_input = input_moments and strides == 1
-        return proj_bn(y, moments=layers.input_moments(proj_conv, x, y) if from_input else None)
-
-    return project
+    return lambda: proj_bn(proj_conv(x))
 
 
 class ResNet(nn.Module):
@@ -139,10 +117,6 @@ class ResNet(nn.Module):
         the winning tap (`max_pool.py`): the same function and gradient (ties to the first
         maximum in window order, as flax's), with an elementwise backward instead of XLA's
         select-and-scatter.
-      input_moments: The BatchNorms after the bottlenecks' widening 1x1 convolutions take their
-        batch statistics from the convolution's input (`BottleneckBlock`): the same values
-        from a quarter of the bytes, the same backward. Needs per-device statistics
-        (``bn_axis_name`` None); no effect on basic blocks.
     """
 
     num_classes: int
@@ -156,16 +130,11 @@ class ResNet(nn.Module):
     small_inputs: bool = False
     space_to_depth_stem: bool = False
     sliced_max_pool: bool = False
-    input_moments: bool = False
 
     def __post_init__(self) -> None:
         if self.depth not in _ARCHITECTURES:
             raise ValueError(
                 f"ResNet depth {self.depth} is not supported; use one of {sorted(_ARCHITECTURES)}."
-            )
-        if self.input_moments and self.bn_axis_name is not None:
-            raise ValueError(
-                "model.input_moments needs per-device BatchNorm statistics (bn_axis_name None)."
             )
         super().__post_init__()
 
@@ -183,8 +152,6 @@ class ResNet(nn.Module):
         norm = layers.batch_norm(self, train)  # fp32 statistics, output in dtype
         kind, stage_sizes = _ARCHITECTURES[self.depth]
         block_cls = BasicBlock if kind == "basic" else BottleneckBlock
-        if kind == "bottleneck":
-            block_cls = functools.partial(block_cls, input_moments=self.input_moments)
 
         if self.small_inputs:
             x = conv(self.width, (3, 3), padding=_pad(3), name="stem_conv")(x)

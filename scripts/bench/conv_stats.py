@@ -63,11 +63,20 @@ def xla_gemm(x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def xla_input_stats(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """y = x @ w, with y's per-channel mean and biased variance from x's covariance instead of
-    from y (`batch_norm_ops.linear_moments`, what `model.input_moments` computes): a [K, K]
-    product over x's K columns where `moments` reads y's N."""
+    """y = x @ w, with y's per-channel mean and biased variance from x instead of from y.
+
+    The product is linear per row, so mean(y) = mean(x) @ w and var(y) = diag(w^T C w) with
+    C = x^T x / M - mean(x) mean(x)^T, x's [K, K] covariance over its M rows: one product that
+    reads x's K columns where `moments` reads y's N, a quarter of the bytes where ResNet's
+    bottleneck widens K to N = 4K. The statistics are the exact product's, in fp32.
+    """
     y = xla_gemm(x, w)
-    return (y, *batch_norm_ops.linear_moments(y, x, w))
+    f32 = jnp.float32
+    mean_x = jnp.sum(x.astype(f32), 0) / x.shape[0]
+    gram = jax.lax.dot_general(x, x, (((0,), (0,)), ((), ())), preferred_element_type=f32)
+    cov = gram / x.shape[0] - jnp.outer(mean_x, mean_x)
+    w32 = w.astype(f32)
+    return y, mean_x @ w32, jnp.maximum(jnp.sum(w32 * (cov @ w32), 0), 0.0)
 
 
 def combine(means: jax.Array, squares: jax.Array, rows: int) -> tuple[jax.Array, jax.Array]:

@@ -148,8 +148,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.comm.pack_after_backward = "auto"
     # Explicit strategies: copy each bucket's gradients into one array for its all-reduce (True),
     # or send the leaves themselves, whose all-reduces XLA's combiner merges (False: no copy, and
-    # no concatenation for backward's fusions to work around). Not yet measured on GPUs.
-    # Same mean, up to summation order.
+    # no concatenation for backward's fusions to work around). Across 2 emulated hosts of one
+    # H200: no faster at 256 images per GPU, faster queued and slower synced at 64, in one call
+    # (docs/benchmarks.md, "Across hosts"). Same mean, up to summation order.
     config.comm.concatenate_buckets = True
     # The links `comm.strategy='auto'` plans for (jia_jax/comm_model.py, `network_model`) when
     # the run spans processes: "" the calibration's default fabric (a published 400 Gb/s

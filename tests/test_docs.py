@@ -2432,3 +2432,28 @@ def test_input_statistics_prose_quotes_the_json():
         f"{runs[0][256]:.3f}× and {runs[1][256]:.3f}× the default at 256 images, "
         f"{runs[0][64]:.3f}× and {runs[1][64]:.3f}× at 64",
     ])
+
+
+def test_buckets_as_their_gradients_prose_quotes_the_json():
+    """`comm.concatenate_buckets=False` against the default across 2 emulated hosts."""
+    rows = {(r["variant"], r["per_device_batch"]): r
+            for r in load("bench_overlap_leaves_2x1_2xH200.json")["results"] if r["layout"] == "2x1"}
+    leaves, default = (
+        {b: rows[v, b] for b in (256, 64)} for v in ("leaves", "overlap"))
+    quotes = [
+        f"at 256 images per GPU {leaves[256]['efficiency']:.3f} of one GPU against the default's "
+        f"{default[256]['efficiency']:.3f}, at 64 images {leaves[64]['efficiency']:.3f} against "
+        f"{default[64]['efficiency']:.3f} queued but {leaves[64]['synced_efficiency']:.3f} against "
+        f"{default[64]['synced_efficiency']:.3f} synced, with {leaves[64]['exposed_comm_ms']:.1f} "
+        f"ms of the wire exposed a step against {default[64]['exposed_comm_ms']:.1f} and the GPU "
+        f"idle {leaves[64]['idle_ms']:.1f} ms against {default[64]['idle_ms']:.1f}",
+    ]
+    assert_quoted(read("docs/benchmarks.md"), quotes)
+    assert_quoted(read("README.md"), [
+        f"it kept {leaves[256]['efficiency']:.3f} of one GPU at 256 images per GPU against the "
+        f"default's {default[256]['efficiency']:.3f}, and at 64 images "
+        f"{leaves[64]['efficiency']:.3f} against {default[64]['efficiency']:.3f} queued but "
+        f"{leaves[64]['synced_efficiency']:.3f} against {default[64]['synced_efficiency']:.3f} "
+        "synced",
+    ])
+    assert leaves[64]["synced_efficiency"] < default[64]["synced_efficiency"]  # "decide nothing"

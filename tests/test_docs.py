@@ -2415,10 +2415,9 @@ def test_input_statistics_prose_quotes_the_json():
     runs = []
     for name in ("bench_peers_input_moments_1xH200.json",
                  "bench_peers_input_moments_repeat_1xH200.json"):
-        rows = {(r["per_device_batch"], tuple(r["model_options"])): r
-                for r in load(name)["results"] if r["kind"] == "trainer"}
-        runs.append({b: rows[b, ("input_moments",)]["images_per_s"]
-                     / rows[b, ()]["images_per_s"] for b in (256, 64)})
+        rows = _peers_step_rows(name)
+        runs.append({b: rows["resnet50", b, "trainer", "input_moments"]["images_per_s"]
+                     / rows["resnet50", b, "trainer", ""]["images_per_s"] for b in (256, 64)})
     assert_quoted(read("docs/benchmarks.md"), [
         f"took {us[256, 56, 64, 256, 'xla_input_stats']:.0f} µs against XLA's "
         f"{us[256, 56, 64, 256, 'xla']:.0f} at 56 × 56 × 64 → 256 and 256 images, "
@@ -2436,24 +2435,22 @@ def test_input_statistics_prose_quotes_the_json():
 
 def test_buckets_as_their_gradients_prose_quotes_the_json():
     """`comm.concatenate_buckets=False` against the default across 2 emulated hosts."""
-    rows = {(r["variant"], r["per_device_batch"]): r
-            for r in load("bench_overlap_leaves_2x1_2xH200.json")["results"] if r["layout"] == "2x1"}
-    leaves, default = (
-        {b: rows[v, b] for b in (256, 64)} for v in ("leaves", "overlap"))
+    rows = _overlap_rows("bench_overlap_leaves_2x1_2xH200.json")
+    leaves, default = ({b: rows["2x1", v, b] for b in (256, 64)} for v in ("leaves", "overlap"))
     quotes = [
-        f"at 256 images per GPU {leaves[256]['efficiency']:.3f} of one GPU against the default's "
-        f"{default[256]['efficiency']:.3f}, at 64 images {leaves[64]['efficiency']:.3f} against "
-        f"{default[64]['efficiency']:.3f} queued but {leaves[64]['synced_efficiency']:.3f} against "
-        f"{default[64]['synced_efficiency']:.3f} synced, with {leaves[64]['exposed_comm_ms']:.1f} "
+        f"at 256 images per GPU {leaves[256]['eff']:.3f} of one GPU against the default's "
+        f"{default[256]['eff']:.3f}, at 64 images {leaves[64]['eff']:.3f} against "
+        f"{default[64]['eff']:.3f} queued but {leaves[64]['synced_eff']:.3f} against "
+        f"{default[64]['synced_eff']:.3f} synced, with {leaves[64]['exposed_comm_ms']:.1f} "
         f"ms of the wire exposed a step against {default[64]['exposed_comm_ms']:.1f} and the GPU "
         f"idle {leaves[64]['idle_ms']:.1f} ms against {default[64]['idle_ms']:.1f}",
     ]
     assert_quoted(read("docs/benchmarks.md"), quotes)
     assert_quoted(read("README.md"), [
-        f"it kept {leaves[256]['efficiency']:.3f} of one GPU at 256 images per GPU against the "
-        f"default's {default[256]['efficiency']:.3f}, and at 64 images "
-        f"{leaves[64]['efficiency']:.3f} against {default[64]['efficiency']:.3f} queued but "
-        f"{leaves[64]['synced_efficiency']:.3f} against {default[64]['synced_efficiency']:.3f} "
+        f"it kept {leaves[256]['eff']:.3f} of one GPU at 256 images per GPU against the "
+        f"default's {default[256]['eff']:.3f}, and at 64 images "
+        f"{leaves[64]['eff']:.3f} against {default[64]['eff']:.3f} queued but "
+        f"{leaves[64]['synced_eff']:.3f} against {default[64]['synced_eff']:.3f} "
         "synced",
     ])
-    assert leaves[64]["synced_efficiency"] < default[64]["synced_efficiency"]  # "decide nothing"
+    assert leaves[64]["synced_eff"] < default[64]["synced_eff"]  # "decide nothing"

@@ -2454,3 +2454,37 @@ def test_buckets_as_their_gradients_prose_quotes_the_json():
         "synced",
     ])
     assert leaves[64]["synced_eff"] < default[64]["synced_eff"]  # "decide nothing"
+
+
+def test_cudnn_genstats_prose_quotes_the_json():
+    """cuDNN graphs with BatchNorm's sums in the convolution's kernel against XLA's convolution
+    and its separate sums: the per-forward totals, the two shapes named, the per-shape best, and
+    the accuracy bounds, from the raw record."""
+    doc = load("cudnn_genstats_1xH200.json")
+    total = {r["variant"]: r["us"] for r in doc["per_step"] if r["batch"] == 256}
+    by_shape: dict[tuple, dict[str, dict]] = {}
+    for r in doc["results"]:
+        key = (r["size"], r["in_channels"], r["out_channels"], r["kernel"], r["stride"])
+        by_shape.setdefault(key, {})[r["variant"]] = r
+    assert len(by_shape) == 22 and all("us" in r for v in by_shape.values() for r in v.values())
+    count = {k: v["xla_conv"]["count"] for k, v in by_shape.items()}
+    best = sum(count[k] * min(v["xla_conv_stats"]["us"], v["cudnn_genstats_shifted"]["us"])
+               for k, v in by_shape.items())
+    small, large = by_shape[7, 2048, 512, 1, 1], by_shape[56, 64, 256, 1, 1]
+    cudnn = [r for v in by_shape.values() for n, r in v.items() if n.startswith("cudnn")]
+    # y within one bf16 rounding of XLA's (2^-8 of the largest |y|); sums within 1e-5 relative.
+    assert all(r["y_max_abs_diff"] <= 2.0**-8 * r["y_max_abs"] for r in cudnn)
+    assert all(r.get(e, 0.0) <= 1e-5 for r in cudnn for e in ("sum_rel_err", "sq_sum_rel_err"))
+    assert total["cudnn_genstats_shifted"] > total["xla_conv_stats"]  # "Not a lever"
+    assert_quoted(read("docs/benchmarks.md"), [
+        f"52 convolutions took {total['xla_conv']:,.0f} µs in XLA alone and "
+        f"{total['xla_conv_stats']:,.0f} with XLA's separate sums; in cuDNN "
+        f"{total['cudnn_conv']:,.0f} alone, {total['cudnn_genstats']:,.0f} with `genstats` and "
+        f"{total['cudnn_genstats_shifted']:,.0f} with the shifted `genstats`",
+        f"2048 to 512 channels: {small['cudnn_genstats_shifted']['us']:.0f} µs against XLA's "
+        f"{small['xla_conv_stats']['us']:.0f}",
+        f"64 to 256 channels: {large['cudnn_genstats_shifted']['us']:.0f} against "
+        f"{large['xla_conv_stats']['us']:.0f}",
+        f"would save {(total['xla_conv_stats'] - best) / 1e3:.2f} ms a forward pass",
+        f"the first {doc['args']['max_plans']} of cuDNN's ranked plans",
+    ])

@@ -509,6 +509,25 @@ def conv_stats_table(doc: dict[str, Any]) -> str:
     return _pivot_table(doc, title, keys, "variant", "us")
 
 
+def cudnn_genstats_table(doc: dict[str, Any]) -> str:
+    """µs of ResNet-50's convolutions after the stem, XLA's and cuDNN graphs' with BatchNorm's
+    sums in the kernel (scripts/bench/cudnn_genstats.py), and a forward pass's total of each."""
+    title = (
+        f"Convolutions and their output's BatchNorm sums, µs a call ({_environment(doc)}; bf16, "
+        "fp32 accumulation; convs: how many of the shape one forward pass has):"
+    )
+    keys = (("images", "batch"), ("size", "size"), ("in", "in_channels"),
+            ("out", "out_channels"), ("kernel", "kernel"), ("stride", "stride"),
+            ("convs", "count"))
+    lines = [_pivot_table(doc, title, keys, "variant", "us")]
+    columns = list(dict.fromkeys(r["variant"] for r in doc["results"]))
+    for batch in sorted({r["batch"] for r in doc["per_step"]}, reverse=True):
+        totals = {r["variant"]: r["us"] for r in doc["per_step"] if r["batch"] == batch}
+        cells = [f"{totals[c]:,.0f}" if c in totals else "" for c in columns]
+        lines.append(f"| {batch} | all | | | | | 52 | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def pack_fusion_table(doc: dict[str, Any]) -> str:
     """Rate and fusion kinds of the ResNet-50 step per way of packing its gradients
     (scripts/bench/pack_fusion.py); `vs xla` is the queued rate over the same batch's `xla` row."""
@@ -731,6 +750,8 @@ def table(path: str) -> str:
     first = (doc.get("results") or [{}])[0]
     if "op" in first and "channels" in first:
         return bn_reductions_table(doc)
+    if "kernel" in first and "variant" in first:
+        return cudnn_genstats_table(doc)
     if "in_channels" in first and "variant" in first:
         return conv_stats_table(doc)
     if "kinds" in first:

@@ -41,6 +41,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jia_jax import crop_kernel
+
 # Where each tile's resize parameters sit in a plan row.
 Y_START, Y_LENGTH, Y_VALID, X_START, X_LENGTH, X_VALID, FLIP = range(7)
 NUM_PARAMS = 7
@@ -162,9 +164,17 @@ def pad_plan(plan: TilePlan, count: int, batch: int) -> TilePlan:
 
 
 def axis_weights(
-    start: jax.Array, length: jax.Array, valid: jax.Array, out_size: int, canvas: int
+    start: jax.Array,
+    length: jax.Array,
+    valid: jax.Array,
+    out_size: int,
+    canvas: int,
+    rows: int | None = None,
+    flip: jax.Array | bool = False,
 ) -> jax.Array:
-    """[out_size, canvas] unnormalised triangle-filter weights of one tile along one axis.
+    """[rows, canvas] unnormalised triangle-filter weights of one tile along one axis: the
+    `out_size` samples' weights, in reverse order where `flip`, then zero rows up to `rows`
+    (`out_size` where None).
 
     Output sample j is centred at `start + (j + 0.5) * length / out_size` (Pillow's centre, in
     the tile's coordinates); pixel i at `i + 0.5`; the weight is `max(0, 1 - |distance| / s)`,
@@ -172,10 +182,14 @@ def axis_weights(
     """
     scale = length / out_size
     support = jnp.maximum(scale, 1.0)
-    centre = start + (jnp.arange(out_size, dtype=jnp.float32) + 0.5) * scale
+    sample = jnp.arange(out_size if rows is None else rows)
+    # Flipping the output is reading the samples in reverse: row j holds sample out_size-1-j.
+    order = jnp.where(flip, out_size - 1 - sample, sample)
+    centre = start + (order.astype(jnp.float32) + 0.5) * scale
     pixel = jnp.arange(canvas, dtype=jnp.float32) + 0.5
     weight = jnp.maximum(1.0 - jnp.abs(pixel[None, :] - centre[:, None]) / support, 0.0)
-    return jnp.where(jnp.arange(canvas)[None, :] < valid, weight, 0.0)
+    inside = (jnp.arange(canvas)[None, :] < valid) & (sample[:, None] < out_size)
+    return jnp.where(inside, weight, 0.0)
 
 
 def normalised_weights(
@@ -216,6 +230,8 @@ def resize_tiles(
     image_size: int,
     dtype: jnp.dtype = jnp.bfloat16,
     one_tile_each: bool = False,
+    kernel: str = "xla",
+    interpret: bool = False,
 ) -> jax.Array:
     """The resized crops, float32 [batch, image_size, image_size, 3], unrounded.
 
@@ -228,14 +244,50 @@ def resize_tiles(
       dtype: the weights' and pixels' dtype in the products (float32 accumulation).
       one_tile_each: the plan is one tile per example, in order (`is_one_tile_each`): the sum
         over each example's tiles is skipped.
+      kernel: `xla`, XLA's products over whole tiles; `pallas`, kernels that read only each
+        tile's window (jia_jax/crop_kernel.py; Pallas' Triton backend, a GPU, or `interpret`).
+      interpret: run the `pallas` kernels in Pallas' interpreter (CPU tests).
     """
+    if kernel not in ("xla", "pallas"):
+        raise ValueError(f"kernel={kernel!r}: 'xla' or 'pallas'")
     canvas = tiles.shape[1]
-    weights = jax.vmap(functools.partial(axis_weights, out_size=image_size, canvas=canvas))
+    # The Pallas kernels' blocks are powers of two: their weights have zero rows up to one.
+    rows = crop_kernel.padded(image_size) if kernel == "pallas" else image_size
+    weights = jax.vmap(functools.partial(axis_weights, out_size=image_size, canvas=canvas,
+                                         rows=rows))
     wy = weights(params[:, Y_START], params[:, Y_LENGTH], params[:, Y_VALID])
-    wx = weights(params[:, X_START], params[:, X_LENGTH], params[:, X_VALID])
-    # Flipping the output left-right is reading the horizontal weights' rows in reverse.
-    wx = jnp.where(params[:, FLIP, None, None] > 0.5, wx[:, ::-1], wx)
+    wx = weights(params[:, X_START], params[:, X_LENGTH], params[:, X_VALID],
+                 flip=params[:, FLIP] > 0.5)
     wy, wx = normalised_weights(wy, wx, example, batch, one_tile_each)
+    if kernel == "pallas":
+        out = _pallas_products(tiles, wy, wx, params, image_size, dtype, interpret)
+    else:
+        out = _xla_products(tiles, wy, wx, dtype)
+    if one_tile_each:
+        return out
+    # `plan_tiles` lists an example's tiles together and in example order, padding last.
+    return jax.ops.segment_sum(out, example, num_segments=batch, indices_are_sorted=True)
+
+
+def _pallas_products(
+    tiles: jax.Array, wy: jax.Array, wx: jax.Array, params: jax.Array, image_size: int,
+    dtype: jnp.dtype, interpret: bool,
+) -> jax.Array:
+    """float32 [T, image_size, image_size, 3]: each tile's `Wy @ tile @ Wx^T` (weights with zero
+    rows past `image_size`), by kernels that read only the rows and columns of each tile's
+    window (jia_jax/crop_kernel.py)."""
+    canvas = tiles.shape[1]
+    rows = crop_kernel.span(params[:, Y_START], params[:, Y_LENGTH], params[:, Y_VALID],
+                            image_size, canvas)
+    columns = crop_kernel.span(params[:, X_START], params[:, X_LENGTH], params[:, X_VALID],
+                               image_size, canvas)
+    return crop_kernel.resize_products(tiles, wy.astype(dtype), wx.astype(dtype), rows, columns,
+                                       image_size=image_size, interpret=interpret)
+
+
+def _xla_products(tiles: jax.Array, wy: jax.Array, wx: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """float32 [T, image_size, image_size, 3]: each tile's `Wy @ tile @ Wx^T`, XLA's products."""
+    canvas, image_size = tiles.shape[1], wy.shape[1]
     # Both products read their operands as stored: the vertical one takes the tiles' rows
     # (h) as its contraction over [T, h, w c], the horizontal one the intermediate rows' columns
     # as theirs over [T, w, c s], so that neither operand is transposed in memory; only the
@@ -247,13 +299,9 @@ def resize_tiles(
     columns = jnp.einsum(
         "thx,tsh->txs", pixels, wy.astype(dtype), preferred_element_type=jnp.float32
     ).astype(dtype).reshape(t, canvas, channels * image_size)
-    out = jnp.einsum(
+    return jnp.einsum(
         "twy,tkw->tyk", columns, wx.astype(dtype), preferred_element_type=jnp.float32
     ).reshape(t, channels, image_size, image_size).transpose(0, 2, 3, 1)
-    if one_tile_each:
-        return out
-    # `plan_tiles` lists an example's tiles together and in example order, padding last.
-    return jax.ops.segment_sum(out, example, num_segments=batch, indices_are_sorted=True)
 
 
 def is_one_tile_each(plan: TilePlan, batch: int) -> bool:
@@ -262,7 +310,7 @@ def is_one_tile_each(plan: TilePlan, batch: int) -> bool:
     return np.array_equal(plan.example, np.arange(batch))
 
 
-@functools.partial(jax.jit, static_argnames=("batch", "image_size", "one_tile_each"))
+@functools.partial(jax.jit, static_argnames=("batch", "image_size", "one_tile_each", "kernel"))
 def crop_resize(
     tiles: jax.Array,
     example: jax.Array,
@@ -271,11 +319,13 @@ def crop_resize(
     batch: int,
     image_size: int,
     one_tile_each: bool = False,
+    kernel: str = "xla",
 ) -> jax.Array:
     """uint8 [batch, image_size, image_size, 3]: the decoded tiles, uint8 [T, canvas, canvas, 3],
-    cropped, resized and flipped per `TilePlan`, rounded to pixels (`one_tile_each`: see
-    `resize_tiles`)."""
+    cropped, resized and flipped per `TilePlan`, rounded to pixels (`one_tile_each`, `kernel`:
+    see `resize_tiles`)."""
     resized = resize_tiles(
-        tiles, example, params, batch=batch, image_size=image_size, one_tile_each=one_tile_each
+        tiles, example, params, batch=batch, image_size=image_size, one_tile_each=one_tile_each,
+        kernel=kernel,
     )
     return jnp.clip(jnp.round(resized), 0, 255).astype(jnp.uint8)

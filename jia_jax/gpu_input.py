@@ -128,6 +128,8 @@ def decode_rows(
             batch=stop - first,
             image_size=image_size,
             one_tile_each=crop_resize.is_one_tile_each(plan, stop - first),
+            # Kernels that read only each crop's window, where they run (Triton: GPUs).
+            kernel="pallas" if decoder.device.platform == "gpu" else "xla",
         )
     finally:
         decoder.ring.give(tiles, images)

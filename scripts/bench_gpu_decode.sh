@@ -50,6 +50,7 @@ python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 -
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
 # The crop-and-resize program alone: its time adds to the step's on the GPU path.
 python3 -m scripts.bench.gpu_decode crop --data_dir="$data" --per_gpu 256 64 \
+  --crop_kernels xla pallas \
   --out="$OUT/gpu_decode_crop.json" >"$runs/crop.log" 2>&1 || echo "crop program failed"
 
 train() {  # train GPUS CORES PER_GPU STEPS LOG_EVERY VARIANTS WORKERS NAME [FLAG ...]

@@ -1010,14 +1010,18 @@ def test_error_text_names_repository_files_relative_to_the_checkout():
 
 
 def test_bench_gpu_decode_crop_times_the_program_per_batch(tmp_path):
-    """The `crop` mode times the crop-and-resize program alone for each batch size, one padded
-    tile per example of the generated images' size."""
+    """The `crop` mode times the crop-and-resize program alone for each batch size and kernel,
+    one padded tile per example of the generated images' size; a kernel that cannot run here
+    (Pallas' Triton kernels need a GPU) leaves an error in its rows, not a lost record."""
     doc = bench_gpu_decode.main(
         ["crop", f"--data_dir={tmp_path}", "--num_images=8", "--image_size=32", "--canvas=512",
-         "--per_gpu", "4", "2", "--repeats=2", f"--out={tmp_path / 'crop.json'}"]
+         "--per_gpu", "4", "2", "--repeats=2", "--crop_kernels", "xla", "pallas",
+         f"--out={tmp_path / 'crop.json'}"]
     )
-    rows = doc["results"]
+    rows = [r for r in doc["results"] if r["kernel"] == "xla"]
     assert [(r["per_gpu"], r["tiles"]) for r in rows] == [(4, 4), (2, 2)], rows
+    pallas = [r for r in doc["results"] if r["kernel"] == "pallas"]
+    assert [r["per_gpu"] for r in pallas] == [4, 2] and all(r["error"] for r in pallas)
     for r in rows:
         assert r["ms_per_batch"] == pytest.approx(1e3 / r["batches_per_s"])
         assert r["ms_per_batch"] > 0

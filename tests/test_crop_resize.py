@@ -76,7 +76,7 @@ def cases(seed: int = 0):
     return images, np.array(boxes), np.array(flips)
 
 
-def resized(images, boxes, flips, dtype, has_image=None, fill=0):
+def resized(images, boxes, flips, dtype, has_image=None, fill=0, kernel="xla"):
     sizes = np.array([(im.shape[1], im.shape[0]) for im in images])
     has_image = np.ones(len(images), bool) if has_image is None else has_image
     plan = crop_resize.plan_tiles(boxes, sizes, flips, has_image, _OUT, _CANVAS)
@@ -90,6 +90,8 @@ def resized(images, boxes, flips, dtype, has_image=None, fill=0):
         batch=len(images),
         image_size=_OUT,
         dtype=dtype,
+        kernel=kernel,
+        interpret=kernel == "pallas",  # Pallas' interpreter: the kernels' logic on the CPU
     )
     return np.asarray(out, np.float64), plan
 
@@ -126,10 +128,11 @@ def test_an_image_within_a_canvas_is_one_whole_tile_a_larger_one_a_grid_of_regio
             assert high.max() >= min(np.ceil(stop + reach), extent)
 
 
-def test_what_a_tile_holds_past_its_region_is_never_read():
+@pytest.mark.parametrize("kernel", ["xla", "pallas"])
+def test_what_a_tile_holds_past_its_region_is_never_read(kernel):
     images, boxes, flips = cases()
-    zeros, _ = resized(images, boxes, flips, jnp.float32)
-    filled, _ = resized(images, boxes, flips, jnp.float32, fill=255)
+    zeros, _ = resized(images, boxes, flips, jnp.float32, kernel=kernel)
+    filled, _ = resized(images, boxes, flips, jnp.float32, fill=255, kernel=kernel)
     np.testing.assert_array_equal(filled, zeros)
 
 
@@ -145,10 +148,11 @@ def test_padded_count_is_a_quarter_batch_multiple_of_at_least_one_tile():
     assert crop_resize.padded_count(3, 2) == 3
 
 
+@pytest.mark.parametrize("kernel", ["xla", "pallas"])
 @pytest.mark.parametrize("dtype, levels", [(jnp.float32, _F32_LEVELS), (jnp.bfloat16, _BF16_LEVELS)])
-def test_resize_is_pillows_filter_within_the_rounding_bound(dtype, levels):
+def test_resize_is_pillows_filter_within_the_rounding_bound(dtype, levels, kernel):
     images, boxes, flips = cases()
-    out, _ = resized(images, boxes, flips, dtype)
+    out, _ = resized(images, boxes, flips, dtype, kernel=kernel)
     expected = np.stack([reference(*args) for args in zip(images, boxes, flips, strict=True)])
     error = np.abs(out - expected).max()
     assert error <= levels, error

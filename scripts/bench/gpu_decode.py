@@ -18,8 +18,9 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
     each phase.
   * `crop`: the crop-and-resize program alone (`crop_resize.crop_resize`, as the decode stage
     runs it after each batch's decode, on XLA's stream, so its time adds to the step's) on one
-    GPU, for each --per_gpu: ms a batch (best of --repeats) and its top kernels a batch, on
-    tiles of the generated JPEGs' size with train crop windows.
+    GPU, for each --per_gpu and --crop_kernels (`crop_resize.resize_tiles`' `kernel`): ms a
+    batch (best of --repeats) and its top kernels a batch, on tiles of the generated JPEGs'
+    size with train crop windows.
   * `report`: the record of scripts/bench_gpu_decode.sh: one row per training configuration
     (`scripts.bench.train_input` JSONs) with the decode stage's rate beside it.
 
@@ -392,22 +393,37 @@ def crop(args: argparse.Namespace) -> dict[str, Any]:
             device,
         )
         example, params = jax.device_put((plan.example, plan.params), device)
-        program = functools.partial(
-            crop_resize.crop_resize, batch=per_gpu, image_size=args.image_size,
-            one_tile_each=crop_resize.is_one_tile_each(plan, per_gpu),
-        )
-
-        def run(tiles=tiles, example=example, params=params, program=program) -> None:
-            jax.block_until_ready(program(tiles, example, params))
-
-        run()  # compiles
-        row = {"per_gpu": per_gpu, "tiles": len(plan.example)}
-        _measured(row, "batches_per_s", functools.partial(_best_rate, run, 1, args.repeats))
-        if "error" not in row:
-            row["ms_per_batch"] = 1e3 / row["batches_per_s"]
-            _measured(row, "kernels_per_batch", functools.partial(_top_kernels, run, 1, 8))
-        rows.append(row)
+        for kernel in args.crop_kernels:
+            program = functools.partial(
+                crop_resize.crop_resize, batch=per_gpu, image_size=args.image_size,
+                one_tile_each=crop_resize.is_one_tile_each(plan, per_gpu), kernel=kernel,
+            )
+            row = {"per_gpu": per_gpu, "tiles": len(plan.example), "kernel": kernel}
+            rows.append(_time_crop(row, program, tiles, example, params, args.repeats))
     return {"canvas": args.canvas, "image_size": args.image_size, "results": rows}
+
+
+def _time_crop(row: dict, program, tiles, example, params, repeats: int) -> dict[str, Any]:
+    """`row` with the crop program's batches a second (best of `repeats`), ms a batch and its
+    top kernels, or the error that stopped it."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    def run() -> None:
+        jax.block_until_ready(program(tiles, example, params))
+
+    _measured(row, "compile_s", functools.partial(_seconds, run))
+    if "error" not in row:
+        _measured(row, "batches_per_s", functools.partial(_best_rate, run, 1, repeats))
+    if "error" not in row:
+        row["ms_per_batch"] = 1e3 / row["batches_per_s"]
+        _measured(row, "kernels_per_batch", functools.partial(_top_kernels, run, 1, 8))
+    return row
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def loaded(args: argparse.Namespace) -> dict[str, Any]:
@@ -666,6 +682,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch", type=int, default=64, help="smoke: eval batch")
     parser.add_argument("--per_gpu", type=int, nargs="+", default=[256, 64], help="decode")
     parser.add_argument("--batches", type=int, default=4, help="decode: record batches held")
+    parser.add_argument("--crop_kernels", nargs="+", default=["xla"], choices=("xla", "pallas"),
+                        help="crop: the resize's products")
     parser.add_argument("--repeats", type=int, default=5, help="decode: passes over them")
     parser.add_argument(
         "--depth", type=int, nargs="+", default=[1],

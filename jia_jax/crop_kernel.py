@@ -1,0 +1,156 @@
+"""The crop's two products as Pallas (Triton) kernels that read only each tile's window.
+
+`crop_resize.resize_tiles` is two matrix products per tile: the vertical one contracts the
+tile's rows with its [out, canvas] weights, the horizontal one the intermediate's columns with
+the other axis' weights. A tile's weights are zero outside its crop's window widened by the
+filter's reach (and outside its image), so the rows and columns outside that span add nothing;
+XLA's products read and multiply all `canvas` of them, after converting the whole uint8 tile to
+bfloat16 in a pass of its own. These kernels loop over only the blocks of the contraction that
+hold a tile's span, and convert the uint8 pixels as they load them. Same arithmetic: bfloat16
+operands, float32 accumulation, in another order.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Blocks(NamedTuple):
+    """A kernel's tiling: output rows and columns, contraction, warps and pipeline stages
+    (upper bounds for the block sizes: each is the largest power of two dividing its axis)."""
+
+    m: int = 128
+    n: int = 128
+    k: int = 32
+    warps: int = 4
+    stages: int = 3
+
+
+def _tile(extent: int, limit: int) -> int:
+    """The largest power of two <= limit dividing extent (a Pallas block's size on an axis)."""
+    size = 1
+    while 2 * size <= limit and extent % (2 * size) == 0:
+        size *= 2
+    return size
+
+
+def padded(size: int) -> int:
+    """`size` rounded up to a power of two, the kernels' output width (Triton's blocks are)."""
+    return 1 << max(0, size - 1).bit_length()
+
+
+def span(start: jax.Array, length: jax.Array, valid: jax.Array, out_size: int,
+         canvas: int) -> jax.Array:
+    """int32 [T, 2]: per tile, a range of pixels along one axis holding every nonzero weight of
+    `crop_resize.axis_weights`, clipped to the image and the canvas; empty for a tile with no
+    image (valid 0). Pixel i's weight is nonzero only within the filter's support of an output
+    sample's centre, the first at start + scale / 2, the last at start + length - scale / 2;
+    a pixel more on each side covers the centres' float32 rounding."""
+    scale = length / out_size
+    support = jnp.maximum(scale, 1.0)
+    stop = jnp.minimum(valid, canvas)
+    low = jnp.clip(jnp.floor(start + scale / 2 - support - 1.0), 0, stop)
+    high = jnp.clip(jnp.ceil(start + length - scale / 2 + support + 1.0), 0, stop)
+    return jnp.stack([low, high], axis=1).astype(jnp.int32)
+
+
+def windowed_product(
+    a: jax.Array,
+    weights: jax.Array,
+    pixels: jax.Array,
+    *,
+    out_dtype: jnp.dtype,
+    wanted: jax.Array | None = None,
+    blocks: Blocks = Blocks(),
+    interpret: bool = False,
+) -> jax.Array:
+    """out[t, m, n] = sum over k in pixels[t] of a[t, k, m] * weights[t, n, k], [T, M, N].
+
+    Args:
+      a: [T, K, M], uint8 or the weights' dtype (converted to it as loaded).
+      weights: [T, N, K], N a power of two, zero outside each tile's range of k.
+      pixels: int32 [T, 2], that range (`span`); the kernel sums the blocks of k that meet it.
+      out_dtype: the output's dtype (float32 accumulation, rounded to it).
+      wanted: int32 [T, 2], the range of m wanted of each tile: the blocks of m that miss it
+        are written 0 without being computed (all of m where None).
+      blocks: the tiling.
+      interpret: run the kernel in Pallas' interpreter (CPU tests).
+    """
+    from jax.experimental import pallas as pl  # noqa: PLC0415 - only where the kernels run
+    from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415
+
+    t, k, m = a.shape
+    n = weights.shape[1]
+    bm, bn, bk = _tile(m, blocks.m), _tile(n, blocks.n), _tile(k, blocks.k)
+    wanted = jnp.tile(jnp.array([0, m], jnp.int32), (t, 1)) if wanted is None else wanted
+    steps = jnp.stack([pixels[:, 0] // bk, -(-pixels[:, 1] // bk), *wanted.T], axis=1)
+    dtype = weights.dtype
+
+    def kernel(steps_ref, a_ref, w_ref, out_ref):
+        first = pl.program_id(1) * bm
+        needed = (first < steps_ref[3]) & (first + bm > steps_ref[2])
+        def step(block, acc):
+            ks = pl.ds(block * bk, bk)
+            lhs = a_ref[ks, :].astype(dtype)
+            return acc + jax.lax.dot_general(lhs, w_ref[:, ks], (((0,), (1,)), ((), ())),
+                                             preferred_element_type=jnp.float32)
+
+        zeros = jnp.zeros((bm, bn), jnp.float32)
+        stop = jnp.where(needed, steps_ref[1], steps_ref[0])  # an empty loop: zeros
+        out_ref[...] = jax.lax.fori_loop(steps_ref[0], stop, step, zeros).astype(out_ref.dtype)
+
+    params = None if interpret else plgpu.CompilerParams(num_warps=blocks.warps,
+                                                         num_stages=blocks.stages)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((t, m, n), out_dtype),
+        grid=(t, m // bm, n // bn),
+        in_specs=[pl.BlockSpec((None, 4), lambda i, j, l: (i, 0)),
+                  pl.BlockSpec((None, k, bm), lambda i, j, l: (i, 0, j)),
+                  pl.BlockSpec((None, bn, k), lambda i, j, l: (i, l, 0))],
+        out_specs=pl.BlockSpec((None, bm, bn), lambda i, j, l: (i, j, l)),
+        compiler_params=params,
+        interpret=interpret,
+    )(steps.astype(jnp.int32), a, weights)
+
+
+def resize_products(
+    tiles: jax.Array,
+    wy: jax.Array,
+    wx: jax.Array,
+    rows: jax.Array,
+    columns: jax.Array,
+    *,
+    image_size: int,
+    interpret: bool = False,
+) -> jax.Array:
+    """float32 [T, image_size, image_size, 3]: each tile's `Wy @ tile @ Wx^T` per channel, as
+    `crop_resize.resize_tiles`' XLA products compute it (the intermediate rounded to the
+    weights' dtype).
+
+    Args:
+      tiles: uint8 [T, canvas, canvas, 3].
+      wy, wx: [T, padded(image_size), canvas], the normalised weights per axis in the products'
+        dtype, rows past `image_size` zero.
+      rows, columns: int32 [T, 2], each tile's `span` of rows and of columns.
+      image_size: output height and width.
+      interpret: run the kernels in Pallas' interpreter (CPU tests).
+    """
+    t, canvas, _, channels = tiles.shape
+    # Vertical: contract the rows h of [T, h, w c]; the intermediate is [T, w c, s], computed
+    # only for the columns w the horizontal product reads (its blocks meeting their span).
+    blocks = Blocks()
+    block = _tile(canvas, blocks.k)
+    read = jnp.stack([columns[:, 0] // block, -(-columns[:, 1] // block)], 1) * block * channels
+    inner = windowed_product(tiles.reshape(t, canvas, canvas * channels), wy, rows,
+                             wanted=read, out_dtype=wy.dtype, blocks=blocks,
+                             interpret=interpret)
+    # Horizontal: contract the columns w of [T, w, c s]; the output is [T, c s, k].
+    s = inner.shape[-1]
+    out = windowed_product(inner.reshape(t, canvas, channels * s), wx, columns,
+                           out_dtype=jnp.float32, blocks=blocks, interpret=interpret)
+    out = out.reshape(t, channels, s, -1)[:, :, :image_size, :image_size]
+    return out.transpose(0, 2, 3, 1)

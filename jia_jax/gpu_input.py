@@ -98,9 +98,11 @@ def decode_rows(
     decoder: DeviceDecoder,
     image_size: int,
     canvas: int,
+    crop_kernel: str = "pallas",
 ) -> tuple[jax.Array, list[int]]:
     """`rows` of a record batch as uint8 [rows, S, S, 3] on the decoder's device, and the rows
-    (counted from the first of `rows`) that did not decode."""
+    (counted from the first of `rows`) that did not decode. `crop_kernel` (`data.gpu_crop_kernel`)
+    takes the crop's products on a GPU; elsewhere (tests' CPU devices) XLA's are taken."""
     first, stop = rows.start, rows.stop
     offsets = batch[record_batches.OFFSETS]
     plan = crop_resize.plan_tiles(
@@ -128,12 +130,15 @@ def decode_rows(
             batch=stop - first,
             image_size=image_size,
             one_tile_each=crop_resize.is_one_tile_each(plan, stop - first),
-            # Kernels that read only each crop's window, where they run (Triton: GPUs).
-            kernel="pallas" if decoder.device.platform == "gpu" else "xla",
+            kernel=crop_kernel if decoder.device.platform == "gpu" else "xla",
         )
     finally:
         decoder.ring.give(tiles, images)
     return images, failed
+
+
+# `data.gpu_crop_kernel`: the crop's products (`crop_resize.resize_tiles`' `kernel`).
+CROP_KERNELS = ("pallas", "xla")
 
 
 @jax.jit
@@ -167,6 +172,7 @@ def device_batches(
     first_step: int,
     image_size: int,
     canvas: int,
+    crop_kernel: str = "pallas",
 ) -> Iterator[dict[str, Any]]:
     """Record batches decoded on the devices: {"image": per-device arrays in the decoder sets'
     order, then the batch's host fields (label, mask, bad-record counts)}.
@@ -181,7 +187,8 @@ def device_batches(
         for step, batch in enumerate(batches, start=first_step):
             decoders = decoder_sets[(step - first_step) % len(decoder_sets)]
             futures = [
-                pool.submit(decode_rows, batch, rows, d, image_size, canvas) for d, rows in decoders
+                pool.submit(decode_rows, batch, rows, d, image_size, canvas, crop_kernel)
+                for d, rows in decoders
             ]
             pending.append((step, batch, decoders, futures))
             if len(pending) == len(decoder_sets):
@@ -294,6 +301,9 @@ class GpuStreams:
         ring = data.get("gpu_tile_ring_depth", tile_ring.DEPTH)
         if ring < 1:
             raise ValueError(f"data.gpu_tile_ring_depth={ring} must be at least 1.")
+        kernel = data.get("gpu_crop_kernel", "pallas")
+        if kernel not in CROP_KERNELS:
+            raise ValueError(f"data.gpu_crop_kernel={kernel!r} must be one of {CROP_KERNELS}.")
         devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
         if len(devices) > 1:
             # Measured: one process's decode stage did not scale past one GPU.
@@ -365,6 +375,7 @@ class GpuStreams:
             first_step=first_step,
             image_size=data.image_size,
             canvas=data.gpu_canvas,
+            crop_kernel=data.get("gpu_crop_kernel", "pallas"),
         )
         counted = tfds_input.bad_record_counter(part, data.max_bad_records)(decoded)
         return background(assemble(b, self.sharding, global_batch) for b in counted)

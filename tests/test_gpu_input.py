@@ -206,10 +206,32 @@ def test_tile_ring_depth_reaches_every_ring_and_must_be_positive(
         _input(data, mesh, "gpu", gpu_tile_ring_depth=0)
 
 
+def test_crop_kernel_reaches_each_decode_and_must_be_known(
+    odd_dir, mesh, fake_gpu, monkeypatch  # noqa: F811
+):
+    data = _data(odd_dir, name=_ODD, gpu_canvas=64)
+    with pytest.raises(ValueError, match=r"data\.gpu_crop_kernel='triton' must be one of"):
+        _input(data, mesh, "gpu", gpu_crop_kernel="triton")
+    seen = []
+    decode = gpu_input.decode_rows
+
+    def spy(*args):
+        seen.append(args[-1])
+        return decode(*args)
+
+    monkeypatch.setattr(gpu_input, "decode_rows", spy)
+    streams = gpu_input.GpuStreams.create(
+        _with(data, decode="gpu", gpu_crop_kernel="xla"), mesh_lib.batch_sharding(mesh),
+        _BATCH, _BATCH, 0,
+    )
+    next(iter(streams.train(0)))
+    assert seen and set(seen) == {"xla"}
+
+
 def test_decode_sets_take_batches_in_turn_and_the_next_is_under_way_first(monkeypatch):
     # Stand-ins for the decoders (decode_rows returns the set's name as the batch's pixels).
     monkeypatch.setattr(
-        gpu_input, "decode_rows", lambda batch, rows, decoder, size, canvas: (decoder, [])
+        gpu_input, "decode_rows", lambda batch, rows, decoder, *_: (decoder, [])
     )
     pulled = []
 

@@ -64,11 +64,11 @@ def get_config() -> ml_collections.ConfigDict:
     # crops that read them; on one H200 host, 8 trained 1.055x faster than 4 at 256 images
     # (docs/input_pipeline.md, "How fast it is").
     config.data.gpu_tile_ring_depth = 8
-    # GPU decoding: the crop's products. "pallas": kernels that read only each crop's window
-    # and convert the uint8 pixels as they load them; "xla": XLA's products over whole tiles.
-    # The same crops, in less GPU time with "pallas" (docs/input_pipeline.md, "Where the rest
-    # goes"); "pallas" needs Triton's GPUs, which the GPU path runs on.
-    config.data.gpu_crop_kernel = "pallas"
+    # GPU decoding: the crop's products. "xla": XLA's products over whole tiles; "pallas":
+    # kernels that read only each crop's window and convert the uint8 pixels as they load them.
+    # The same crops; "pallas" takes less GPU time alone but has not yet trained faster at 64
+    # images per GPU (docs/input_pipeline.md, "Where the rest goes"), so "xla" stays the default.
+    config.data.gpu_crop_kernel = "xla"
 
     config.global_batch_size = 256
     config.eval_batch_size = 256

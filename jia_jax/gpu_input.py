@@ -98,7 +98,7 @@ def decode_rows(
     decoder: DeviceDecoder,
     image_size: int,
     canvas: int,
-    crop_kernel: str = "pallas",
+    crop_kernel: str = "xla",
 ) -> tuple[jax.Array, list[int]]:
     """`rows` of a record batch as uint8 [rows, S, S, 3] on the decoder's device, and the rows
     (counted from the first of `rows`) that did not decode. `crop_kernel` (`data.gpu_crop_kernel`)
@@ -138,7 +138,7 @@ def decode_rows(
 
 
 # `data.gpu_crop_kernel`: the crop's products (`crop_resize.resize_tiles`' `kernel`).
-CROP_KERNELS = ("pallas", "xla")
+CROP_KERNELS = ("xla", "pallas")
 
 
 @jax.jit
@@ -172,7 +172,7 @@ def device_batches(
     first_step: int,
     image_size: int,
     canvas: int,
-    crop_kernel: str = "pallas",
+    crop_kernel: str = "xla",
 ) -> Iterator[dict[str, Any]]:
     """Record batches decoded on the devices: {"image": per-device arrays in the decoder sets'
     order, then the batch's host fields (label, mask, bad-record counts)}.
@@ -301,7 +301,7 @@ class GpuStreams:
         ring = data.get("gpu_tile_ring_depth", tile_ring.DEPTH)
         if ring < 1:
             raise ValueError(f"data.gpu_tile_ring_depth={ring} must be at least 1.")
-        kernel = data.get("gpu_crop_kernel", "pallas")
+        kernel = data.get("gpu_crop_kernel", "xla")
         if kernel not in CROP_KERNELS:
             raise ValueError(f"data.gpu_crop_kernel={kernel!r} must be one of {CROP_KERNELS}.")
         devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
@@ -375,7 +375,7 @@ class GpuStreams:
             first_step=first_step,
             image_size=data.image_size,
             canvas=data.gpu_canvas,
-            crop_kernel=data.get("gpu_crop_kernel", "pallas"),
+            crop_kernel=data.get("gpu_crop_kernel", "xla"),
         )
         counted = tfds_input.bad_record_counter(part, data.max_bad_records)(decoded)
         return background(assemble(b, self.sharding, global_batch) for b in counted)

@@ -2488,3 +2488,41 @@ def test_cudnn_genstats_prose_quotes_the_json():
         f"would save {(total['xla_conv_stats'] - best) / 1e3:.2f} ms a forward pass",
         f"the first {doc['args']['max_plans']} of cuDNN's ranked plans",
     ])
+
+
+def test_gpu_decode_crop_kernel_prose_quotes_the_json():
+    """The Pallas crop: its program's kernels against XLA's, the end-to-end run with it, and the
+    next call's runs of both, from the raw records."""
+    crop = {(r["per_gpu"], r["kernel"]): r
+            for r in load("gpu_decode_crop_kernel_1xH200.json")["results"]}
+    us = {k: sum(x["us_per_step"] for x in r["kernels_per_batch"]) for k, r in crop.items()}
+    record = load("bench_gpu_decode_crop_kernel_1xH200.json")
+    one = {r["per_gpu"]: r for r in record["results"]}
+    [gpu256] = [run["results"][0] for run in record["runs"]
+                if run["args"]["per_gpu"] == 256 and run["args"]["variants"] == "gpu"]
+    smoke = load("gpu_decode_smoke_crop_kernel_1xH200.json")
+    ab = load("gpu_decode_crop_ab_1xH200.json")
+    printed = ab["printed"]
+    for name, run in ab["runs"].items():  # the printed lines are the records' own figures
+        assert abs(run["results"][0]["images_per_s"] - printed[name]["images_per_s"]) < 0.05
+    ratio = {k: v["images_per_s"] / printed["s" + k[1:]]["images_per_s"]
+             for k, v in printed.items() if not k.startswith("s")}
+    assert ratio["p64"] < ratio["x64"]  # why XLA's products stay the default
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"the crop program's kernels took {us[256, 'pallas']:.0f} µs a batch of 256 against "
+        f"XLA's {us[256, 'xla']:.0f} ({crop[256, 'pallas']['ms_per_batch']:.3f} against "
+        f"{crop[256, 'xla']['ms_per_batch']:.3f} ms a call) and {us[64, 'pallas']:.0f} against "
+        f"{us[64, 'xla']:.0f} µs a batch of 64 ({crop[64, 'pallas']['ms_per_batch']:.3f} against "
+        f"{crop[64, 'xla']['ms_per_batch']:.3f} ms)",
+        f"the trainer kept {one[256]['ratio']:.3f} of its synthetic speed at 256 images per GPU, "
+        f"its loop waiting for input {one[256]['input_wait']:.0%} of the time and its last "
+        f"intervals running {gpu256['intervals'][-2][1]:,.0f} and {gpu256['intervals'][-1][1]:,.0f}"
+        f" images/s against {one[256]['synthetic_images_per_s']:,.0f}, and {one[64]['ratio']:.3f}"
+        f" at 64",
+        f"its crops within {smoke['max_pixel_change']} levels of 255 of the CPU path's and "
+        f"{smoke['predictions_changed']} of {smoke['examples']} predictions",
+        f"Pallas crop kept {ratio['p256']:.3f} at 256 against XLA's {ratio['x256']:.3f}, but "
+        f"{ratio['p64']:.3f} at 64 against XLA's {ratio['x64']:.3f}",
+        "(the synthetic run's from {:,} to {:,} images/s)".format(
+            min(printed["s64"]["intervals"]), max(printed["s64"]["intervals"])),
+    ])

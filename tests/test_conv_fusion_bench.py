@@ -6,9 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from scripts.bench import conv_fusion
-
-U32 = 2.0**-24  # fp32 unit roundoff
-B16 = 2.0**-8  # bf16 unit roundoff: 8 bits of significand
+from tests import conv_checks
 
 
 def _conv64(x: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -27,17 +25,8 @@ def test_conv_stats_is_the_convolution_and_its_channel_sums():
     w = (0.3 * jax.random.normal(kw, (3, 3, 8, 8))).astype(jnp.bfloat16)
     y, total, squares = jax.jit(conv_fusion.conv_stats)(x, w)
     want, terms = _conv64(np.asarray(x, np.float64), np.asarray(w, np.float64))
-    # y: 72 products summed in fp32 (at most 71 u sum|terms|), then rounded to bf16.
-    bound = 71 * U32 * terms + B16 * (np.abs(want) + 71 * U32 * terms)
-    assert np.all(np.abs(np.asarray(y, np.float64) - want) <= bound)
-    y64 = np.asarray(y, np.float64).reshape(-1, 8)
-    n = y64.shape[0]
-    # fp32 sums of y, or of the fp32 values y rounds (XLA's CPU compile sums those): each term
-    # within a bf16 rounding (B16, relative; twice that for squares) of y's.
-    size = np.abs(y64).sum(0)
-    assert np.all(np.abs(np.asarray(total) - y64.sum(0)) <= ((n - 1) * U32 + 1.01 * B16) * size)
-    power = (y64**2).sum(0)
-    assert np.all(np.abs(np.asarray(squares) - power) <= (n * U32 + 2.01 * B16) * power)
+    conv_checks.assert_bf16_conv(y, want, terms, taps=72)
+    conv_checks.assert_channel_sums(y, total, squares)
     relu = jax.jit(conv_fusion.conv_relu)(x, w)
     np.testing.assert_array_equal(np.asarray(relu), np.maximum(np.asarray(y), 0))
 

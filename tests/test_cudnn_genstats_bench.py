@@ -9,9 +9,7 @@ import numpy as np
 
 from jia_jax.models import create_model
 from scripts.bench import cudnn_genstats
-
-U32 = 2.0**-24  # fp32 unit roundoff
-B16 = 2.0**-8  # bf16 unit roundoff
+from tests import conv_checks
 
 
 def _model_convs() -> collections.Counter:
@@ -66,17 +64,8 @@ def test_xla_variants_are_the_models_convolution_and_its_channel_sums():
     y, total, squares = jax.jit(cudnn_genstats.xla_conv_stats, static_argnums=2)(x, w, 2)
     want, terms = _conv64(np.asarray(x, np.float64), np.asarray(w, np.float64), 2)
     assert y.shape == want.shape == (2, 4, 4, 6)
-    # 72 products summed in fp32 (at most 71 u sum|terms|), then rounded to bf16.
-    bound = 71 * U32 * terms + B16 * (np.abs(want) + 71 * U32 * terms)
-    assert np.all(np.abs(np.asarray(y, np.float64) - want) <= bound)
-    # The sums are of y as stored: n - 1 fp32 roundings of partial sums (plus, on a compile that
-    # sums the fp32 values before their bf16 rounding, one bf16 rounding of each term).
-    y64 = np.asarray(y, np.float64).reshape(-1, 6)
-    n = y64.shape[0]
-    size = np.abs(y64).sum(0)
-    assert np.all(np.abs(np.asarray(total) - y64.sum(0)) <= ((n - 1) * U32 + 1.01 * B16) * size)
-    power = (y64**2).sum(0)
-    assert np.all(np.abs(np.asarray(squares) - power) <= (n * U32 + 2.01 * B16) * power)
+    conv_checks.assert_bf16_conv(y, want, terms, taps=72)
+    conv_checks.assert_channel_sums(y, total, squares)
 
 
 def test_a_shape_gives_a_row_per_variant_and_cudnn_failures_are_recorded():

@@ -1,10 +1,24 @@
-"""Bounds shared by the convolution benchmarks' tests: a bf16 convolution against float64, and
-fp32 channel sums of its stored output."""
+"""What the convolution benchmarks' tests share: a float64 convolution, and the bounds of a bf16
+convolution against it and of fp32 channel sums of its stored output."""
 
 import numpy as np
 
 U32 = 2.0**-24  # fp32 unit roundoff
 B16 = 2.0**-8  # bf16 unit roundoff: 8 bits of significand
+
+
+def conv64(x: np.ndarray, w: np.ndarray, stride: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The models' convolution in float64 (NHWC input, kernel (out, h, w, in), k//2 padding on
+    each side), and the sum of |terms| of each output."""
+    k = w.shape[1]
+    pad = np.pad(x, ((0, 0), (k // 2, k // 2), (k // 2, k // 2), (0, 0)))
+    out = (x.shape[1] + 2 * (k // 2) - k) // stride + 1
+    span = stride * (out - 1) + 1
+    patches = np.stack([pad[:, i:i + span:stride, j:j + span:stride]
+                        for i in range(k) for j in range(k)], 3)
+    kernel = w.transpose(1, 2, 3, 0).reshape(k * k, w.shape[3], w.shape[0])
+    return (np.einsum("nhwkc,kcd->nhwd", patches, kernel),
+            np.einsum("nhwkc,kcd->nhwd", np.abs(patches), np.abs(kernel)))
 
 
 def assert_bf16_conv(y, want: np.ndarray, terms: np.ndarray, taps: int) -> None:

@@ -9,22 +9,14 @@ from scripts.bench import conv_fusion
 from tests import conv_checks
 
 
-def _conv64(x: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """SAME 3x3 convolution in float64, and the sum of |terms| of each output."""
-    n, h, wd, _ = x.shape
-    pad = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
-    patches = np.stack([pad[:, i:i + h, j:j + wd] for i in range(3) for j in range(3)], 3)
-    kernel = w.reshape(9, *w.shape[2:])
-    return (np.einsum("nhwkc,kcd->nhwd", patches, kernel),
-            np.einsum("nhwkc,kcd->nhwd", np.abs(patches), np.abs(kernel)))
-
-
 def test_conv_stats_is_the_convolution_and_its_channel_sums():
     kx, kw = jax.random.split(jax.random.key(1))
     x = jax.random.normal(kx, (2, 6, 6, 8), jnp.bfloat16)
     w = (0.3 * jax.random.normal(kw, (3, 3, 8, 8))).astype(jnp.bfloat16)
     y, total, squares = jax.jit(conv_fusion.conv_stats)(x, w)
-    want, terms = _conv64(np.asarray(x, np.float64), np.asarray(w, np.float64))
+    # conv_fusion's kernels are (h, w, in, out): as (out, h, w, in) for the reference.
+    kernel = np.asarray(w, np.float64).transpose(3, 0, 1, 2)
+    want, terms = conv_checks.conv64(np.asarray(x, np.float64), kernel)
     conv_checks.assert_bf16_conv(y, want, terms, taps=72)
     conv_checks.assert_channel_sums(y, total, squares)
     relu = jax.jit(conv_fusion.conv_relu)(x, w)

@@ -43,26 +43,12 @@ def test_shapes_are_resnet50s_convolutions_after_the_stem():
     assert sum(listed.values()) == 52
 
 
-def _conv64(x: np.ndarray, w: np.ndarray, stride: int) -> tuple[np.ndarray, np.ndarray]:
-    """The models' convolution in float64 (kernel (out, h, w, in), k//2 padding), and the sum of
-    |terms| of each output."""
-    k = w.shape[1]
-    pad = np.pad(x, ((0, 0), (k // 2, k // 2), (k // 2, k // 2), (0, 0)))
-    ho = cudnn_genstats.out_size(x.shape[1], k, stride)
-    span = stride * (ho - 1) + 1
-    patches = np.stack([pad[:, i:i + span:stride, j:j + span:stride]
-                        for i in range(k) for j in range(k)], 3)
-    kernel = w.transpose(1, 2, 3, 0).reshape(k * k, w.shape[3], w.shape[0])
-    return (np.einsum("nhwkc,kcd->nhwd", patches, kernel),
-            np.einsum("nhwkc,kcd->nhwd", np.abs(patches), np.abs(kernel)))
-
-
 def test_xla_variants_are_the_models_convolution_and_its_channel_sums():
     kx, kw = jax.random.split(jax.random.key(1))
     x = jax.random.normal(kx, (2, 7, 7, 8), jnp.bfloat16)
     w = (0.3 * jax.random.normal(kw, (6, 3, 3, 8))).astype(jnp.bfloat16)
     y, total, squares = jax.jit(cudnn_genstats.xla_conv_stats, static_argnums=2)(x, w, 2)
-    want, terms = _conv64(np.asarray(x, np.float64), np.asarray(w, np.float64), 2)
+    want, terms = conv_checks.conv64(np.asarray(x, np.float64), np.asarray(w, np.float64), 2)
     assert y.shape == want.shape == (2, 4, 4, 6)
     conv_checks.assert_bf16_conv(y, want, terms, taps=72)
     conv_checks.assert_channel_sums(y, total, squares)

@@ -42,6 +42,16 @@ def padded(size: int) -> int:
     return 1 << max(0, size - 1).bit_length()
 
 
+def unsupported(canvas: int, image_size: int) -> str | None:
+    """Why the kernels cannot crop tiles of `canvas` to `image_size` on a GPU (Triton's products
+    take blocks of at least 16 along each axis), or None."""
+    if canvas % 16:
+        return f"a canvas that is a multiple of 16 (data.gpu_canvas={canvas})"
+    if image_size < 9:
+        return f"an image size of at least 9 (data.image_size={image_size})"
+    return None
+
+
 def span(start: jax.Array, length: jax.Array, valid: jax.Array, out_size: int,
          canvas: int) -> jax.Array:
     """int32 [T, 2]: per tile, a range of pixels along one axis holding every nonzero weight of

@@ -38,7 +38,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from jia_jax import crop_resize, gpu_decode, record_batches, tfds_input, tile_ring
+from jia_jax import crop_kernel, crop_resize, gpu_decode, record_batches, tfds_input, tile_ring
 
 T = TypeVar("T")
 Batch = dict[str, jax.Array]
@@ -304,6 +304,9 @@ class GpuStreams:
         kernel = data.get("gpu_crop_kernel", "xla")
         if kernel not in CROP_KERNELS:
             raise ValueError(f"data.gpu_crop_kernel={kernel!r} must be one of {CROP_KERNELS}.")
+        needs = crop_kernel.unsupported(data.gpu_canvas, data.image_size)
+        if kernel == "pallas" and needs:
+            raise ValueError(f"data.gpu_crop_kernel='pallas' needs {needs}; or set it to 'xla'.")
         devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
         if len(devices) > 1:
             # Measured: one process's decode stage did not scale past one GPU.

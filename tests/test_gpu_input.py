@@ -212,6 +212,14 @@ def test_crop_kernel_reaches_each_decode_and_must_be_known(
     data = _data(odd_dir, name=_ODD, gpu_canvas=64)
     with pytest.raises(ValueError, match=r"data\.gpu_crop_kernel='triton' must be one of"):
         _input(data, mesh, "gpu", gpu_crop_kernel="triton")
+    # Triton's products take blocks of 16 or more: a canvas of 72 has none along the rows.
+    with pytest.raises(ValueError, match=r"'pallas' needs a canvas that is a multiple of 16 "
+                                         r"\(data\.gpu_canvas=72\); or set it to 'xla'"):
+        _input(data, mesh, "gpu", gpu_crop_kernel="pallas", gpu_canvas=72)
+    with pytest.raises(ValueError, match=r"'pallas' needs an image size of at least 9 "
+                                         r"\(data\.image_size=8\)"):
+        _input(data, mesh, "gpu", gpu_crop_kernel="pallas", image_size=8)
+    _input(data, mesh, "gpu", gpu_crop_kernel="xla", gpu_canvas=72)  # XLA's products take any
     seen = []
     decode = gpu_input.decode_rows
 
@@ -221,7 +229,8 @@ def test_crop_kernel_reaches_each_decode_and_must_be_known(
 
     monkeypatch.setattr(gpu_input, "decode_rows", spy)
     streams = gpu_input.GpuStreams.create(
-        _with(data, decode="gpu", gpu_crop_kernel="pallas"), mesh_lib.batch_sharding(mesh),
+        _with(data, decode="gpu", gpu_crop_kernel="pallas", image_size=16),
+        mesh_lib.batch_sharding(mesh),
         _BATCH, _BATCH, 0,
     )
     next(iter(streams.train(0)))  # on these CPU devices decode_rows then takes XLA's products

@@ -102,6 +102,7 @@ def windowed_product(
     def kernel(steps_ref, a_ref, w_ref, out_ref):
         first = pl.program_id(1) * bm
         needed = (first < steps_ref[3]) & (first + bm > steps_ref[2])
+
         def step(block, acc):
             ks = pl.ds(block * bk, bk)
             lhs = a_ref[ks, :].astype(dtype)

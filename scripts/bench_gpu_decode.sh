@@ -6,6 +6,8 @@
 #                                                        # without the profiled run
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh two    # 2 GPUs: one process, one per GPU
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh depth  # data.gpu_decode_depth 1 against 2
+#   OUT=/tmp/out BATCH=64 bash scripts/bench_gpu_decode.sh kernels  # data.gpu_crop_kernel
+#                                  # pallas against xla, alternating, 2 rounds, at BATCH per GPU
 # ResNet-50 64K config, bf16, on the generated JPEGs of scripts/bench/input.py: the trainer with
 # data.decode=gpu against synthetic data, one run after another, never beside another run (a
 # run on the other GPU takes a share of the host's memory bandwidth and PCIe): at 256 and 64
@@ -23,8 +25,8 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 mode=${1:-}
 case "$mode" in
-  one|two|depth) ;;
-  *) echo "usage: OUT=<folder> $0 one|two|depth" >&2; exit 2 ;;
+  one|two|depth|kernels) ;;
+  *) echo "usage: OUT=<folder> $0 one|two|depth|kernels" >&2; exit 2 ;;
 esac
 export PYTHONUNBUFFERED=1
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -87,6 +89,18 @@ case "$mode" in
       one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu"
       one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu_depth2" \
         --override=--config.data.gpu_decode_depth=2
+    done
+    PROFILE=0 ;;
+  kernels)
+    # 1 GPU: the synthetic baseline, then the GPU path cropping with each kernel in turn, two
+    # rounds, at BATCH images per GPU (64 unless set; both fit one call).
+    batch=${BATCH:-64}
+    one_gpu "$batch" synthetic 0 "1gpu_${batch}_synthetic"
+    for round in 1 2; do
+      for kernel in pallas xla; do
+        one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu_${kernel}_${round}" \
+          --override=--config.data.gpu_crop_kernel="$kernel"
+      done
     done
     PROFILE=0 ;;
 esac

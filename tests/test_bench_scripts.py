@@ -518,6 +518,23 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     table = render_benchmarks.table(str(out))
     assert "| GPUs | CPU cores | images per GPU | decode depth |" in table
     assert "| 8 | 2 | 2 | 2 | 990 | 1,000 | 0.990 |" in table
+    assert "crop kernel" not in table and "round" not in table  # both at their defaults
+    # The crop kernels in turn, two rounds each (bench_gpu_decode.sh kernels): a row per kernel
+    # and round, each against the one synthetic run; the kernel and round in columns.
+    turns = [("pallas", 970.0), ("pallas", 975.0), ("xla", 960.0), ("xla", 965.0)]
+    kernel_runs = [
+        train_input_run(tmp_path / f"gpu_{kernel}_{i}.json", {"gpu": rate},
+                        override=[f"--config.data.gpu_crop_kernel={kernel}"])
+        for i, (kernel, rate) in enumerate(turns)
+    ]
+    doc = bench_gpu_decode.main(
+        ["report", f"--stage={stage_path}", "--runs", runs[0], *kernel_runs, f"--out={out}"])
+    assert [(r["crop_kernel"], r["round"], r["ratio"]) for r in doc["results"]] == [
+        ("pallas", 1, pytest.approx(0.97)), ("pallas", 2, pytest.approx(0.975)),
+        ("xla", 1, pytest.approx(0.96)), ("xla", 2, pytest.approx(0.965))]
+    table = render_benchmarks.table(str(out))
+    assert "| GPUs | CPU cores | images per GPU | crop kernel | round |" in table
+    assert "| 8 | 2 | 2 | pallas | 2 | 975 | 1,000 | 0.975 |" in table
 
 
 def test_bench_gpu_decode_whole_image_rate_is_the_best_call_and_names_its_format(monkeypatch):

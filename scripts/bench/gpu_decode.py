@@ -33,6 +33,7 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import functools
 import io
@@ -598,23 +599,26 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         for r in stage["results"]
         if "decode_images_per_s" in r
     }
-    runs, configs = [], {}
+    runs, configs, rounds = [], {}, collections.Counter()
     for path in args.runs:
         with open(path) as f:
             run = json.load(f)
         runs.append(run)
         # Records written before train_input's --processes ran one process.
         key = (run["gpus"], run["args"]["per_gpu"], run.get("processes", 1))
-        depth = decode_depth(run["args"].get("override", []))
+        setting = decode_setting(run["args"].get("override", []))
         for r in run["results"]:
-            # Synthetic runs decode nothing: one baseline for every depth.
-            slot = (*key, depth if r["variant"] == "gpu" else 0)
-            configs.setdefault(slot, {})[r["variant"]] = {**r, "cores": run["cores"]}
+            # Synthetic runs decode nothing: one baseline for every setting. A setting run again
+            # is its next round.
+            slot = (*key, *(setting if r["variant"] == "gpu" else (0, "")))
+            rounds[slot, r["variant"]] += 1
+            entry = configs.setdefault((*slot, rounds[slot, r["variant"]]), {})
+            entry[r["variant"]] = {**r, "cores": run["cores"]}
     # A configuration of synthetic runs only is another row's baseline, not a row of its own.
     shown = [k for k, v in configs.items() if "gpu" in v or "synthetic" not in v]
     rows = [
         _report_row(key, configs, rates.get((key[1], key[0], key[3])))
-        for key in sorted(shown, key=lambda k: (k[0], -k[1], k[2], k[3]))
+        for key in sorted(shown, key=lambda k: (k[0], -k[1], *k[2:]))
     ]
     return {
         "environment": stage.get("environment") or runs[0]["environment"],
@@ -625,28 +629,34 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def decode_depth(overrides: Sequence[str]) -> int:
-    """`data.gpu_decode_depth` as a run's `--config` overrides set it (the last wins), else 1."""
-    depth = 1
+def decode_setting(overrides: Sequence[str]) -> tuple[int, str]:
+    """`data.gpu_decode_depth` and `data.gpu_crop_kernel` as a run's `--config` overrides set
+    them (the last wins), else their defaults."""
+    depth, kernel = 1, "xla"
     for override in overrides:
         name, _, value = override.partition("=")
         if name == "--config.data.gpu_decode_depth":
             depth = int(value)
-    return depth
+        elif name == "--config.data.gpu_crop_kernel":
+            kernel = value.strip("'\"")
+    return depth, kernel
 
 
 def _report_row(
-    key: tuple[int, int, int, int], configs: dict[tuple, dict], decode_rate: float | None
+    key: tuple[int, int, int, int, str, int], configs: dict[tuple, dict],
+    decode_rate: float | None,
 ) -> dict[str, Any]:
-    """The GPU path's row of one (GPUs, images per GPU, processes, decode depth). Its synthetic
-    baseline is the run of as many processes, else of one: the step's own speed in the
-    trainer's fastest form."""
-    gpus, per_gpu, processes, depth = key
-    synthetic_processes = next(
-        (p for p in (processes, 1) if "synthetic" in configs.get((gpus, per_gpu, p, 0), {})),
-        processes,
-    )
-    synthetic = configs.get((gpus, per_gpu, synthetic_processes, 0), {}).get("synthetic", {})
+    """The GPU path's row of one (GPUs, images per GPU, processes, decode depth, crop kernel,
+    round). Its synthetic baseline is the run of as many processes, else of one: the step's own
+    speed in the trainer's fastest form; of the same round where there is one, else the first."""
+    gpus, per_gpu, processes, depth, kernel, round_ = key
+
+    def baseline(p: int) -> dict:
+        runs = [configs.get((gpus, per_gpu, p, 0, "", r), {}) for r in (round_, 1)]
+        return next((c["synthetic"] for c in runs if "synthetic" in c), {})
+
+    synthetic_processes = next((p for p in (processes, 1) if baseline(p)), processes)
+    synthetic = baseline(synthetic_processes)
     gpu = configs[key].get("gpu", {})
     row = {
         "gpus": gpus,
@@ -654,6 +664,8 @@ def _report_row(
         "cores": gpu.get("cores"),
         "per_gpu": per_gpu,
         "depth": depth,
+        "crop_kernel": kernel,
+        "round": round_,
         "decode": "gpu",
         "images_per_s": gpu.get("images_per_s"),
         "synthetic_images_per_s": synthetic.get("images_per_s"),

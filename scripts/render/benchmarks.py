@@ -238,15 +238,22 @@ def train_input_table(doc: dict[str, Any]) -> str:
 def gpu_decode_table(doc: dict[str, Any]) -> str:
     """The trainer with data.decode=gpu against synthetic data, and the decode stage alone
     (scripts/bench/gpu_decode.py, scripts/bench_gpu_decode.sh). A processes column where some
-    row ran several (records without the field ran one); the share of time the GPU path's train
+    row ran several (records without the field ran one), decode depth, crop kernel and round
+    columns where some row's differ from the defaults; the share of time the GPU path's train
     loop waited for input where the runs logged it."""
     processes = any(r.get("processes", 1) > 1 for r in doc["results"])
     depths = any(r.get("depth", 1) > 1 for r in doc["results"])
+    kernels = any(r.get("crop_kernel", "xla") != "xla" for r in doc["results"])
+    rounds = any(r.get("round", 1) > 1 for r in doc["results"])
     waits = any("input_wait" in r for r in doc["results"])
     head = ["GPUs", "CPU cores", "images per GPU", "images/s, decode=gpu", "images/s, synthetic"]
     head += ["ratio", "decode stage images/s per GPU"]
     if waits:
         head.append("input wait, decode=gpu")
+    if rounds:
+        head.insert(3, "round")
+    if kernels:
+        head.insert(3, "crop kernel")
     if depths:
         head.insert(3, "decode depth")
     if processes:
@@ -275,6 +282,10 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
         cells.append(cell(r["decode_images_per_s"], ",.0f"))
         if waits:
             cells.append(f"{r['input_wait']:.0%}" if r.get("input_wait") is not None else "-")
+        if rounds:
+            cells.insert(3, str(r.get("round", 1)))
+        if kernels:
+            cells.insert(3, r.get("crop_kernel", "xla"))
         if depths:
             cells.insert(3, str(r.get("depth", 1)))
         if processes:

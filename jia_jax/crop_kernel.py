@@ -29,12 +29,18 @@ class Blocks(NamedTuple):
     stages: int = 3
 
 
-def _tile(extent: int, limit: int) -> int:
+def power_of_two_tile(extent: int, limit: int) -> int:
     """The largest power of two <= limit dividing extent (a Pallas block's size on an axis)."""
     size = 1
     while 2 * size <= limit and extent % (2 * size) == 0:
         size *= 2
     return size
+
+
+def _blocks_meeting(pixels: jax.Array, block: int) -> jax.Array:
+    """int32 [T, 2]: the first block of `block` positions meeting each range [low, high) of
+    `pixels` [T, 2], and one past the last."""
+    return jnp.stack([pixels[:, 0] // block, -(-pixels[:, 1] // block)], axis=1)
 
 
 def padded(size: int) -> int:
@@ -94,9 +100,10 @@ def windowed_product(
 
     t, k, m = a.shape
     n = weights.shape[1]
-    bm, bn, bk = _tile(m, blocks.m), _tile(n, blocks.n), _tile(k, blocks.k)
+    bm, bn, bk = (power_of_two_tile(m, blocks.m), power_of_two_tile(n, blocks.n),
+                  power_of_two_tile(k, blocks.k))
     wanted = jnp.tile(jnp.array([0, m], jnp.int32), (t, 1)) if wanted is None else wanted
-    steps = jnp.stack([pixels[:, 0] // bk, -(-pixels[:, 1] // bk), *wanted.T], axis=1)
+    steps = jnp.concatenate([_blocks_meeting(pixels, bk), wanted], axis=1)
     dtype = weights.dtype
 
     def kernel(steps_ref, a_ref, w_ref, out_ref):
@@ -154,8 +161,8 @@ def resize_products(
     # Vertical: contract the rows h of [T, h, w c]; the intermediate is [T, w c, s], computed
     # only for the columns w the horizontal product reads (its blocks meeting their span).
     blocks = Blocks()
-    block = _tile(canvas, blocks.k)
-    read = jnp.stack([columns[:, 0] // block, -(-columns[:, 1] // block)], 1) * block * channels
+    block = power_of_two_tile(canvas, blocks.k)
+    read = _blocks_meeting(columns, block) * block * channels
     inner = windowed_product(tiles.reshape(t, canvas, canvas * channels), wy, rows,
                              wanted=read, out_dtype=wy.dtype, blocks=blocks,
                              interpret=interpret)

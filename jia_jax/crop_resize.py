@@ -43,6 +43,9 @@ import numpy as np
 
 from jia_jax import crop_kernel
 
+# `resize_tiles`' products (`data.gpu_crop_kernel`): XLA's over whole tiles, or the Pallas
+# kernels of jia_jax/crop_kernel.py.
+KERNELS = ("xla", "pallas")
 # Where each tile's resize parameters sit in a plan row.
 Y_START, Y_LENGTH, Y_VALID, X_START, X_LENGTH, X_VALID, FLIP = range(7)
 NUM_PARAMS = 7
@@ -248,8 +251,8 @@ def resize_tiles(
         tile's window (jia_jax/crop_kernel.py; Pallas' Triton backend, a GPU, or `interpret`).
       interpret: run the `pallas` kernels in Pallas' interpreter (CPU tests).
     """
-    if kernel not in ("xla", "pallas"):
-        raise ValueError(f"kernel={kernel!r}: 'xla' or 'pallas'")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel={kernel!r}: one of {KERNELS}")
     canvas = tiles.shape[1]
     # The Pallas kernels' blocks are powers of two: their weights have zero rows up to one.
     rows = crop_kernel.padded(image_size) if kernel == "pallas" else image_size

@@ -137,10 +137,6 @@ def decode_rows(
     return images, failed
 
 
-# `data.gpu_crop_kernel`: the crop's products (`crop_resize.resize_tiles`' `kernel`).
-CROP_KERNELS = ("xla", "pallas")
-
-
 @jax.jit
 def _put_row(images: jax.Array, row: jax.Array, pixels: jax.Array) -> jax.Array:
     return jax.lax.dynamic_update_index_in_dim(images, pixels, row, 0)
@@ -302,8 +298,9 @@ class GpuStreams:
         if ring < 1:
             raise ValueError(f"data.gpu_tile_ring_depth={ring} must be at least 1.")
         kernel = data.get("gpu_crop_kernel", "xla")
-        if kernel not in CROP_KERNELS:
-            raise ValueError(f"data.gpu_crop_kernel={kernel!r} must be one of {CROP_KERNELS}.")
+        if kernel not in crop_resize.KERNELS:
+            raise ValueError(
+                f"data.gpu_crop_kernel={kernel!r} must be one of {crop_resize.KERNELS}.")
         needs = crop_kernel.unsupported(data.gpu_canvas, data.image_size)
         if kernel == "pallas" and needs:
             raise ValueError(f"data.gpu_crop_kernel='pallas' needs {needs}; or set it to 'xla'.")

@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jia_jax.crop_kernel import power_of_two_tile
 from scripts.bench import harness
 
 # ResNet-50 v1.5's BatchNorm inputs at 224 pixels: (spatial size, channels) and how many BNs
@@ -114,14 +115,6 @@ def bwd_xla_wide(g: jax.Array, y: jax.Array, x: jax.Array) -> tuple[jax.Array, j
     dy = jnp.where(_rows(y) > 0, _rows(g).astype(jnp.float32), 0.0).reshape(m // k, k * c)
     p = dy * (x2.reshape(m // k, k * c) - jnp.tile(x2[0], k))
     return jnp.sum(dy, 0).reshape(k, c).sum(0), jnp.sum(p, 0).reshape(k, c).sum(0)
-
-
-def power_of_two_tile(extent: int, limit: int) -> int:
-    """The largest power of two <= limit dividing extent: a Pallas block's size along an axis."""
-    t = 1
-    while 2 * t <= limit and extent % (2 * t) == 0:
-        t *= 2
-    return t
 
 
 def _pallas_sums(

@@ -32,8 +32,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jia_jax import crop_kernel
 from jia_jax.models import batch_norm_ops
-from scripts.bench import bn_reductions
 from scripts.bench import harness
 
 # ResNet-50 v1.5's 1x1 convolutions at 224 pixels: (spatial size, in channels, out channels).
@@ -112,7 +112,7 @@ def pallas_conv_stats(
     if stats not in ("two_pass", "shifted", None):
         raise ValueError(f"stats={stats!r}: two_pass, shifted or None")
     (m, k), n = x.shape, w.shape[1]
-    tile = bn_reductions.power_of_two_tile
+    tile = crop_kernel.power_of_two_tile
     bm, bn, bk = tile(m, block_m), tile(n, block_n), tile(k, block_k)
     grid = (m // bm, n // bn)
 

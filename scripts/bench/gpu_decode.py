@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from jia_jax.crop_resize import KERNELS as CROP_KERNELS
 from scripts.bench import harness
 
 _NAME = "jia_bench_jpeg"
@@ -694,8 +695,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch", type=int, default=64, help="smoke: eval batch")
     parser.add_argument("--per_gpu", type=int, nargs="+", default=[256, 64], help="decode")
     parser.add_argument("--batches", type=int, default=4, help="decode: record batches held")
-    parser.add_argument("--crop_kernels", nargs="+", default=["xla"], choices=("xla", "pallas"),
-                        help="crop: the resize's products")
+    parser.add_argument("--crop_kernels", nargs="+", default=["xla"],
+                        choices=CROP_KERNELS, help="crop: the resize's products")
     parser.add_argument("--repeats", type=int, default=5, help="decode: passes over them")
     parser.add_argument(
         "--depth", type=int, nargs="+", default=[1],

@@ -535,7 +535,10 @@ def cudnn_genstats_table(doc: dict[str, Any]) -> str:
     for batch in sorted({r["batch"] for r in doc["per_step"]}, reverse=True):
         totals = {r["variant"]: r["us"] for r in doc["per_step"] if r["batch"] == batch}
         cells = [f"{totals[c]:,.0f}" if c in totals else "" for c in columns]
-        lines.append(f"| {batch} | all | | | | | 52 | " + " | ".join(cells) + " |")
+        shapes = {tuple(r[f] for _, f in keys): r["count"] for r in doc["results"]
+                  if r["batch"] == batch}
+        lines.append(f"| {batch} | all | | | | | {sum(shapes.values())} | " + " | ".join(cells)
+                     + " |")
     return "\n".join(lines)
 
 

@@ -46,6 +46,9 @@ from jia_jax import crop_kernel
 # `resize_tiles`' products (`data.gpu_crop_kernel`): XLA's over whole tiles, or the Pallas
 # kernels of jia_jax/crop_kernel.py.
 KERNELS = ("xla", "pallas")
+# The default: the same crops in less GPU time, and on one H200 it trained as fast as XLA's
+# products or faster at 64 and 256 images per GPU (docs/input_pipeline.md, "How fast it is").
+DEFAULT_KERNEL = "pallas"
 # Where each tile's resize parameters sit in a plan row.
 Y_START, Y_LENGTH, Y_VALID, X_START, X_LENGTH, X_VALID, FLIP = range(7)
 NUM_PARAMS = 7

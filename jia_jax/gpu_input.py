@@ -98,7 +98,7 @@ def decode_rows(
     decoder: DeviceDecoder,
     image_size: int,
     canvas: int,
-    crop_kernel: str = "xla",
+    crop_kernel: str = crop_resize.DEFAULT_KERNEL,
 ) -> tuple[jax.Array, list[int]]:
     """`rows` of a record batch as uint8 [rows, S, S, 3] on the decoder's device, and the rows
     (counted from the first of `rows`) that did not decode. `crop_kernel` (`data.gpu_crop_kernel`)
@@ -168,7 +168,7 @@ def device_batches(
     first_step: int,
     image_size: int,
     canvas: int,
-    crop_kernel: str = "xla",
+    crop_kernel: str = crop_resize.DEFAULT_KERNEL,
 ) -> Iterator[dict[str, Any]]:
     """Record batches decoded on the devices: {"image": per-device arrays in the decoder sets'
     order, then the batch's host fields (label, mask, bad-record counts)}.
@@ -267,6 +267,19 @@ def background(items: Iterator[T], depth: int = _AHEAD) -> Iterator[T]:
         thread.join()
 
 
+def check_crop_kernel(data: ml_collections.ConfigDict, platforms: set[str]) -> None:
+    """Raises if `data.gpu_crop_kernel` is unknown, or is 'pallas' with a canvas or image size
+    its kernels cannot take on the GPUs among `platforms` (elsewhere XLA's products crop, as
+    `decode_rows` takes them off GPUs)."""
+    kernel = data.get("gpu_crop_kernel", crop_resize.DEFAULT_KERNEL)
+    if kernel not in crop_resize.KERNELS:
+        raise ValueError(
+            f"data.gpu_crop_kernel={kernel!r} must be one of {crop_resize.KERNELS}.")
+    needs = crop_kernel.unsupported(data.gpu_canvas, data.image_size)
+    if kernel == "pallas" and needs and "gpu" in platforms:
+        raise ValueError(f"data.gpu_crop_kernel='pallas' needs {needs}; or set it to 'xla'.")
+
+
 @dataclasses.dataclass(frozen=True)
 class GpuStreams:
     """The train and eval streams of a tfds dataset on the GPU path."""
@@ -297,14 +310,8 @@ class GpuStreams:
         ring = data.get("gpu_tile_ring_depth", tile_ring.DEPTH)
         if ring < 1:
             raise ValueError(f"data.gpu_tile_ring_depth={ring} must be at least 1.")
-        kernel = data.get("gpu_crop_kernel", "xla")
-        if kernel not in crop_resize.KERNELS:
-            raise ValueError(
-                f"data.gpu_crop_kernel={kernel!r} must be one of {crop_resize.KERNELS}.")
-        needs = crop_kernel.unsupported(data.gpu_canvas, data.image_size)
-        if kernel == "pallas" and needs:
-            raise ValueError(f"data.gpu_crop_kernel='pallas' needs {needs}; or set it to 'xla'.")
         devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
+        check_crop_kernel(data, {d.platform for d in devices})
         if len(devices) > 1:
             # Measured: one process's decode stage did not scale past one GPU.
             logging.warning(
@@ -375,7 +382,7 @@ class GpuStreams:
             first_step=first_step,
             image_size=data.image_size,
             canvas=data.gpu_canvas,
-            crop_kernel=data.get("gpu_crop_kernel", "xla"),
+            crop_kernel=data.get("gpu_crop_kernel", crop_resize.DEFAULT_KERNEL),
         )
         counted = tfds_input.bad_record_counter(part, data.max_bad_records)(decoded)
         return background(assemble(b, self.sharding, global_batch) for b in counted)

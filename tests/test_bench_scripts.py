@@ -15,7 +15,7 @@ import sys
 import jax
 import pytest
 
-from jia_jax import comm_model
+from jia_jax import comm_model, crop_resize
 from jia_jax import metrics
 from scripts.bench import allreduce as bench_allreduce
 from scripts.bench import gpu_decode as bench_gpu_decode
@@ -518,7 +518,8 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     table = render_benchmarks.table(str(out))
     assert "| GPUs | CPU cores | images per GPU | decode depth |" in table
     assert "| 8 | 2 | 2 | 2 | 990 | 1,000 | 0.990 |" in table
-    assert "crop kernel" not in table and "round" not in table  # both at their defaults
+    assert "crop kernel" not in table and "round" not in table  # one kernel, one round
+    assert f"data.gpu_crop_kernel={crop_resize.DEFAULT_KERNEL};" in table  # the runs' default
     # The crop kernels in turn, two rounds each (bench_gpu_decode.sh kernels): a row per kernel
     # and round, each against the one synthetic run; the kernel and round in columns.
     turns = [("pallas", 970.0), ("pallas", 975.0), ("xla", 960.0), ("xla", 965.0)]

@@ -13,7 +13,7 @@ import PIL.Image
 import pytest
 
 from configs import default
-from jia_jax import bad_records, gpu_decode, gpu_input, input_pipeline
+from jia_jax import bad_records, crop_resize, gpu_decode, gpu_input, input_pipeline
 from jia_jax import mesh as mesh_lib
 from jia_jax import models, normalize, record_batches, tfds_input
 from scripts.bench import gpu_decode as bench_gpu_decode
@@ -210,16 +210,21 @@ def test_crop_kernel_reaches_each_decode_and_must_be_known(
     odd_dir, mesh, fake_gpu, monkeypatch  # noqa: F811
 ):
     data = _data(odd_dir, name=_ODD, gpu_canvas=64)
+    assert data.gpu_crop_kernel == crop_resize.DEFAULT_KERNEL == "pallas"
     with pytest.raises(ValueError, match=r"data\.gpu_crop_kernel='triton' must be one of"):
         _input(data, mesh, "gpu", gpu_crop_kernel="triton")
     # Triton's products take blocks of 16 or more: a canvas of 72 has none along the rows.
+    odd_canvas = _with(data, gpu_canvas=72)
     with pytest.raises(ValueError, match=r"'pallas' needs a canvas that is a multiple of 16 "
                                          r"\(data\.gpu_canvas=72\); or set it to 'xla'"):
-        _input(data, mesh, "gpu", gpu_crop_kernel="pallas", gpu_canvas=72)
+        gpu_input.check_crop_kernel(odd_canvas, {"gpu"})
     with pytest.raises(ValueError, match=r"'pallas' needs an image size of at least 9 "
                                          r"\(data\.image_size=8\)"):
-        _input(data, mesh, "gpu", gpu_crop_kernel="pallas", image_size=8)
-    _input(data, mesh, "gpu", gpu_crop_kernel="xla", gpu_canvas=72)  # XLA's products take any
+        gpu_input.check_crop_kernel(_with(data, image_size=8), {"cpu", "gpu"})
+    gpu_input.check_crop_kernel(_with(odd_canvas, gpu_crop_kernel="xla"), {"gpu"})  # any canvas
+    # Off GPUs XLA's products crop whatever the setting, so the default asks nothing of the
+    # shapes there (these CPU devices, an 8-pixel image size).
+    _input(data, mesh, "gpu", gpu_canvas=72)
     seen = []
     decode = gpu_input.decode_rows
 

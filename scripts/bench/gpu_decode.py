@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from jia_jax.crop_resize import DEFAULT_KERNEL as DEFAULT_CROP_KERNEL
 from jia_jax.crop_resize import KERNELS as CROP_KERNELS
 from scripts.bench import harness
 
@@ -633,7 +634,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
 def decode_setting(overrides: Sequence[str]) -> tuple[int, str]:
     """`data.gpu_decode_depth` and `data.gpu_crop_kernel` as a run's `--config` overrides set
     them (the last wins), else their defaults."""
-    depth, kernel = 1, "xla"
+    depth, kernel = 1, DEFAULT_CROP_KERNEL
     for override in overrides:
         name, _, value = override.partition("=")
         if name == "--config.data.gpu_decode_depth":
@@ -695,7 +696,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch", type=int, default=64, help="smoke: eval batch")
     parser.add_argument("--per_gpu", type=int, nargs="+", default=[256, 64], help="decode")
     parser.add_argument("--batches", type=int, default=4, help="decode: record batches held")
-    parser.add_argument("--crop_kernels", nargs="+", default=["xla"],
+    parser.add_argument("--crop_kernels", nargs="+", default=[DEFAULT_CROP_KERNEL],
                         choices=CROP_KERNELS, help="crop: the resize's products")
     parser.add_argument("--repeats", type=int, default=5, help="decode: passes over them")
     parser.add_argument(

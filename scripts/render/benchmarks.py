@@ -235,15 +235,23 @@ def train_input_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _one_crop_kernel(named: set[str | None]) -> str:
+    """`data.gpu_crop_kernel` for a caption where every row ran the same one and says so."""
+    [kernel] = named if len(named) == 1 else [None]
+    return f", data.gpu_crop_kernel={kernel}" if kernel else ""
+
+
 def gpu_decode_table(doc: dict[str, Any]) -> str:
     """The trainer with data.decode=gpu against synthetic data, and the decode stage alone
     (scripts/bench/gpu_decode.py, scripts/bench_gpu_decode.sh). A processes column where some
-    row ran several (records without the field ran one), decode depth, crop kernel and round
-    columns where some row's differ from the defaults; the share of time the GPU path's train
-    loop waited for input where the runs logged it."""
+    row ran several (records without the field ran one), decode depth and round columns where
+    some row's differ from the defaults, a crop kernel column where the rows' differ (one kernel
+    of them all is named in the caption; records without the field do not say); the share of
+    time the GPU path's train loop waited for input where the runs logged it."""
     processes = any(r.get("processes", 1) > 1 for r in doc["results"])
     depths = any(r.get("depth", 1) > 1 for r in doc["results"])
-    kernels = any(r.get("crop_kernel", "xla") != "xla" for r in doc["results"])
+    named = {r.get("crop_kernel") for r in doc["results"]}
+    kernels = len(named) > 1
     rounds = any(r.get("round", 1) > 1 for r in doc["results"])
     waits = any("input_wait" in r for r in doc["results"])
     head = ["GPUs", "CPU cores", "images per GPU", "images/s, decode=gpu", "images/s, synthetic"]
@@ -260,7 +268,8 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
         head.insert(1, "processes")
     lines = [
         (
-            f"JPEGs decoded on the GPU ({_environment(doc)}; ResNet-50 64K config, bf16, "
+            f"JPEGs decoded on the GPU ({_environment(doc)}{_one_crop_kernel(named)}; "
+            "ResNet-50 64K config, bf16, "
             "generated 500x375 JPEGs; the trainer's median images/s over the logged intervals "
             "after the first; decode stage: tiles decoded, cropped and resized per GPU, records "
             "read beforehand):"
@@ -285,7 +294,7 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
         if rounds:
             cells.insert(3, str(r.get("round", 1)))
         if kernels:
-            cells.insert(3, r.get("crop_kernel", "xla"))
+            cells.insert(3, r.get("crop_kernel", "-"))
         if depths:
             cells.insert(3, str(r.get("depth", 1)))
         if processes:

@@ -562,9 +562,7 @@ def test_gpu_decode_with_the_ring_eight_deep_prose_quotes_the_json():
         f"one process driving both GPUs, waiting {two[1]['input_wait']:.0%}",
     ])
     assert_quoted(read("README.md"), [
-        f"(earlier code {one[256]['ratio']:.3f} and {one[64]['ratio']:.3f}, "
-        f"{rate['64_on_1'] / rate['64_syn']:.3f} at 64 in a later run;",
-        f"on two H200s {two[2]['ratio']:.3f} at 256 as two processes of one GPU",
+        f"on two H200s {two[2]['ratio']:.3f} at 256 as two processes of one GPU (with XLA's crop",
     ])
 
 
@@ -601,10 +599,6 @@ def test_gpu_decode_with_the_products_as_stored_prose_quotes_the_json():
         f"with {smoke['predictions_changed']} of {smoke['examples']} predictions changed",
     ])
     assert one[64]["input_wait"] == one[256]["input_wait"]  # "at both"
-    assert_quoted(read("README.md"), [
-        f"on one H200 with 16 cores the trainer kept {one[256]['ratio']:.3f} of its "
-        f"synthetic-data speed at 256 images per GPU and {one[64]['ratio']:.3f} at 64 (earlier code",
-    ])
     assert_quoted(read("jia_jax/crop_resize.py"), [
         "took {:.2f} to {:.2f} ms a batch of 256".format(
             *(f(r["ms_per_batch"] for r in crop["rows_transposed", 256]) for f in (min, max))),
@@ -635,11 +629,6 @@ def test_gpu_decode_third_host_and_ring_depth_prose_quotes_the_json():
         f"colour conversion took {colour['us_per_step'] / 1e3:.2f} ms of the GPU a step, in "
         f"{colour['count_per_step']:.0f} kernels",
         "up to 8 arrays per tile count",
-    ])
-    assert_quoted(read("README.md"), [
-        f"with the earlier ring of 4 tile arrays {third[256]['ratio']:.3f} and "
-        f"{third[64]['ratio']:.3f} on another host, where the ring 8 deep trained {gain:.3f}× "
-        "faster at 256",
     ])
     assert_quoted(read("configs/default.py").replace("#", ""), [
         f"8 trained {gain:.3f}x faster than 4 at 256 images",
@@ -2490,6 +2479,80 @@ def test_cudnn_genstats_prose_quotes_the_json():
     ])
 
 
+def test_gpu_decode_kernels_prose_quotes_the_json_and_why_pallas_is_the_default():
+    """"How fast it is" leads with the crop kernels' turns at 256 and 64 images; round for round
+    the Pallas crop is within 0.1% of XLA's at 64 and faster at 256, the default's reason."""
+    from configs import default
+    from jia_jax import crop_resize
+
+    rows = {}
+    for batch in (256, 64):
+        for r in load(f"bench_gpu_decode_kernels{batch}_1xH200.json")["results"]:
+            rows[batch, r["crop_kernel"], r["round"]] = r
+    rate = {key: r["images_per_s"] for key, r in rows.items()}
+    for rnd in (1, 2):
+        assert rate[256, "pallas", rnd] > rate[256, "xla", rnd]
+        assert rate[64, "pallas", rnd] > 0.999 * rate[64, "xla", rnd]
+    assert crop_resize.DEFAULT_KERNEL == default.get_config().data.gpu_crop_kernel == "pallas"
+
+    def two(batch, kernel, key, fmt):
+        return " and ".join(f"{rows[batch, kernel, n][key]:{fmt}}" for n in (1, 2))
+
+    synthetic = {b: rows[b, "pallas", 1]["synthetic_images_per_s"] for b in (256, 64)}
+    waits = [r["input_wait"] for r in rows.values()]
+    stage = rows[256, "pallas", 1]["decode_images_per_s"]
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"the trainer kept {two(256, 'pallas', 'ratio', '.3f')} of its synthetic-data speed at 256 "
+        f"images per GPU in two runs ({two(256, 'pallas', 'images_per_s', ',.0f')} images/s "
+        f"against {synthetic[256]:,.0f}), and {two(64, 'pallas', 'ratio', '.3f')} at 64 "
+        f"({two(64, 'pallas', 'images_per_s', ',.0f')} against {synthetic[64]:,.0f})",
+        f"waiting for input {min(waits):.0%} to {max(waits):.0%} of the time",
+        f"{two(256, 'xla', 'ratio', '.3f')} at 256, {two(64, 'xla', 'ratio', '.3f')} at 64",
+        f"the decode stage ran {stage:,.0f} images/s at 256 images a batch in the 256-image call, "
+        f"{stage / synthetic[256]:.3f}× the synthetic step",
+        "the Pallas crop trained within 0.1% of XLA's products at 64 and faster at 256",
+    ])
+    assert_quoted(read("README.md"), [
+        f"the trainer kept {two(256, 'pallas', 'ratio', '.3f')} of its synthetic-data speed at 256 "
+        f"images per GPU and {two(64, 'pallas', 'ratio', '.3f')} at 64",
+    ])
+
+
+def test_gpu_decode_at_64_on_a_late_host_prose_quotes_the_json():
+    """The 64-image runs on another host: their ratios, the trace's busy and idle time, and the
+    switch-interval runs, from the raw records."""
+    record = load("gpu_decode_switch_interval64_1xH200.json")
+    run = {name: doc["results"][0] for name, doc in record["runs"].items()}
+    synthetic = run["synthetic"]["images_per_s"]
+    assert record["switch_interval_s"]["gpu_05ms_1"] == 0.0005
+    assert record["switch_interval_s"]["gpu_5ms_1"] == 0.005
+    gpu = [run[f"gpu_{s}_{n}"] for s in ("5ms", "05ms") for n in (1, 2)]
+    logged = [rate for r in gpu for _, rate in r["intervals"]]
+    trace = {v: x["devices"]["/device:GPU:0"]
+             for v, x in load("gpu_decode_profile64_1xH200.json")["variants"].items()}
+    busy = {v: sum(val for k, val in t["per_step"].items() if k.startswith("busy_"))
+            for v, t in trace.items()}
+    top = {k["name"].split("<")[0]: k for k in trace["gpu"]["top"]}
+    colour, copies = top["void nvjpeg::ycbcr_to_format_kernel_roi"], top["MemcpyH2D"]
+    assert {r["input_wait"] for r in gpu[:2]} == {0.01}
+    ratios = [f"{r['images_per_s'] / synthetic:.3f}" for r in gpu[:2]]
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"{ratios[0]} and {ratios[1]} of the synthetic run's {synthetic:,.0f} images/s",
+        f"the GPU path's kernels kept the GPU busy {busy['gpu']:,.0f} µs a step against the "
+        f"synthetic step's {busy['synthetic']:,.0f}, nvJPEG's colour conversion "
+        f"({colour['us_per_step']:.0f} µs in {colour['count_per_step']:.0f} kernels) and the "
+        f"encoded bytes' copies ({copies['us_per_step']:.0f} µs, on the copy engines)",
+        f"the GPU sat idle {trace['gpu']['per_step']['idle_us']:,.0f} µs a step against "
+        f"{trace['synthetic']['per_step']['idle_us']:,.0f}",
+        f"at most {1 - busy['synthetic'] / busy['gpu']:.1%} of its time",
+        f"the GPU path ran {gpu[2]['images_per_s']:,.0f} and {gpu[3]['images_per_s']:,.0f} "
+        f"images/s against {gpu[0]['images_per_s']:,.0f} and {gpu[1]['images_per_s']:,.0f} at "
+        "5 ms",
+        f"(from {min(logged):,.0f} to {max(logged):,.0f} images/s in all)",
+    ])
+    assert_quoted(read("README.md"), [f"{ratios[0]} and {ratios[1]} at 64 on another H200 host"])
+
+
 def test_gpu_decode_crop_kernel_prose_quotes_the_json():
     """The Pallas crop: its program's kernels against XLA's, the end-to-end run with it, and the
     next call's runs of both, from the raw records."""
@@ -2507,7 +2570,7 @@ def test_gpu_decode_crop_kernel_prose_quotes_the_json():
         assert abs(run["results"][0]["images_per_s"] - printed[name]["images_per_s"]) < 0.05
     ratio = {k: v["images_per_s"] / printed["s" + k[1:]]["images_per_s"]
              for k, v in printed.items() if not k.startswith("s")}
-    assert ratio["p64"] < ratio["x64"]  # why XLA's products stay the default
+    assert ratio["p64"] < ratio["x64"]  # the prose's "but"
     assert_quoted(read("docs/input_pipeline.md"), [
         f"the crop program's kernels took {us[256, 'pallas']:.0f} µs a batch of 256 against "
         f"XLA's {us[256, 'xla']:.0f} ({crop[256, 'pallas']['ms_per_batch']:.3f} against "

@@ -18,8 +18,9 @@
 # the same images and parameters; if it fails, nothing else runs), then the decode stage alone,
 # nvImageCodec's whole-image decode with its top kernels per image, and the crop-and-resize
 # program alone. Writes $OUT/bench_gpu_decode.json (the record docs/input_pipeline.md renders),
-# $OUT/gpu_decode_smoke.json, $OUT/gpu_decode_crop.json, with `one` a profile of the 1-GPU step
-# ($OUT/gpu_decode_profile.json), and the logs' tails in $OUT/bench_gpu_decode.log, and prints a
+# $OUT/gpu_decode_smoke.json, $OUT/gpu_decode_crop.json, with `one` traces of the 1-GPU step,
+# synthetic and on the GPU path, at PROFILE_BATCH images (256 unless set), summarised in
+# $OUT/gpu_decode_profile.json, and the logs' tails in $OUT/bench_gpu_decode.log, and prints a
 # summary last.
 set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
@@ -105,26 +106,35 @@ case "$mode" in
     PROFILE=0 ;;
 esac
 
-# Where the GPU path's step loses time: one GPU at 256, a trace of steps 60-64 summarised per
-# device (idle: no kernel runs, the host is late; busy time per kind, the decoder's kernels
-# included; the top kernels) into $OUT/gpu_decode_profile.json. PROFILE=0 skips it (about a
-# minute), for a call that must stay inside 10 minutes.
+# Where the GPU path's step loses time: one GPU at PROFILE_BATCH images (256 unless set), the
+# synthetic run and the GPU path, each traced for 10 steps once warm and summarised per device
+# (idle: no kernel runs; where the idle gaps sit and what precedes them; busy time per kind, the
+# decoder's kernels included; the top kernels) into $OUT/gpu_decode_profile.json. PROFILE=0
+# skips it (about two minutes), for a call that must stay inside 10 minutes.
 if [[ "${PROFILE:-1}" == 1 ]]; then
-CUDA_VISIBLE_DEVICES=0 taskset -c "$first" python3 -m scripts.bench.train_input \
-  --data_dir="$data" --per_gpu=256 --steps=80 --log_every=20 --variants=gpu \
-  --num_workers=$((half / 2)) --override=--config.profile.first_step=60 --timeout_s=240 \
-  --out="$runs/profiled.json" >"$runs/profiled.log" 2>&1 || echo "profiled run failed"
-python3 - "$runs/profiled.json" "$OUT/gpu_decode_profile.json" <<'PY' || echo "profile summary failed"
+pbatch=${PROFILE_BATCH:-256}
+psteps=$(( pbatch >= 256 ? 80 : 320 ))
+for variant in synthetic gpu; do
+  CUDA_VISIBLE_DEVICES=0 taskset -c "$first" python3 -m scripts.bench.train_input \
+    --data_dir="$data" --per_gpu="$pbatch" --steps="$psteps" --log_every=$(( psteps / 4 )) \
+    --variants="$variant" --num_workers=$((half / 2)) \
+    --override=--config.profile.first_step=$(( psteps - 20 )) \
+    --override=--config.profile.steps=10 --timeout_s=240 \
+    --out="$runs/profiled_$variant.json" >"$runs/profiled_$variant.log" 2>&1 \
+    || echo "profiled $variant run failed"
+done
+python3 - "$runs" "$OUT/gpu_decode_profile.json" <<'PY' || echo "profile summary failed"
 import json, re, sys
 from scripts.bench import harness, profile_trace
-run = json.load(open(sys.argv[1]))["results"][0]
-workdir = re.search(r"--workdir=(\S+)", run["command"])[1]
-kernels = profile_trace.load_kernels(f"{workdir}/profile/process_0")
-doc = {"environment": harness.environment(), "run": run, "devices": {
-    device: {"per_step": profile_trace.summarize(k, 5), "top": profile_trace.top_kernels(k, 5)}
-    for device, k in kernels.items()}}
+doc = {"environment": harness.environment(), "variants": {}}
+for variant in ("synthetic", "gpu"):
+    run = json.load(open(f"{sys.argv[1]}/profiled_{variant}.json"))["results"][0]
+    workdir = re.search(r"--workdir=(\S+)", run["command"])[1]
+    devices = profile_trace.device_summaries(f"{workdir}/profile/process_0", 10, 30)
+    doc["variants"][variant] = {"run": run, "devices": devices}
+    print(variant, {d: round(v["per_step"]["idle_us"] / 1e3, 1) for d, v in devices.items()},
+          "ms idle a step")
 json.dump(doc, open(sys.argv[2], "w"), indent=1)
-print({d: round(v["per_step"]["idle_us"] / 1e3, 1) for d, v in doc["devices"].items()}, "ms idle a step")
 PY
 fi
 

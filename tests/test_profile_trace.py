@@ -75,6 +75,11 @@ def test_load_kernels_finds_the_newest_trace(tmp_path):
     with gzip.open(run / "host.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": _events()}, f)
     assert len(profile_trace.load_kernels(str(tmp_path))["/device:GPU:0"]) == 5
+    [summary] = profile_trace.device_summaries(str(tmp_path), steps=2, n=1).values()
+    assert summary["per_step"]["idle_us"] == 4  # as in the summary test above
+    assert summary["gaps"]["longest"][0] == {
+        "us": 8, "after": "loop_concatenate_fusion", "before": "ncclDevKernel_AllReduce_Sum_bf16"}
+    assert summary["top"][0]["name"] == "ncclDevKernel_AllReduce_Sum_bf16"
     with pytest.raises(FileNotFoundError):
         profile_trace.load_kernels(str(tmp_path / "none"))
 
@@ -216,3 +221,21 @@ def test_write_hlo_creates_its_folder_and_names_the_file_by_case(tmp_path):
     assert path == str(tmp_path / "new" / "hlo" / "resnet50_1x1_xla_64.hlo.gz")
     with gzip.open(path, "rt") as f:
         assert f.read() == "HloModule m"
+
+
+def test_idle_gaps_classes_each_gap_and_names_its_neighbours():
+    def k(name, start, end):
+        return profile_trace.Kernel(name, start, end, "Stream #1", "fusion")
+
+    # Busy 0-20 (two overlapping kernels), 25-30, 1030-1040, 1040.5-1050: gaps of 5, 1000, 0.5.
+    kernels = [k("a", 0, 10), k("b", 5, 20), k("c", 25, 30), k("d", 1030, 1040),
+               k("e", 1040.5, 1050)]
+    gaps = profile_trace.idle_gaps(kernels, steps=2, n=2)
+    assert gaps["classes"] == {
+        "lt_10us": {"count_per_step": 1.0, "us_per_step": 2.75},
+        "10_100us": {"count_per_step": 0.0, "us_per_step": 0.0},
+        "100_1000us": {"count_per_step": 0.0, "us_per_step": 0.0},
+        "ge_1000us": {"count_per_step": 0.5, "us_per_step": 500.0},
+    }
+    assert gaps["longest"] == [{"us": 1000, "after": "c", "before": "d"},
+                               {"us": 5, "after": "b", "before": "c"}]

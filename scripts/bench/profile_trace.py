@@ -267,3 +267,41 @@ def top_kernels(kernels: Sequence[Kernel], steps: int, n: int = 15) -> list[dict
         {"name": name[:120], "us_per_step": t / steps, "count_per_step": c / steps}
         for name, (t, c) in ranked
     ]
+
+
+# `idle_gaps`' size classes (µs): gaps shorter than 10, 10 to 100, 100 to 1,000, and longer.
+GAP_BOUNDS_US = (10.0, 100.0, 1000.0)
+
+
+def idle_gaps(kernels: Sequence[Kernel], steps: int, n: int = 10) -> dict[str, object]:
+    """Where a device's idle time sits: the gaps between its busy intervals (any stream), per
+    step by size class (`GAP_BOUNDS_US`), and the `n` longest with the activity that ended
+    before each and the one that started after it. One long gap a step before the same kernel
+    is the host dispatching the step late; many short ones inside it, kernels launched late."""
+    busy = union((k.start_us, k.end_us) for k in kernels)
+    gaps = [(b[0] - a[1], a[1], b[0]) for a, b in zip(busy, busy[1:])]
+    names = ("lt_10us", "10_100us", "100_1000us", "ge_1000us")
+    classes = {name: {"count_per_step": 0.0, "us_per_step": 0.0} for name in names}
+    for gap, _, _ in gaps:
+        name = names[sum(gap >= bound for bound in GAP_BOUNDS_US)]
+        classes[name]["count_per_step"] += 1 / steps
+        classes[name]["us_per_step"] += gap / steps
+    ended = {k.end_us: k.name for k in sorted(kernels, key=lambda k: k.end_us)}
+    started = {k.start_us: k.name for k in sorted(kernels, key=lambda k: -k.start_us)}
+    longest = [
+        {"us": gap, "after": ended[start][:120], "before": started[stop][:120]}
+        for gap, start, stop in sorted(gaps, reverse=True)[:n]
+    ]
+    return {"classes": classes, "longest": longest}
+
+
+def device_summaries(log_dir: str, steps: int, n: int = 15) -> dict[str, dict[str, object]]:
+    """Per GPU of the newest trace in `log_dir`: `summarize`, `idle_gaps` and `top_kernels`."""
+    return {
+        device: {
+            "per_step": summarize(kernels, steps),
+            "gaps": idle_gaps(kernels, steps),
+            "top": top_kernels(kernels, steps, n),
+        }
+        for device, kernels in load_kernels(log_dir).items()
+    }

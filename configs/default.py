@@ -178,7 +178,9 @@ def get_config() -> ml_collections.ConfigDict:
 
     # A jax.profiler trace of `steps` steps from `first_step` (-1: none) in
     # <workdir>/profile/process_<i>, for TensorBoard's profile plugin or scripts/bench/hosts.py.
-    config.profile = ml_collections.ConfigDict({"first_step": -1, "steps": 5})
+    # `python`: with every Python call of every thread, which slows the host's part of a step;
+    # False for a trace whose device idle time is an untraced run's.
+    config.profile = ml_collections.ConfigDict({"first_step": -1, "steps": 5, "python": True})
 
     config.log_every_steps = 100
     config.eval_every_steps = 5000

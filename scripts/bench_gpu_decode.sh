@@ -107,7 +107,8 @@ case "$mode" in
 esac
 
 # Where the GPU path's step loses time: one GPU at PROFILE_BATCH images (256 unless set), the
-# synthetic run and the GPU path, each traced for 10 steps once warm and summarised per device
+# synthetic run and the GPU path, each traced for 10 steps once warm (without Python's tracer,
+# which slows the host) and summarised per device
 # (idle: no kernel runs; where the idle gaps sit and what precedes them; busy time per kind, the
 # decoder's kernels included; the top kernels) into $OUT/gpu_decode_profile.json. PROFILE=0
 # skips it (about two minutes), for a call that must stay inside 10 minutes.
@@ -119,7 +120,8 @@ for variant in synthetic gpu; do
     --data_dir="$data" --per_gpu="$pbatch" --steps="$psteps" --log_every=$(( psteps / 4 )) \
     --variants="$variant" --num_workers=$((half / 2)) \
     --override=--config.profile.first_step=$(( psteps - 20 )) \
-    --override=--config.profile.steps=10 --timeout_s=240 \
+    --override=--config.profile.steps=10 --override=--config.profile.python=False \
+    --timeout_s=240 \
     --out="$runs/profiled_$variant.json" >"$runs/profiled_$variant.log" 2>&1 \
     || echo "profiled $variant run failed"
 done

@@ -10,7 +10,8 @@ from jia_jax import loop
 from tests.test_resume import OVERRIDES, configured
 
 
-def test_profile_traces_the_configured_steps_of_each_process(tmp_path):
+@pytest.mark.parametrize("python", [True, False])
+def test_profile_traces_the_configured_steps_of_each_process(tmp_path, python):
     config = configured(
         {
             **OVERRIDES,
@@ -19,6 +20,7 @@ def test_profile_traces_the_configured_steps_of_each_process(tmp_path):
             "eval_every_steps": 1000,
             "profile.first_step": 1,
             "profile.steps": 2,
+            "profile.python": python,
         }
     )
     loop.train_and_evaluate(config, str(tmp_path))
@@ -31,6 +33,8 @@ def test_profile_traces_the_configured_steps_of_each_process(tmp_path):
         if e.get("name", "").startswith("CommonPjRtLoadedExecutable::Execute (jit_step)")
     )
     assert executions == {"CommonPjRtLoadedExecutable::Execute (jit_step)": 2}, executions
+    # Python's tracer names each call "$<file>:<line> <function>".
+    assert any(e.get("name", "").startswith("$") for e in events) == python
 
 
 def test_profile_of_no_steps_is_refused(tmp_path):

@@ -8,6 +8,8 @@
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh depth  # data.gpu_decode_depth 1 against 2
 #   OUT=/tmp/out BATCH=64 bash scripts/bench_gpu_decode.sh kernels  # data.gpu_crop_kernel
 #                                  # pallas against xla, alternating, 2 rounds, at BATCH per GPU
+#   OUT=/tmp/out PROFILE_BATCH=64 bash scripts/bench_gpu_decode.sh trace  # the smoke check and
+#                                  # the profile below only (about 3 minutes)
 # ResNet-50 64K config, bf16, on the generated JPEGs of scripts/bench/input.py: the trainer with
 # data.decode=gpu against synthetic data, one run after another, never beside another run (a
 # run on the other GPU takes a share of the host's memory bandwidth and PCIe): at 256 and 64
@@ -26,8 +28,8 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 mode=${1:-}
 case "$mode" in
-  one|two|depth|kernels) ;;
-  *) echo "usage: OUT=<folder> $0 one|two|depth|kernels" >&2; exit 2 ;;
+  one|two|depth|kernels|trace) ;;
+  *) echo "usage: OUT=<folder> $0 one|two|depth|kernels|trace" >&2; exit 2 ;;
 esac
 export PYTHONUNBUFFERED=1
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -49,12 +51,14 @@ CUDA_VISIBLE_DEVICES=0 python3 -m scripts.bench.gpu_decode smoke --data_dir="$da
   { echo "smoke failed: the GPU path is broken, nothing else is worth timing"; tail -n 30 "$runs/smoke.log"; exit 1; }
 depths=1
 if [[ "$mode" == depth ]]; then depths="1 2"; fi
+if [[ "$mode" != trace ]]; then
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 --depth $depths \
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
 # The crop-and-resize program alone: its time adds to the step's on the GPU path.
 python3 -m scripts.bench.gpu_decode crop --data_dir="$data" --per_gpu 256 64 \
   --crop_kernels xla pallas \
   --out="$OUT/gpu_decode_crop.json" >"$runs/crop.log" 2>&1 || echo "crop program failed"
+fi
 
 train() {  # train GPUS CORES PER_GPU STEPS LOG_EVERY VARIANTS WORKERS NAME [FLAG ...]
   CUDA_VISIBLE_DEVICES=$1 taskset -c "$2" python3 -m scripts.bench.train_input \
@@ -104,6 +108,7 @@ case "$mode" in
       done
     done
     PROFILE=0 ;;
+  trace) PROFILE=1 ;;  # the profile alone
 esac
 
 # Where the GPU path's step loses time: one GPU at PROFILE_BATCH images (256 unless set), the
@@ -140,12 +145,16 @@ json.dump(doc, open(sys.argv[2], "w"), indent=1)
 PY
 fi
 
+if [[ "$mode" != trace ]]; then
 python3 -m scripts.bench.gpu_decode report --stage="$runs/stage.json" --runs "$runs"/train_*.json \
   --out="$OUT/bench_gpu_decode.json" || echo "report failed"
+fi
 
 for log in "$runs"/*.log; do echo "== $log"; tail -n 40 "$log"; done >"$OUT/bench_gpu_decode.log"
 echo "== summary"
-python3 -m scripts.render "$OUT/bench_gpu_decode.json" || tail -5 "$runs"/*.log
+if [[ "$mode" != trace ]]; then
+  python3 -m scripts.render "$OUT/bench_gpu_decode.json" || tail -5 "$runs"/*.log
+fi
 python3 - "$OUT" <<'PY' || true
 import json, os, sys
 record = os.path.join(sys.argv[1], "bench_gpu_decode.json")

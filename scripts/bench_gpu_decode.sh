@@ -119,25 +119,25 @@ esac
 # skips it (about two minutes), for a call that must stay inside 10 minutes.
 if [[ "${PROFILE:-1}" == 1 ]]; then
 pbatch=${PROFILE_BATCH:-256}
-psteps=$(( pbatch >= 256 ? 80 : 320 ))
+psteps=$(( pbatch >= 256 ? 80 : 320 )) traced=10
 for variant in synthetic gpu; do
   CUDA_VISIBLE_DEVICES=0 taskset -c "$first" python3 -m scripts.bench.train_input \
     --data_dir="$data" --per_gpu="$pbatch" --steps="$psteps" --log_every=$(( psteps / 4 )) \
     --variants="$variant" --num_workers=$((half / 2)) \
-    --override=--config.profile.first_step=$(( psteps - 20 )) \
-    --override=--config.profile.steps=10 --override=--config.profile.python=False \
+    --override=--config.profile.first_step=$(( psteps - 2 * traced )) \
+    --override=--config.profile.steps=$traced --override=--config.profile.python=False \
     --timeout_s=240 \
     --out="$runs/profiled_$variant.json" >"$runs/profiled_$variant.log" 2>&1 \
     || echo "profiled $variant run failed"
 done
-python3 - "$runs" "$OUT/gpu_decode_profile.json" <<'PY' || echo "profile summary failed"
+python3 - "$runs" "$OUT/gpu_decode_profile.json" "$traced" <<'PY' || echo "profile summary failed"
 import json, re, sys
 from scripts.bench import harness, profile_trace
 doc = {"environment": harness.environment(), "variants": {}}
 for variant in ("synthetic", "gpu"):
     run = json.load(open(f"{sys.argv[1]}/profiled_{variant}.json"))["results"][0]
     workdir = re.search(r"--workdir=(\S+)", run["command"])[1]
-    devices = profile_trace.device_summaries(f"{workdir}/profile/process_0", 10, 30)
+    devices = profile_trace.device_summaries(f"{workdir}/profile/process_0", int(sys.argv[3]), 30)
     doc["variants"][variant] = {"run": run, "devices": devices}
     print(variant, {d: round(v["per_step"]["idle_us"] / 1e3, 1) for d, v in devices.items()},
           "ms idle a step")

@@ -2,12 +2,15 @@
 
 `crop_resize.resize_tiles` is two matrix products per tile: the vertical one contracts the
 tile's rows with its [out, canvas] weights, the horizontal one the intermediate's columns with
-the other axis' weights. A tile's weights are zero outside its crop's window widened by the
-filter's reach (and outside its image), so the rows and columns outside that span add nothing;
-XLA's products read and multiply all `canvas` of them, after converting the whole uint8 tile to
-bfloat16 in a pass of its own. These kernels loop over only the blocks of the contraction that
-hold a tile's span, and convert the uint8 pixels as they load them. Same arithmetic: bfloat16
-operands, float32 accumulation, in another order.
+the other axis' weights. A weight row (one output sample) is zero outside the filter's support
+around the sample's centre (and outside its image), so a block of output samples reads only the
+band of rows or columns under its samples' supports: at ImageNet's crops a block of 128 of the
+224 samples reads about 60% of the window, and the window is a part of the tile. XLA's
+products read and multiply all `canvas` rows and columns of every tile, after converting the
+whole uint8 tile to bfloat16 in a pass of its own. These kernels loop, per block of output
+samples, over only the blocks of the contraction that meet its band, and convert the uint8
+pixels as they load them. Same arithmetic: bfloat16 operands, float32 accumulation, in another
+order.
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ import jax.numpy as jnp
 
 class Blocks(NamedTuple):
     """A kernel's tiling: output rows and columns, contraction, warps and pipeline stages
-    (upper bounds for the block sizes: each is the largest power of two dividing its axis)."""
+    (upper bounds for the block sizes: each is the largest power of two dividing its axis).
+    Blocks of 64 output samples (n) follow the filter's band more closely than 128: on an H200
+    the two kernels took 242 against 256 us a batch of 256 ImageNet crops, 63 against 65 at 64
+    (docs/benchmarks/gpu_decode_crop_band_1xH200.json)."""
 
     m: int = 128
-    n: int = 128
+    n: int = 64
     k: int = 32
     warps: int = 4
     stages: int = 3
@@ -38,9 +44,9 @@ def power_of_two_tile(extent: int, limit: int) -> int:
 
 
 def _blocks_meeting(pixels: jax.Array, block: int) -> jax.Array:
-    """int32 [T, 2]: the first block of `block` positions meeting each range [low, high) of
-    `pixels` [T, 2], and one past the last."""
-    return jnp.stack([pixels[:, 0] // block, -(-pixels[:, 1] // block)], axis=1)
+    """int32 [..., 2]: the first block of `block` positions meeting each range [low, high) of
+    `pixels` [..., 2], and one past the last (an empty range gives an empty one)."""
+    return jnp.stack([pixels[..., 0] // block, -(-pixels[..., 1] // block)], axis=-1)
 
 
 def padded(size: int) -> int:
@@ -58,19 +64,32 @@ def unsupported(canvas: int, image_size: int) -> str | None:
     return None
 
 
-def span(start: jax.Array, length: jax.Array, valid: jax.Array, out_size: int,
-         canvas: int) -> jax.Array:
-    """int32 [T, 2]: per tile, a range of pixels along one axis holding every nonzero weight of
-    `crop_resize.axis_weights`, clipped to the image and the canvas; empty for a tile with no
-    image (valid 0). Pixel i's weight is nonzero only within the filter's support of an output
-    sample's centre, the first at start + scale / 2, the last at start + length - scale / 2;
-    a pixel more on each side covers the centres' float32 rounding."""
-    scale = length / out_size
+def row_spans(start: jax.Array, length: jax.Array, valid: jax.Array, out_size: int,
+              canvas: int, rows: int, flip: jax.Array | bool = False) -> jax.Array:
+    """int32 [T, rows, 2]: per tile and row of its `crop_resize.axis_weights` (`rows` of them,
+    output sample out_size-1-r in row r where `flip`), a range [low, high) of pixels holding
+    every nonzero weight of the row, clipped to the image and the canvas; empty (low >= high)
+    for a row with no sample (past out_size) and for a tile with no image (valid 0).
+
+    Sample j is centred at start + (j + 0.5) * scale; its weights are nonzero only within the
+    filter's support of the centre; a pixel more on each side covers the centres' float32
+    rounding."""
+    scale = (length / out_size)[:, None]
     support = jnp.maximum(scale, 1.0)
-    stop = jnp.minimum(valid, canvas)
-    low = jnp.clip(jnp.floor(start + scale / 2 - support - 1.0), 0, stop)
-    high = jnp.clip(jnp.ceil(start + length - scale / 2 + support + 1.0), 0, stop)
-    return jnp.stack([low, high], axis=1).astype(jnp.int32)
+    stop = jnp.minimum(valid, canvas)[:, None]
+    row = jnp.arange(rows)
+    sample = jnp.where(jnp.asarray(flip)[..., None], out_size - 1 - row, row)
+    centre = start[:, None] + (sample + 0.5) * scale
+    low = jnp.clip(jnp.floor(centre - support - 1.0), 0, stop)
+    high = jnp.clip(jnp.ceil(centre + support + 1.0), 0, stop)
+    low = jnp.where(row < out_size, low, canvas)  # no sample: an empty range
+    return jnp.stack([low, jnp.where(row < out_size, high, 0)], axis=-1).astype(jnp.int32)
+
+
+def hull(spans: jax.Array) -> jax.Array:
+    """int32 [..., 2]: the smallest range holding every range of `spans` [..., rows, 2] (empty
+    where all are: low >= high)."""
+    return jnp.stack([spans[..., 0].min(-1), spans[..., 1].max(-1)], axis=-1)
 
 
 def windowed_product(
@@ -83,12 +102,13 @@ def windowed_product(
     blocks: Blocks = Blocks(),
     interpret: bool = False,
 ) -> jax.Array:
-    """out[t, m, n] = sum over k in pixels[t] of a[t, k, m] * weights[t, n, k], [T, M, N].
+    """out[t, m, n] = sum over k in pixels[t, n] of a[t, k, m] * weights[t, n, k], [T, M, N].
 
     Args:
       a: [T, K, M], uint8 or the weights' dtype (converted to it as loaded).
-      weights: [T, N, K], N a power of two, zero outside each tile's range of k.
-      pixels: int32 [T, 2], that range (`span`); the kernel sums the blocks of k that meet it.
+      weights: [T, N, K], N a power of two, row n zero outside its range of k.
+      pixels: int32 [T, N, 2], those ranges (`row_spans`): for each block of rows n the kernel
+        sums the blocks of k that meet the ranges' hull.
       out_dtype: the output's dtype (float32 accumulation, rounded to it).
       wanted: int32 [T, 2], the range of m wanted of each tile: the blocks of m that miss it
         are written 0 without being computed (all of m where None).
@@ -103,7 +123,8 @@ def windowed_product(
     bm, bn, bk = (power_of_two_tile(m, blocks.m), power_of_two_tile(n, blocks.n),
                   power_of_two_tile(k, blocks.k))
     wanted = jnp.tile(jnp.array([0, m], jnp.int32), (t, 1)) if wanted is None else wanted
-    steps = jnp.concatenate([_blocks_meeting(pixels, bk), wanted], axis=1)
+    bands = _blocks_meeting(hull(pixels.reshape(t, n // bn, bn, 2)), bk)  # [T, N / bn, 2]
+    steps = jnp.concatenate([bands, jnp.broadcast_to(wanted[:, None], bands.shape)], axis=-1)
     dtype = weights.dtype
 
     def kernel(steps_ref, a_ref, w_ref, out_ref):
@@ -126,7 +147,7 @@ def windowed_product(
         kernel,
         out_shape=jax.ShapeDtypeStruct((t, m, n), out_dtype),
         grid=(t, m // bm, n // bn),
-        in_specs=[pl.BlockSpec((None, 4), lambda i, j, l: (i, 0)),
+        in_specs=[pl.BlockSpec((None, None, 4), lambda i, j, l: (i, l, 0)),
                   pl.BlockSpec((None, k, bm), lambda i, j, l: (i, 0, j)),
                   pl.BlockSpec((None, bn, k), lambda i, j, l: (i, l, 0))],
         out_specs=pl.BlockSpec((None, bm, bn), lambda i, j, l: (i, j, l)),
@@ -153,7 +174,7 @@ def resize_products(
       tiles: uint8 [T, canvas, canvas, 3].
       wy, wx: [T, padded(image_size), canvas], the normalised weights per axis in the products'
         dtype, rows past `image_size` zero.
-      rows, columns: int32 [T, 2], each tile's `span` of rows and of columns.
+      rows, columns: int32 [T, padded(image_size), 2], the `row_spans` of wy's and wx's rows.
       image_size: output height and width.
       interpret: run the kernels in Pallas' interpreter (CPU tests).
     """
@@ -162,7 +183,7 @@ def resize_products(
     # only for the columns w the horizontal product reads (its blocks meeting their span).
     blocks = Blocks()
     block = power_of_two_tile(canvas, blocks.k)
-    read = _blocks_meeting(columns, block) * block * channels
+    read = _blocks_meeting(hull(columns), block) * block * channels
     inner = windowed_product(tiles.reshape(t, canvas, canvas * channels), wy, rows,
                              wanted=read, out_dtype=wy.dtype, blocks=blocks,
                              interpret=interpret)

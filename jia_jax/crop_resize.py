@@ -280,13 +280,13 @@ def _pallas_products(
     dtype: jnp.dtype, interpret: bool,
 ) -> jax.Array:
     """float32 [T, image_size, image_size, 3]: each tile's `Wy @ tile @ Wx^T` (weights with zero
-    rows past `image_size`), by kernels that read only the rows and columns of each tile's
-    window (jia_jax/crop_kernel.py)."""
-    canvas = tiles.shape[1]
-    rows = crop_kernel.span(params[:, Y_START], params[:, Y_LENGTH], params[:, Y_VALID],
-                            image_size, canvas)
-    columns = crop_kernel.span(params[:, X_START], params[:, X_LENGTH], params[:, X_VALID],
-                               image_size, canvas)
+    rows past `image_size`), by kernels that read, per block of output samples, only the rows or
+    columns under those samples' filter (jia_jax/crop_kernel.py)."""
+    canvas, padded = tiles.shape[1], wy.shape[1]
+    rows = crop_kernel.row_spans(params[:, Y_START], params[:, Y_LENGTH], params[:, Y_VALID],
+                                 image_size, canvas, padded)
+    columns = crop_kernel.row_spans(params[:, X_START], params[:, X_LENGTH], params[:, X_VALID],
+                                    image_size, canvas, padded, flip=params[:, FLIP] > 0.5)
     return crop_kernel.resize_products(tiles, wy.astype(dtype), wx.astype(dtype), rows, columns,
                                        image_size=image_size, interpret=interpret)
 

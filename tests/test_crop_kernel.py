@@ -1,68 +1,94 @@
 """jia_jax.crop_kernel: the windowed products against float64 numpy (run in Pallas'
-interpreter on the CPU), that they never read the contraction outside a tile's span, and that
-a span holds every nonzero weight of `crop_resize.axis_weights`."""
+interpreter on the CPU), that a block of output rows never reads the contraction outside its
+rows' spans, and that a row's span holds every nonzero weight of `crop_resize.axis_weights`."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jia_jax import crop_kernel, crop_resize
 
 U32 = 2.0**-24  # float32 unit roundoff
 
 
-def test_span_holds_every_nonzero_weight_and_nothing_for_a_padding_tile():
+@pytest.mark.parametrize("flip", [False, True])
+def test_row_spans_hold_every_nonzero_weight_and_nothing_for_a_padding_tile(flip):
     rng = np.random.default_rng(0)
-    canvas, out = 64, 12
+    canvas, out, rows = 64, 12, 16
     length = rng.uniform(1.0, 60.0, 200).astype(np.float32)
     start = (rng.uniform(-2.0, 1.0, 200) * (canvas - length)).astype(np.float32)
     valid = rng.integers(1, canvas + 10, 200).astype(np.float32)
     start, length, valid = (np.append(v, 0.0).astype(np.float32) for v in (start, length, valid))
-    weights = jax.vmap(lambda s, n, v: crop_resize.axis_weights(s, n, v, out, canvas))(
-        start, length, valid)
-    got = np.asarray(crop_kernel.span(jnp.asarray(start), jnp.asarray(length),
-                                      jnp.asarray(valid), out, canvas))
-    nonzero = np.asarray(weights).any(axis=1)
-    for (low, high), row in zip(got, nonzero, strict=True):
-        where = np.flatnonzero(row)
-        assert 0 <= low <= high <= canvas
-        if len(where):
-            assert low <= where[0] and where[-1] < high
-            assert high - low <= len(where) + 6  # not the whole canvas: the window and a margin
-    np.testing.assert_array_equal(got[-1], [0, 0])  # no image: nothing to read
+    weights = jax.vmap(lambda s, n, v: crop_resize.axis_weights(s, n, v, out, canvas, rows,
+                                                                flip=flip))(start, length, valid)
+    got = np.asarray(crop_kernel.row_spans(jnp.asarray(start), jnp.asarray(length),
+                                           jnp.asarray(valid), out, canvas, rows,
+                                           flip=jnp.full(len(start), flip)))
+    assert got.shape == (len(start), rows, 2)
+    for tile_spans, tile_weights, scale in zip(got, np.asarray(weights), length / out,
+                                               strict=True):
+        for (low, high), row in zip(tile_spans, tile_weights, strict=True):
+            where = np.flatnonzero(row)
+            if not len(where):
+                continue
+            assert 0 <= low and where[0] >= low and where[-1] < high <= canvas
+            # The support's width and a pixel of margin each side, not the whole window.
+            assert high - low <= 2 * max(scale, 1.0) + 5
+    assert np.all(got[:, out:, 0] >= got[:, out:, 1])  # rows past the samples: empty
+    assert np.all(got[-1, :, 0] >= got[-1, :, 1])  # no image: nothing to read
+
+
+def test_hull_holds_the_ranges_and_is_empty_only_when_all_are():
+    spans = jnp.asarray([[[3, 9], [5, 12], [64, 0]], [[64, 0], [64, 0], [64, 0]]], jnp.int32)
+    got = np.asarray(crop_kernel.hull(spans))
+    np.testing.assert_array_equal(got[0], [3, 12])
+    assert got[1, 0] >= got[1, 1]
 
 
 def _operands(seed: int = 0):
-    """a [T, K, M] and weights [T, N, K] nonzero only on each tile's range of k (one tile with
-    none, as a padding tile); the weights' last 4 rows zero, as padding to a power of two."""
+    """a [T, K, M] and weights [T, N, K], row n of tile t nonzero only on its range of k (a band
+    moving down k with n, as a resize's; one tile with none, as a padding tile); the weights'
+    last 4 rows zero and empty, as padding to a power of two."""
     rng = np.random.default_rng(seed)
     t, k, m, n = 5, 64, 96, 16
     a = rng.normal(size=(t, k, m)).astype(np.float32)
     weights = rng.uniform(0.1, 1.0, size=(t, n, k)).astype(np.float32)
-    weights[:, 12:] = 0.0
-    ranges = np.array([(0, 64), (3, 17), (32, 64), (40, 41), (0, 0)], np.int32)
-    for i, (lo, hi) in enumerate(ranges):
-        weights[i, :, :lo] = 0.0
-        weights[i, :, hi:] = 0.0
+    # Per tile: where row 0's range starts, how far each row moves, and its width.
+    bands = [(0, 4, 10), (3, 1, 6), (32, 2, 8), (40, 0, 1), (0, 0, 0)]
+    ranges = np.zeros((t, n, 2), np.int32)
+    for i, (first, stride, width) in enumerate(bands):
+        for row in range(n):
+            low = min(first + row * stride, k)
+            ranges[i, row] = (low, min(low + width, k)) if row < 12 else (k, 0)
+            weights[i, row, : ranges[i, row, 0]] = 0.0
+            weights[i, row, max(ranges[i, row, 1], ranges[i, row, 0]):] = 0.0
     return a, weights, ranges
 
 
-def test_windowed_product_is_the_product_and_reads_only_the_span():
+def test_windowed_product_is_the_product_and_a_row_block_reads_only_its_band():
     a, weights, ranges = _operands()
     want = np.einsum("tkm,tnk->tmn", a.astype(np.float64), weights.astype(np.float64))
     terms = np.einsum("tkm,tnk->tmn", np.abs(a).astype(np.float64), weights.astype(np.float64))
-    # Outside each tile's range (rounded out to the kernel's blocks of 16 along k), a holds NaN:
-    # a product that read it would be NaN wherever its weight (0) met it.
-    poisoned = a.copy()
-    for i, (lo, hi) in enumerate(ranges):
-        poisoned[i, : lo // 16 * 16] = np.nan
-        poisoned[i, -(-hi // 16) * 16:] = np.nan
-    blocks = crop_kernel.Blocks(m=32, n=16, k=16)
-    out = crop_kernel.windowed_product(jnp.asarray(poisoned), jnp.asarray(weights),
-                                       jnp.asarray(ranges), out_dtype=jnp.float32,
-                                       blocks=blocks, interpret=True)
-    assert out.shape == (5, 96, 16)
-    out = np.asarray(out, np.float64)
+    blocks = crop_kernel.Blocks(m=32, n=4, k=16)
+    # Rows n in blocks of 4: a copy of a holding NaN outside a block's band (its rows' ranges'
+    # hull, rounded out to the kernel's blocks of 16 along k) is read for that block's outputs;
+    # a kernel that read there would be NaN wherever its weight (0) met it.
+    out = np.zeros(want.shape)
+    for block in range(4):
+        rows = ranges[:, 4 * block: 4 * block + 4]
+        poisoned = a.copy()
+        for i, (lo, hi) in enumerate(zip(rows[..., 0].min(1), rows[..., 1].max(1))):
+            if lo >= hi:
+                poisoned[i] = np.nan
+                continue
+            poisoned[i, : lo // 16 * 16] = np.nan
+            poisoned[i, -(-hi // 16) * 16:] = np.nan
+        got = crop_kernel.windowed_product(jnp.asarray(poisoned), jnp.asarray(weights),
+                                           jnp.asarray(ranges), out_dtype=jnp.float32,
+                                           blocks=blocks, interpret=True)
+        assert got.shape == (5, 96, 16)
+        out[..., 4 * block: 4 * block + 4] = np.asarray(got)[..., 4 * block: 4 * block + 4]
     # 64 products summed in float32: at most 63 u of the sum of |terms| (a and the weights are
     # float32 already, so exact as loaded).
     assert np.all(np.abs(out - want) <= 63 * U32 * terms)
@@ -74,7 +100,7 @@ def test_uint8_operand_is_converted_as_loaded():
     a = rng.integers(0, 256, size=(2, 32, 32), dtype=np.uint8)
     weights = rng.uniform(0.0, 1.0, size=(2, 16, 32)).astype(np.float32)
     out = crop_kernel.windowed_product(jnp.asarray(a), jnp.asarray(weights),
-                                       jnp.asarray([[0, 32], [0, 32]], np.int32),
+                                       jnp.asarray(np.tile([0, 32], (2, 16, 1)), np.int32),
                                        out_dtype=jnp.float32, interpret=True)
     want = np.einsum("tkm,tnk->tmn", a.astype(np.float64), weights.astype(np.float64))
     np.testing.assert_allclose(np.asarray(out), want, rtol=32 * U32)

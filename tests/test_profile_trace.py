@@ -239,3 +239,27 @@ def test_idle_gaps_classes_each_gap_and_names_its_neighbours():
     }
     assert gaps["longest"] == [{"us": 1000, "after": "c", "before": "d"},
                                {"us": 5, "after": "b", "before": "c"}]
+
+
+def test_jit_calls_counts_each_call_once_on_host_threads_only(tmp_path):
+    def x(pid, tid, name, ts, dur):
+        return {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": ts, "dur": dur}
+
+    events = [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        # Two calls of `step` on thread 1, each recorded twice (one event inside the other).
+        x(1, 1, "PjitFunction(step)", 0, 10), x(1, 1, "PjitFunction(step)", 1, 8),
+        x(1, 1, "PjitFunction(step)", 20, 5), x(1, 1, "PjitFunction(step)", 20, 6),
+        x(1, 2, "PjitFunction(crop)", 3, 2),  # another thread, overlapping in time: counted
+        x(1, 1, "PjRtExecute", 0, 9),  # not a jitted call
+        x(7, 1, "PjitFunction(step)", 0, 50),  # a device's event: ignored
+    ]
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    got = profile_trace.jit_calls(profile_trace.load_events(str(path)), steps=2)
+    assert got == {
+        "PjitFunction(crop)": {"calls_per_step": 0.5, "us_per_step": 1.0},
+        "PjitFunction(step)": {"calls_per_step": 1.0, "us_per_step": 8.0},
+    }

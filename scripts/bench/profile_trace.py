@@ -186,10 +186,47 @@ def device_kernels(events: Iterable[dict]) -> dict[str, list[Kernel]]:
     return {dev: sorted(ks, key=lambda k: k.start_us) for dev, ks in out.items() if ks}
 
 
+def load_events(path: str) -> list[dict]:
+    """The Chrome trace events of a `*.trace.json.gz` file, or of the newest one in a
+    `jax.profiler.trace` log directory."""
+    with gzip.open(path if os.path.isfile(path) else find_trace_file(path), "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
 def load_kernels(log_dir: str) -> dict[str, list[Kernel]]:
     """`device_kernels` of the newest trace in `log_dir`."""
-    with gzip.open(find_trace_file(log_dir), "rt") as f:
-        return device_kernels(json.load(f)["traceEvents"])
+    return device_kernels(load_events(log_dir))
+
+
+def jit_calls(events: Iterable[dict], steps: int) -> dict[str, dict[str, float]]:
+    """The host's time in each jitted function's calls, per step: JAX's `PjitFunction(<name>)`
+    events on host threads, which span the arguments' handling and, on a GPU, the launch of the
+    program's kernels (synchronous in the calling thread). A call the trace records twice, one
+    event inside another of the same name on the same thread, counts once."""
+    events = list(events)
+    devices = {
+        e["pid"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+        and str(e.get("args", {}).get("name", "")).startswith("/device:")
+    }
+    calls = sorted(  # the outer of two events starting together first
+        (e["pid"], e["tid"], e["name"], float(e["ts"]), -float(e["dur"]))
+        for e in events
+        if e.get("ph") == "X" and e.get("pid") not in devices
+        and str(e.get("name", "")).startswith("PjitFunction(")
+    )
+    out: dict[str, dict[str, float]] = {}
+    ends: dict[tuple, float] = {}
+    for pid, tid, name, start, negative in calls:
+        duration = -negative
+        if start < ends.get((pid, tid, name), -1.0):
+            continue  # inside a call already counted
+        ends[(pid, tid, name)] = start + duration
+        row = out.setdefault(name, {"calls_per_step": 0.0, "us_per_step": 0.0})
+        row["calls_per_step"] += 1 / steps
+        row["us_per_step"] += duration / steps
+    return out
 
 
 def union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -7,6 +7,7 @@ import pathlib
 import re
 import statistics
 
+from jia_jax import crop_kernel
 from scripts.bench import harness, profile_trace
 from scripts import render
 from scripts.render import large_batch, scaling
@@ -2588,4 +2589,82 @@ def test_gpu_decode_crop_kernel_prose_quotes_the_json():
         f"{ratio['p64']:.3f} at 64 against XLA's {ratio['x64']:.3f}",
         "(the synthetic run's from {:,} to {:,} images/s)".format(
             min(printed["s64"]["intervals"]), max(printed["s64"]["intervals"])),
+    ])
+
+
+def test_gpu_decode_trace_without_python_and_decoder_threads_prose_quotes_the_json():
+    """The 64-image trace without Python's tracer (its host call from the kept traces), the
+    decoder-thread runs at 64 and 256, from the raw records."""
+    record = load("gpu_decode_profile64_nopython_1xH200.json")["variants"]
+    synthetic = record["synthetic"]["devices"]["/device:GPU:0"]["per_step"]
+    step_call = record["synthetic"]["host"]["PjitFunction(step)"]["us_per_step"]
+    kept = profile_trace.load_events(str(RAW / "gpu_decode_trace64_synthetic_1xH200.trace.json.gz"))
+    assert profile_trace.jit_calls(kept, 10)["PjitFunction(step)"]["us_per_step"] == step_call
+    top = {k["name"].split("<")[0]: k for k in record["gpu"]["devices"]["/device:GPU:0"]["top"]}
+    colour, copies = top["void nvjpeg::ycbcr_to_format_kernel_roi"], top["MemcpyH2D"]
+    runs64 = {k: v["results"][0] for k, v in
+              load("gpu_decode_decoder_threads64_1xH200.json")["runs"].items()}
+    runs256 = {k: v["results"][0] for k, v in
+               load("gpu_decode_decoder_threads256_1xH200.json")["runs"].items()}
+    band = {k: v["results"][0] for k, v in load("gpu_decode_band256_1xH200.json")["runs"].items()}
+    rate = {k: f"{r['images_per_s']:,.0f}" for k, r in runs64.items()}
+    rate256 = {k: f"{r['images_per_s']:,.0f}" for k, r in runs256.items()}
+    wait256 = {k: f"{r['input_wait']:.0%}" for k, r in runs256.items()}
+    logged = [rate for k, r in runs64.items() if k != "synthetic" for _, rate in r["intervals"][1:]]
+    untraced_ms = 64 / runs64["synthetic"]["images_per_s"] * 1e3
+    kept_ratio = [f"{band[k]['images_per_s'] / band['synthetic']['images_per_s']:.3f}"
+                  for k in ("new_1", "new_2")]
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"the synthetic step itself spanned {synthetic['span_us']:,.0f} µs a step, the GPU idle "
+        f"{synthetic['idle_us']:,.0f} of",
+        f"lasted {step_call:,.0f} µs a step",
+        f"untraced the same step trains in {untraced_ms:.1f} ms ({rate['synthetic']}",
+        f"nvJPEG's colour conversion in {colour['count_per_step']:.0f} kernels "
+        f"({colour['us_per_step']:.0f} µs) and {copies['count_per_step']:.0f} copies of encoded "
+        f"bytes to the GPU ({copies['us_per_step']:.0f} µs)",
+        f"2 threads a decoder trained {rate['t2_1']} and {rate['t2_2']} images/s against "
+        f"{rate['t0_1']} and {rate['t0_2']} with the default, the synthetic run "
+        f"{rate['synthetic']}",
+        f"intervals swinging between {min(logged):,.0f} and {max(logged):,.0f}",
+        f"2 threads starved the input: {rate256['t2_1']} images/s, the loop waiting for input "
+        f"{wait256['t2_1']} of the time, against {rate256['t0_1']} and {rate256['t0_2']} with the "
+        f"default, waiting {wait256['t0_1']} and {wait256['t0_2']}, the synthetic run "
+        f"{rate256['synthetic']}",
+        f"kept {kept_ratio[0]} and {kept_ratio[1]} of the synthetic speed at 256 images",
+    ])
+    assert_quoted(read("README.md"), [f"{kept_ratio[0]} and {kept_ratio[1]} at 256 on a third"])
+
+
+def test_gpu_decode_crop_band_prose_quotes_the_json():
+    """The banded crop kernels against the window ones, and that call's end-to-end runs."""
+    record = load("gpu_decode_crop_band_1xH200.json")
+    us = {(r["round"], r["per_gpu"], r["variant"]):
+          {k["name"]: k["us_per_step"] for k in r["kernels_per_batch"]} for r in record["rows"]}
+
+    def products(round_, batch, variant):
+        kernels = us[(round_, batch, variant)]
+        return f"{round(kernels['kernel']) + round(kernels['kernel__1'])}"
+
+    default = "new_128_{}_32".format(crop_kernel.Blocks().n)
+    assert all(diff[0] == 0 for per_gpu in record["max_mean_diff_vs_old"].values()
+               for diff in per_gpu.values())
+    first = us[(1, 256, default)]
+    band = {k: v["results"][0] for k, v in load("gpu_decode_band256_1xH200.json")["runs"].items()}
+    rate = {k: f"{r['images_per_s']:,.0f}" for k, r in band.items()}
+    waits = sorted(r["input_wait"] for k, r in band.items() if k != "synthetic")
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"per block of {crop_kernel.Blocks().n} samples",
+        f"the two kernels took {products(1, 256, default)} and {products(2, 256, default)} µs a "
+        f"batch of 256 against {products(1, 256, 'old')} and {products(2, 256, 'old')} µs reading "
+        f"each window, and {products(1, 64, default)} and {products(2, 64, default)} µs a batch "
+        f"of 64 against {products(1, 64, 'old')} and {products(2, 64, 'old')}",
+        f"blocks of 128 samples took {products(1, 256, 'new_128_128_32')} and "
+        f"{products(2, 256, 'new_128_128_32')} µs at 256",
+        f"({round(first['loop_convert_fusion'])} and {round(first['loop_convert_fusion_1'])} µs "
+        f"a batch of 256 in the first round) now cost about as much as the second product "
+        f"({round(first['kernel__1'])} µs)",
+        f"ran {rate['new_1']} and {rate['new_2']} images/s with the band (blocks of 128) against "
+        f"{rate['old_1']} and {rate['old_2']} reading each window, the synthetic run "
+        f"{rate['synthetic']}, every GPU-path run waiting for input {waits[0]:.0%} to "
+        f"{waits[-1]:.0%}",
     ])

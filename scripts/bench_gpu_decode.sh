@@ -18,9 +18,10 @@
 # cores and workers in all) against the one-process synthetic run. Each run trains long enough
 # for 5 logged intervals of several seconds. First the smoke check (GPU path against CPU path on
 # the same images and parameters; if it fails, nothing else runs), then the decode stage alone,
-# nvImageCodec's whole-image decode with its top kernels per image, and the crop-and-resize
-# program alone. Writes $OUT/bench_gpu_decode.json (the record docs/input_pipeline.md renders),
-# $OUT/gpu_decode_smoke.json, $OUT/gpu_decode_crop.json, with `one` traces of the 1-GPU step,
+# nvImageCodec's whole-image decode with its top kernels per image, the records read alone (no
+# decoding), and the crop-and-resize program alone. Writes $OUT/bench_gpu_decode.json (the
+# record docs/input_pipeline.md renders), $OUT/gpu_decode_smoke.json,
+# $OUT/gpu_decode_records.json, $OUT/gpu_decode_crop.json, with `one` traces of the 1-GPU step,
 # synthetic and on the GPU path, at PROFILE_BATCH images (256 unless set), summarised in
 # $OUT/gpu_decode_profile.json, and the logs' tails in $OUT/bench_gpu_decode.log, and prints a
 # summary last.
@@ -54,6 +55,11 @@ if [[ "$mode" == depth ]]; then depths="1 2"; fi
 if [[ "$mode" != trace ]]; then
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 --depth $depths \
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
+# The host half alone (records read by the trainer's 8 workers on the first GPU's cores): where a
+# run waits for input, whether reading or decoding falls behind.
+taskset -c "$first" python3 -m scripts.bench.gpu_decode records --data_dir="$data" \
+  --per_gpu 256 64 --num_workers=$((half / 2)) --out="$OUT/gpu_decode_records.json" \
+  >"$runs/records.log" 2>&1 || echo "records failed"
 # The crop-and-resize program alone: its time adds to the step's on the GPU path.
 python3 -m scripts.bench.gpu_decode crop --data_dir="$data" --per_gpu 256 64 \
   --crop_kernels xla pallas \
@@ -167,6 +173,10 @@ if os.path.exists(record):
             if "error" in r:
                 print(f"failed: {run['gpus']} GPU(s), {run.get('processes', 1)} process(es), "
                       f"{r['variant']}: {r['log_tail'][-1:]}")
+records = os.path.join(sys.argv[1], "gpu_decode_records.json")
+if os.path.exists(records):
+    print("records read alone:", {r["per_gpu"]: round(r["records_images_per_s"])
+                                  for r in json.load(open(records))["results"]}, "images/s")
 smoke = os.path.join(sys.argv[1], "gpu_decode_smoke.json")
 if os.path.exists(smoke):
     s = json.load(open(smoke))

@@ -584,6 +584,20 @@ def test_bench_gpu_decode_loaded_on_cpu(tmp_path, fake_gpu):  # noqa: F811
     assert table.count("| a:b=1 | yes |") == 1 and "nvimgcodec_decode ms" in table
 
 
+def test_bench_gpu_decode_records_counts_the_timed_batches_per_batch_size(tmp_path):
+    """`records` reads the host half alone (no decoder): per --per_gpu, the images of the
+    timed batches (the warm-up's left out), across the epochs of a small dataset."""
+    doc = bench_gpu_decode.main(
+        ["records", f"--data_dir={tmp_path}", "--num_images=16", "--per_gpu", "4", "6",
+         "--record_batches=5", f"--out={tmp_path / 'records.json'}"]
+    )
+    rows = doc["results"]
+    assert [(r["per_gpu"], r["images"], r["num_workers"]) for r in rows] == [
+        (4, 20, 0), (6, 30, 0)
+    ]
+    assert all(0 < r["records_images_per_s"] < float("inf") for r in rows), rows
+
+
 def test_flag_variants_rerun_the_one_device_row_of_a_one_gpu_run():
     # A one-GPU run (meshes 1x1 only) used to skip every --xla_flags_variant without a word.
     one = {"model": "resnet50", "devices": 1, "step_time_s": 0.045, "images_per_s": 5700.0}

@@ -21,6 +21,10 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
     GPU, for each --per_gpu and --crop_kernels (`crop_resize.resize_tiles`' `kernel`): ms a
     batch (best of --repeats) and its top kernels a batch, on tiles of the generated JPEGs'
     size with train crop windows.
+  * `records`: the GPU path's host half alone, for each --per_gpu: record batches (encoded
+    bytes, crop windows) read as the trainer reads them (`tfds_input.host_iterator`, 4 threads
+    in each of --num_workers processes), in images/s after a warm-up; no GPU work. Where the
+    trainer waits for input, this says whether reading keeps up, or decoding does not.
   * `report`: the record of scripts/bench_gpu_decode.sh: one row per training configuration
     (`scripts.bench.train_input` JSONs) with the decode stage's rate beside it.
 
@@ -28,6 +32,7 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
   python -m scripts.bench.gpu_decode decode --data_dir=/tmp/jia_bench_data --out=stage.json
   python -m scripts.bench.gpu_decode loaded --per_gpu 256 --out=loaded.json
   python -m scripts.bench.gpu_decode crop --per_gpu 256 64 --out=crop.json
+  python -m scripts.bench.gpu_decode records --per_gpu 256 64 --num_workers 8 --out=records.json
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ from jia_jax.crop_resize import KERNELS as CROP_KERNELS
 from scripts.bench import harness
 
 _NAME = "jia_bench_jpeg"
+# Record batches read before `records` starts its clock: the worker processes start and fill
+# their buffers meanwhile.
+_RECORD_WARMUP = 3
 # nvImageCodec's hardware JPEG decoder with its buffers sized up front for a batch of 256 images of
 # up to 512 x 512 (by default it sizes them for one 1 x 1 image and grows them as batches come).
 _PREALLOCATED = " ".join(
@@ -330,6 +338,33 @@ def _top_kernels(
             decode()
         kernels = [k for ks in profile_trace.load_kernels(trace_dir).values() for k in ks]
     return profile_trace.top_kernels(kernels, per_call, n=n)
+
+
+def records(args: argparse.Namespace) -> dict[str, Any]:
+    """Images/s of the host half alone per --per_gpu (see `records` above): --record_batches
+    batches timed after `_RECORD_WARMUP` (the workers' start)."""
+    from jia_jax import record_batches, tfds_input  # pylint: disable=import-outside-toplevel
+
+    data_dir = os.path.join(args.data_dir, "array_record")
+    part = tfds_input.process_part(_NAME, data_dir, "train", 0, 1, drop_remainder=True)
+    rows = []
+    for per_gpu in args.per_gpu:
+        batches = record_batches.train_batches(
+            part, local_batch=per_gpu, seed=0, start_step=0, process_index=0
+        )
+        stream = tfds_input.host_iterator(batches, num_threads=4, num_workers=args.num_workers)
+        for _ in range(_RECORD_WARMUP):
+            next(stream)
+        start = time.perf_counter()
+        images = sum(len(next(stream)[record_batches.FLIP]) for _ in range(args.record_batches))
+        rows.append({
+            "per_gpu": per_gpu,
+            "num_workers": args.num_workers,
+            "images": images,
+            "records_images_per_s": images / (time.perf_counter() - start),
+        })
+        del stream  # stops its worker processes before the next batch size starts its own
+    return {"results": rows}
 
 
 def decode_stage(args: argparse.Namespace) -> dict[str, Any]:
@@ -686,12 +721,14 @@ def _report_row(
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("smoke", "decode", "loaded", "crop", "report"))
+    parser.add_argument("mode", choices=("smoke", "decode", "loaded", "crop", "records", "report"))
     parser.add_argument("--data_dir", default="/tmp/jia_bench_data")
     parser.add_argument("--num_images", type=int, default=1024, help="JPEGs to write if absent")
     parser.add_argument("--image_size", type=int, default=224)
     parser.add_argument("--canvas", type=int, default=512, help="data.gpu_canvas")
-    parser.add_argument("--num_workers", type=int, default=0, help="smoke: data.num_workers")
+    parser.add_argument("--num_workers", type=int, default=0,
+                        help="smoke, records: data.num_workers")
+    parser.add_argument("--record_batches", type=int, default=40, help="records: batches timed")
     parser.add_argument("--images", type=int, default=256, help="smoke: eval images")
     parser.add_argument("--batch", type=int, default=64, help="smoke: eval batch")
     parser.add_argument("--per_gpu", type=int, nargs="+", default=[256, 64], help="decode")
@@ -737,7 +774,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     flags.FLAGS.mark_as_parsed()  # grain's worker processes read an absl flag
     bench_input.prepare(args.data_dir, args.num_images, "array_record")  # unless there
-    modes = {"smoke": smoke, "decode": decode_stage, "loaded": loaded, "crop": crop}
+    modes = {"smoke": smoke, "decode": decode_stage, "loaded": loaded, "crop": crop,
+             "records": records}
     doc = modes[args.mode](args)
     doc = {"command": " ".join(sys.argv), "args": vars(args), **doc}
     harness.close_record(args.out, doc)

@@ -3,14 +3,13 @@
 `crop_resize.resize_tiles` is two matrix products per tile: the vertical one contracts the
 tile's rows with its [out, canvas] weights, the horizontal one the intermediate's columns with
 the other axis' weights. A weight row (one output sample) is zero outside the filter's support
-around the sample's centre (and outside its image), so a block of output samples reads only the
-band of rows or columns under its samples' supports: at ImageNet's crops a block of 128 of the
-224 samples reads about 60% of the window, and the window is a part of the tile. XLA's
-products read and multiply all `canvas` rows and columns of every tile, after converting the
-whole uint8 tile to bfloat16 in a pass of its own. These kernels loop, per block of output
-samples, over only the blocks of the contraction that meet its band, and convert the uint8
-pixels as they load them. Same arithmetic: bfloat16 operands, float32 accumulation, in another
-order.
+around the sample's centre (and outside its image), so a block of output samples needs only the
+band of rows or columns under its samples' supports, a part of the crop's window, itself a part
+of the tile. XLA's products read and multiply all `canvas` rows and columns of every tile, after
+converting the whole uint8 tile to bfloat16 in a pass of its own. These kernels loop, per block
+of output samples, over only the blocks of the contraction that meet its band, and convert the
+uint8 pixels as they load them. Same arithmetic: bfloat16 operands, float32 accumulation, in
+another order.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 interpreter on the CPU), that a block of output rows never reads the contraction outside its
 rows' spans, and that a row's span holds every nonzero weight of `crop_resize.axis_weights`."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -126,3 +128,22 @@ def test_rows_not_wanted_are_zero_and_never_computed():
         inside[lo // 32 * 32: -(-hi // 32) * 32] = True
         assert np.all(out[i, ~inside] == 0)
         assert np.all(np.abs(out[i, inside] - want[i, inside]) <= 63 * U32 * terms[i, inside])
+
+
+def test_the_crop_program_lowers_its_kernels_to_triton_for_cuda():
+    """The GPU's Pallas (Triton) lowering runs here, without a GPU: an op the Triton lowering
+    lacks, or a block shape it refuses, fails here instead of on the first GPU run. Both
+    products become Triton kernels; XLA's CPU-side interpreter is not involved."""
+    from jax import export  # noqa: PLC0415
+
+    batch = 4
+    program = jax.jit(functools.partial(crop_resize.crop_resize, batch=batch, image_size=224,
+                                        one_tile_each=True, kernel="pallas"))
+    triton = "__gpu$xla.gpu.triton"
+    lowered = export.export(
+        program, platforms=["cuda"],
+        disabled_checks=[export.DisabledSafetyCheck.custom_call(triton)],
+    )(jax.ShapeDtypeStruct((batch, 512, 512, 3), jnp.uint8),
+      jax.ShapeDtypeStruct((batch,), jnp.int32),
+      jax.ShapeDtypeStruct((batch, crop_resize.NUM_PARAMS), jnp.float32))
+    assert lowered.mlir_module().count(f"custom_call @{triton}") == 2

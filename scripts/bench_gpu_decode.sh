@@ -122,8 +122,8 @@ esac
 # which slows the host) and summarised per device
 # (idle: no kernel runs; where the idle gaps sit and what precedes them; busy time per kind, the
 # decoder's kernels included; the top kernels; the host's time in each jitted call) into
-# $OUT/gpu_decode_profile.json. PROFILE=0
-# skips it (about two minutes), for a call that must stay inside 10 minutes.
+# $OUT/gpu_decode_profile.json. PROFILE=0 skips it (about two minutes), for a call that must stay
+# inside 10 minutes.
 if [[ "${PROFILE:-1}" == 1 ]]; then
 pbatch=${PROFILE_BATCH:-256}
 psteps=$(( pbatch >= 256 ? 80 : 320 )) traced=10
@@ -144,9 +144,10 @@ doc = {"environment": harness.environment(), "variants": {}}
 for variant in ("synthetic", "gpu"):
     run = json.load(open(f"{sys.argv[1]}/profiled_{variant}.json"))["results"][0]
     workdir = re.search(r"--workdir=(\S+)", run["command"])[1]
-    log_dir, steps = f"{workdir}/profile/process_0", int(sys.argv[3])
-    devices = profile_trace.device_summaries(log_dir, steps, 30)
-    host = profile_trace.jit_calls(profile_trace.load_events(log_dir), steps)
+    # One read of the trace for both summaries.
+    events, steps = profile_trace.load_events(f"{workdir}/profile/process_0"), int(sys.argv[3])
+    devices = profile_trace.device_summaries(events, steps, 30)
+    host = profile_trace.jit_calls(events, steps)
     doc["variants"][variant] = {"run": run, "devices": devices, "host": host}
     print(variant, {d: round(v["per_step"]["idle_us"] / 1e3, 1) for d, v in devices.items()},
           "ms idle a step")

@@ -75,7 +75,8 @@ def test_load_kernels_finds_the_newest_trace(tmp_path):
     with gzip.open(run / "host.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": _events()}, f)
     assert len(profile_trace.load_kernels(str(tmp_path))["/device:GPU:0"]) == 5
-    [summary] = profile_trace.device_summaries(str(tmp_path), steps=2, n=1).values()
+    events = profile_trace.load_events(str(tmp_path))
+    [summary] = profile_trace.device_summaries(events, steps=2, n=1).values()
     assert summary["per_step"]["idle_us"] == 4  # as in the summary test above
     assert summary["gaps"]["longest"][0] == {
         "us": 8, "after": "loop_concatenate_fusion", "before": "ncclDevKernel_AllReduce_Sum_bf16"}

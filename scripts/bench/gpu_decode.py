@@ -232,15 +232,21 @@ def smoke(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _record_batches(args: argparse.Namespace, local_batch: int, count: int) -> list[dict]:
-    """`count` train record batches of the generated dataset, read into memory."""
+def _train_records(args: argparse.Namespace, local_batch: int):
+    """The generated dataset's train record batches (`record_batches.train_batches`, a
+    `grain.MapDataset`), as one process of one reads them."""
     from jia_jax import record_batches, tfds_input  # pylint: disable=import-outside-toplevel
 
     data_dir = os.path.join(args.data_dir, "array_record")
     part = tfds_input.process_part(_NAME, data_dir, "train", 0, 1, drop_remainder=True)
-    batches = record_batches.train_batches(
+    return record_batches.train_batches(
         part, local_batch=local_batch, seed=0, start_step=0, process_index=0
     )
+
+
+def _record_batches(args: argparse.Namespace, local_batch: int, count: int) -> list[dict]:
+    """`count` train record batches of the generated dataset, read into memory."""
+    batches = _train_records(args, local_batch)
     return [batches[k] for k in range(count)]
 
 
@@ -345,14 +351,10 @@ def records(args: argparse.Namespace) -> dict[str, Any]:
     batches timed after `_RECORD_WARMUP` (the workers' start)."""
     from jia_jax import record_batches, tfds_input  # pylint: disable=import-outside-toplevel
 
-    data_dir = os.path.join(args.data_dir, "array_record")
-    part = tfds_input.process_part(_NAME, data_dir, "train", 0, 1, drop_remainder=True)
     rows = []
     for per_gpu in args.per_gpu:
-        batches = record_batches.train_batches(
-            part, local_batch=per_gpu, seed=0, start_step=0, process_index=0
-        )
-        stream = tfds_input.host_iterator(batches, num_threads=4, num_workers=args.num_workers)
+        stream = tfds_input.host_iterator(_train_records(args, per_gpu), num_threads=4,
+                                          num_workers=args.num_workers)
         for _ in range(_RECORD_WARMUP):
             next(stream)
         start = time.perf_counter()

@@ -332,13 +332,16 @@ def idle_gaps(kernels: Sequence[Kernel], steps: int, n: int = 10) -> dict[str, o
     return {"classes": classes, "longest": longest}
 
 
-def device_summaries(log_dir: str, steps: int, n: int = 15) -> dict[str, dict[str, object]]:
-    """Per GPU of the newest trace in `log_dir`: `summarize`, `idle_gaps` and `top_kernels`."""
+def device_summaries(
+    events: Iterable[dict], steps: int, n: int = 15
+) -> dict[str, dict[str, object]]:
+    """Per GPU of a trace's events (`load_events`): `summarize`, `idle_gaps` and
+    `top_kernels`."""
     return {
         device: {
             "per_step": summarize(kernels, steps),
             "gaps": idle_gaps(kernels, steps),
             "top": top_kernels(kernels, steps, n),
         }
-        for device, kernels in load_kernels(log_dir).items()
+        for device, kernels in device_kernels(events).items()
     }

@@ -2,11 +2,11 @@
 
 Each example is read from the ArrayRecord files as the CPU path reads it (jia_jax/tfds_input.py:
 the same positions, records and per-example random numbers) but left encoded: only the image's
-header is parsed, for its size, and the crop window and flip are drawn from the size
-(jia_jax/crop_windows.py). So batch k holds the records, windows and flips of the CPU path's
-batch k. A record whose bytes hold no image header is replaced by the next readable one, as the
-CPU path replaces it; one whose header reads but whose pixels do not decode is caught by the
-device half, which then takes the CPU path's example for that slot (jia_jax/gpu_input.py).
+header is parsed, for its size (jia_jax/image_header.py), and the crop window and flip are drawn
+from the size (jia_jax/crop_windows.py). So batch k holds the records, windows and flips of the
+CPU path's batch k. A record whose bytes hold no image header is replaced by the next readable
+one, as the CPU path replaces it; one whose header reads but whose pixels do not decode is caught
+by the device half, which then takes the CPU path's example for that slot (jia_jax/gpu_input.py).
 
 A batch is a dict of numpy arrays, so that grain's worker processes hand it over in shared
 memory: the images' bytes concatenated (`encoded`, with `offsets` [B + 1]), `size` (width,
@@ -18,15 +18,13 @@ padding or a record left out, has mask 0).
 from __future__ import annotations
 
 import functools
-import io
 from collections.abc import Sequence
 from typing import Any
 
 import grain
 import numpy as np
-import PIL.Image
 
-from jia_jax import bad_records, crop_windows, tfds_input
+from jia_jax import bad_records, crop_windows, image_header, tfds_input
 
 ENCODED, OFFSETS, SIZE, BOX, FLIP = "encoded", "offsets", "size", "box", "flip"
 # What only the device half reads; the rest of a batch goes on to the trainer.
@@ -37,11 +35,9 @@ def read_header(
     source: Sequence[dict[str, Any]], index: int
 ) -> tuple[np.ndarray, np.int32, tuple[int, int]]:
     """Record `index` as (encoded bytes, label, (width, height)); raises if its bytes hold no
-    image header Pillow can read."""
+    image header (`image_header.image_size`)."""
     encoded, label = tfds_input.read_record(source, index)
-    with PIL.Image.open(io.BytesIO(encoded)) as image:  # reads the header only
-        size = image.size
-    return np.frombuffer(encoded, np.uint8), label, size
+    return np.frombuffer(encoded, np.uint8), label, image_header.image_size(encoded)
 
 
 def train_record(

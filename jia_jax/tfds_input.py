@@ -33,7 +33,7 @@ import numpy as np
 import PIL.Image
 import tensorflow_datasets as tfds
 
-from jia_jax import bad_records, console, crop_windows, image_folder, normalize
+from jia_jax import bad_records, console, crop_windows, example_records, image_folder, normalize
 
 IMAGENET_MEAN, IMAGENET_STD = normalize.IMAGENET_MEAN, normalize.IMAGENET_STD
 T = TypeVar("T")
@@ -184,8 +184,10 @@ def process_part(
     )
     files = builder.info.splits[sub_split].file_instructions
     bad_records.check_shards(files)
-    source = builder.as_data_source(split=sub_split, decoders={"image": tfds.decode.SkipDecoding()})
-    return ProcessPart(source, bad_records.RecordLocator(files))
+    raw = builder.as_data_source(
+        split=sub_split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES
+    )
+    return ProcessPart(example_records.ExampleRecords(raw), bad_records.RecordLocator(files))
 
 
 def read_record(source: Sequence[dict[str, Any]], index: int) -> tuple[bytes, np.int32]:

@@ -7,10 +7,13 @@ import os
 import re
 
 import numpy as np
+import PIL.Image
 import pytest
+import tensorflow_datasets as tfds
 from absl import flags
+from google.protobuf import message
 
-from jia_jax import bad_records, tfds_input
+from jia_jax import bad_records, example_records, tfds_input
 from tests import tfds_data
 
 _NAME = tfds_data.NAME
@@ -60,6 +63,31 @@ def test_dataset_info(data_dir):
         6,
         2,
     )
+
+
+@pytest.mark.parametrize("split", ["train", "validation", "train[3:9]"])
+def test_records_are_tfds_own_examples(data_dir, split):
+    # The reference: tfds's generic deserialization of every feature.
+    reference = tfds.builder(_NAME, data_dir=data_dir).as_data_source(
+        split=split, decoders={"image": tfds.decode.SkipDecoding()}
+    )
+    part = tfds_input.process_part(_NAME, data_dir, split, 0, 1, drop_remainder=False)
+    assert len(part.source) == len(reference) > 0
+    for i in range(len(reference)):
+        record, expected = part.source[i], reference[i]
+        assert record["image"] == expected["image"] and record["label"] == expected["label"]
+
+
+def test_a_record_without_one_label_or_not_an_example_is_refused():
+    serialize = tfds.features.FeaturesDict({"image": tfds.features.Image(encoding_format="jpeg")})
+    image = tfds_data.jpeg(PIL.Image.new("RGB", (4, 4)))
+    unlabelled = serialize.serialize_example({"image": image})
+    with pytest.raises(ValueError, match="0 labels"):
+        example_records.parse(unlabelled)
+    with pytest.raises(message.DecodeError):
+        example_records.parse(b"\xff\xd8 not an Example")
+    with pytest.raises(ValueError, match="0 labels"):
+        example_records.parse(b"")
 
 
 def test_train_batches_shapes_normalization_and_flips(data_dir):

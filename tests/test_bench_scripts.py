@@ -584,18 +584,29 @@ def test_bench_gpu_decode_loaded_on_cpu(tmp_path, fake_gpu):  # noqa: F811
     assert table.count("| a:b=1 | yes |") == 1 and "nvimgcodec_decode ms" in table
 
 
-def test_bench_gpu_decode_records_counts_the_timed_batches_per_batch_size(tmp_path):
-    """`records` reads the host half alone (no decoder): per --per_gpu, the images of the
-    timed batches (the warm-up's left out), across the epochs of a small dataset."""
+def test_bench_gpu_decode_records_counts_the_second_half_per_batch_size(tmp_path):
+    """`records` reads the host half alone (no decoder): per --per_gpu, whole batches across
+    the epochs of a small dataset, timed over the second half of --record_seconds."""
     doc = bench_gpu_decode.main(
         ["records", f"--data_dir={tmp_path}", "--num_images=16", "--per_gpu", "4", "6",
-         "--record_batches=5", f"--out={tmp_path / 'records.json'}"]
+         "--record_seconds=0.5", f"--out={tmp_path / 'records.json'}"]
     )
     rows = doc["results"]
-    assert [(r["per_gpu"], r["images"], r["num_workers"]) for r in rows] == [
-        (4, 20, 0), (6, 30, 0)
+    assert [(r["per_gpu"], r["num_workers"], r["seconds"]) for r in rows] == [
+        (4, 0, 0.5), (6, 0, 0.5)
     ]
-    assert all(0 < r["records_images_per_s"] < float("inf") for r in rows), rows
+    for r in rows:
+        assert r["images"] > 0 and r["images"] % r["per_gpu"] == 0, r
+        assert 0 < r["records_images_per_s"] < float("inf"), r
+
+
+def test_steady_rate_leaves_out_the_first_half():
+    # Batches of 10 images: 5 handed over at once (read while the clock was not running), then
+    # one every 0.1 s. Over all the time the rate would be 1.5x the steady 100 images/s.
+    stamps = [(0.001 * i, 10) for i in range(1, 6)] + [(0.1 * i, 10) for i in range(1, 11)]
+    assert bench_gpu_decode.steady_rate(stamps) == pytest.approx((50, 100.0))
+    with pytest.raises(ValueError, match="read for longer"):
+        bench_gpu_decode.steady_rate([(0.1, 10), (1.0, 10)])
 
 
 def test_flag_variants_rerun_the_one_device_row_of_a_one_gpu_run():

@@ -23,8 +23,9 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
     size with train crop windows.
   * `records`: the GPU path's host half alone, for each --per_gpu: record batches (encoded
     bytes, crop windows) read as the trainer reads them (`tfds_input.host_iterator`, 4 threads
-    in each of --num_workers processes), in images/s after a warm-up; no GPU work. Where the
-    trainer waits for input, this says whether reading keeps up, or decoding does not.
+    in each of --num_workers processes), in images/s over the second half of --record_seconds
+    of reading after a warm-up; no GPU work. Where the trainer waits for input, this says
+    whether reading keeps up, or decoding does not.
   * `report`: the record of scripts/bench_gpu_decode.sh: one row per training configuration
     (`scripts.bench.train_input` JSONs) with the decode stage's rate beside it.
 
@@ -346,9 +347,25 @@ def _top_kernels(
     return profile_trace.top_kernels(kernels, per_call, n=n)
 
 
+def steady_rate(stamps: Sequence[tuple[float, int]]) -> tuple[int, float]:
+    """(images, images/s) over the second half of a timed read: `stamps` are (seconds since the
+    clock started, images of the batch read then), in order. The first half goes: in it the
+    workers hand over batches they read while the clock was not yet running.
+
+    Raises:
+      ValueError: fewer than two batches arrive in the second half.
+    """
+    first = next(i for i, (t, _) in enumerate(stamps) if t >= stamps[-1][0] / 2)
+    if len(stamps) - first < 2:
+        raise ValueError(f"{len(stamps) - first} batches in the second half: read for longer.")
+    images = sum(n for _, n in stamps[first + 1 :])
+    return images, images / (stamps[-1][0] - stamps[first][0])
+
+
 def records(args: argparse.Namespace) -> dict[str, Any]:
-    """Images/s of the host half alone per --per_gpu (see `records` above): --record_batches
-    batches timed after `_RECORD_WARMUP` (the workers' start)."""
+    """Images/s of the host half alone per --per_gpu (see `records` above), read for
+    --record_seconds after `_RECORD_WARMUP` batches (the workers' start), over the second half
+    of that time (`steady_rate`)."""
     from jia_jax import record_batches, tfds_input  # pylint: disable=import-outside-toplevel
 
     rows = []
@@ -357,13 +374,17 @@ def records(args: argparse.Namespace) -> dict[str, Any]:
                                           num_workers=args.num_workers)
         for _ in range(_RECORD_WARMUP):
             next(stream)
-        start = time.perf_counter()
-        images = sum(len(next(stream)[record_batches.FLIP]) for _ in range(args.record_batches))
+        start, stamps = time.perf_counter(), []
+        while not stamps or stamps[-1][0] < args.record_seconds:
+            images = len(next(stream)[record_batches.FLIP])
+            stamps.append((time.perf_counter() - start, images))
+        images, rate = steady_rate(stamps)
         rows.append({
             "per_gpu": per_gpu,
             "num_workers": args.num_workers,
+            "seconds": args.record_seconds,
             "images": images,
-            "records_images_per_s": images / (time.perf_counter() - start),
+            "records_images_per_s": rate,
         })
         del stream  # stops its worker processes before the next batch size starts its own
     return {"results": rows}
@@ -730,7 +751,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--canvas", type=int, default=512, help="data.gpu_canvas")
     parser.add_argument("--num_workers", type=int, default=0,
                         help="smoke, records: data.num_workers")
-    parser.add_argument("--record_batches", type=int, default=40, help="records: batches timed")
+    parser.add_argument("--record_seconds", type=float, default=10.0,
+                        help="records: seconds of reading timed, the rate over their second half")
     parser.add_argument("--images", type=int, default=256, help="smoke: eval images")
     parser.add_argument("--batch", type=int, default=64, help="smoke: eval batch")
     parser.add_argument("--per_gpu", type=int, nargs="+", default=[256, 64], help="decode")

@@ -29,6 +29,46 @@ def span(values, fmt: str) -> str:
     return f"{min(values):{fmt}}–{max(values):{fmt}}"
 
 
+def test_gpu_decode_host_records_prose_quotes_the_json():
+    """The records read alone before and after (one H200 host, 2 cores), the end-to-end runs
+    one after another, and the `one` run with the banded kernels."""
+
+    def rates(name, key):
+        return [f"{r['records_images_per_s']:,.0f}" for r in load(name)["runs"][key]["results"]]
+
+    steady = "gpu_decode_records_steady_1xH200.json"
+    new1, new2, old1, old2 = (rates(steady, f"{v}_w8_r{i}") for v in ("new", "old") for i in (1, 2))
+    cpu = "gpu_decode_records_steady_2core.json"
+    ab = {k: v["results"][0]
+          for k, v in load("gpu_decode_host_records_ab_1xH200.json")["runs"].items()}
+    rate = {k: f"{r['images_per_s']:,.0f}" for k, r in ab.items()}
+    one = {r["per_gpu"]: r for r in load("bench_gpu_decode_band_one_1xH200.json")["results"]}
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"8 worker processes read {new1[0]} and {new2[0]} images/s at 256 images a batch against "
+        f"{old1[0]} and {old2[0]} before, and {new1[1]} and {new2[1]} at 64 against {old1[1]} and "
+        f"{old2[1]}; 4 threads in one process {rates(steady, 'new_w0_r1')[0]} against "
+        f"{rates(steady, 'old_w0_r1')[0]} at 256",
+        "256, {}, {} and {} against {}, {} and {} in three rounds".format(
+            *(rates(cpu, f"{v}_w0_r{i}")[0] for v in ("new", "old") for i in (1, 2, 3))),
+        f"trained {rate['train_256_2_new']} and {rate['train_256_4_new']} images/s with the "
+        f"records read so against {rate['train_256_3_old']} before, the synthetic run "
+        f"{rate['train_256_1_synthetic']}; at 64, {rate['train_64_2_new']} and "
+        f"{rate['train_64_4_new']} against {rate['train_64_3_old']} and {rate['train_64_5_old']}, "
+        f"the synthetic run {rate['train_64_1_synthetic']}",
+        f"gave {one[256]['ratio']:.3f} at 256 images per GPU, the loop waiting for input "
+        f"{one[256]['input_wait']:.0%} of the time, and {one[64]['ratio']:.3f} at 64",
+    ])
+
+    def kept(batch, order):
+        synthetic = ab[f"train_{batch}_1_synthetic"]["images_per_s"]
+        return f"{ab[f'train_{batch}_{order}_new']['images_per_s'] / synthetic:.3f}"
+
+    assert_quoted(read("README.md"), [
+        f"{kept(256, 2)} and {kept(256, 4)} at 256 and {kept(64, 2)} and {kept(64, 4)} at 64 on "
+        "another, where the input kept up",
+    ])
+
+
 def assert_quoted(text: str, quotes: list[str]) -> None:
     text = " ".join(text.split())  # the docs wrap lines anywhere
     missing = [q for q in quotes if q not in text]

@@ -128,6 +128,7 @@ def dataset_info(
     Raises:
       DatasetNotPreparedError: the dataset is missing or not in ArrayRecord format.
       FileNotFoundError: the image folder or one of its splits is missing.
+      ValueError: the dataset has no "image" (Image) or no "label" (ClassLabel) feature.
     """
     if name == image_folder.NAME:
         folder = image_folder.open_folder(data_dir)
@@ -139,12 +140,27 @@ def dataset_info(
             class_names=folder.class_names,
         )
     info = _builder(name, data_dir).info
+    check_features(name, info.features)
     return DatasetSizes(
         num_classes=info.features["label"].num_classes,
         num_train=info.splits[train_split].num_examples,
         num_eval=info.splits[eval_split].num_examples,
         class_names=tuple(info.features["label"].names),
     )
+
+
+def check_features(name: str, features: tfds.features.FeaturesDict) -> None:
+    """Raises `ValueError` unless `features` has the two the input reads: "image" (an Image) and
+    "label" (a ClassLabel)."""
+    wanted = {"image": tfds.features.Image, "label": tfds.features.ClassLabel}
+    wrong = [f"{key!r} ({kind.__name__})" for key, kind in wanted.items()
+             if key not in features.keys() or not isinstance(features[key], kind)]
+    if wrong:
+        raise ValueError(
+            f"Dataset {name!r} lacks the feature {' and '.join(wrong)} that jia_jax trains on; its "
+            f"features are {sorted(features.keys())}. Prepare an image classification dataset "
+            "with an 'image' and a 'label' feature, or use data.name='image_folder'."
+        )
 
 
 class ProcessPart(NamedTuple):

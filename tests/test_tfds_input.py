@@ -90,6 +90,18 @@ def test_a_record_without_one_label_or_not_an_example_is_refused():
         example_records.parse(b"")
 
 
+def test_a_dataset_without_an_image_and_a_label_feature_is_refused_naming_them():
+    image, label = tfds.features.Image(), tfds.features.ClassLabel(num_classes=3)
+    tfds_input.check_features("fine", tfds.features.FeaturesDict({"image": image, "label": label}))
+    renamed = tfds.features.FeaturesDict({"picture": image, "label": label})
+    with pytest.raises(ValueError, match=r"lacks the feature 'image' \(Image\).*'picture'"):
+        tfds_input.check_features("renamed", renamed)
+    plain = tfds.features.Tensor(shape=(), dtype=np.int64)
+    both = tfds.features.FeaturesDict({"image": plain, "label": plain})
+    with pytest.raises(ValueError, match=r"'image' \(Image\) and 'label' \(ClassLabel\)"):
+        tfds_input.check_features("both", both)
+
+
 def test_train_batches_shapes_normalization_and_flips(data_dir):
     batches = list(itertools.islice(_train(data_dir), 6))  # two epochs
     for batch in batches:

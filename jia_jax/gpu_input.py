@@ -26,9 +26,11 @@ import collections
 import concurrent.futures
 import dataclasses
 import functools
+import itertools
 import math
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -38,7 +40,15 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from jia_jax import crop_kernel, crop_resize, gpu_decode, record_batches, tfds_input, tile_ring
+from jia_jax import (
+    crop_kernel,
+    crop_resize,
+    gpu_decode,
+    record_batches,
+    stage_clock,
+    tfds_input,
+    tile_ring,
+)
 
 T = TypeVar("T")
 Batch = dict[str, jax.Array]
@@ -169,28 +179,36 @@ def device_batches(
     image_size: int,
     canvas: int,
     crop_kernel: str = crop_resize.DEFAULT_KERNEL,
+    clock: stage_clock.StageClock | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Record batches decoded on the devices: {"image": per-device arrays in the decoder sets'
     order, then the batch's host fields (label, mask, bad-record counts)}.
 
     Batch k is decoded by set k mod len(`decoder_sets`) (each set: a decoder and its rows per
     device), so with several sets the next batches decode while a batch's crops run; batches
-    come out in order."""
+    come out in order. `clock`, if given, counts per batch the seconds this thread waited for
+    the record batch (`read`) and for its decoding (`decode`)."""
     log = _FallbackLog()
     pending: collections.deque = collections.deque()
     workers = sum(len(decoders) for decoders in decoder_sets)
+    records = iter(batches)
     with concurrent.futures.ThreadPoolExecutor(workers, "decode") as pool:
-        for step, batch in enumerate(batches, start=first_step):
+        for step in itertools.count(first_step):
+            start = time.perf_counter()
+            batch = next(records, None)
+            if batch is None:
+                break
+            read = time.perf_counter() - start
             decoders = decoder_sets[(step - first_step) % len(decoder_sets)]
             futures = [
                 pool.submit(decode_rows, batch, rows, d, image_size, canvas, crop_kernel)
                 for d, rows in decoders
             ]
-            pending.append((step, batch, decoders, futures))
+            pending.append((step, batch, decoders, futures, read))
             if len(pending) == len(decoder_sets):
-                yield _collected(*pending.popleft(), fallback, log)
+                yield _collected(*pending.popleft(), fallback, log, clock)
         while pending:
-            yield _collected(*pending.popleft(), fallback, log)
+            yield _collected(*pending.popleft(), fallback, log, clock)
 
 
 def _collected(
@@ -198,10 +216,16 @@ def _collected(
     batch: dict[str, np.ndarray],
     decoders: Sequence[tuple[DeviceDecoder, slice]],
     futures: Sequence[concurrent.futures.Future],
+    read: float,
     fallback: Fallback,
     log: _FallbackLog,
+    clock: stage_clock.StageClock | None,
 ) -> dict[str, Any]:
     """One batch of `device_batches` once its decodes are done: refused rows replaced."""
+    start = time.perf_counter()
+    concurrent.futures.wait(futures)
+    if clock is not None:
+        clock.add_batch({"read": read, "decode": time.perf_counter() - start})
     first_position = step * len(batch["label"])
     # Copied: arrays from grain's workers may be read-only shared memory.
     host = {k: np.array(v) for k, v in batch.items() if k not in record_batches.RECORD_KEYS}
@@ -290,6 +314,8 @@ class GpuStreams:
     eval_batch: int
     seed: int
     decoders: tuple[dict[jax.Device, DeviceDecoder], ...]  # `data.gpu_decode_depth` sets
+    # The train stream's input thread: its waits per batch, for the progress line.
+    clock: stage_clock.StageClock = dataclasses.field(default_factory=stage_clock.StageClock)
 
     @classmethod
     def create(
@@ -343,7 +369,9 @@ class GpuStreams:
             tfds_input.train_example, source=part.source, image_size=data.image_size
         )
         cpu_examples = tfds_input.train_examples(part, self.seed, process, augment)
-        return self._stream(records, part, cpu_examples.__getitem__, start_step, self.global_batch)
+        return self._stream(
+            records, part, cpu_examples.__getitem__, start_step, self.global_batch, self.clock
+        )
 
     def eval(self) -> Iterator[Batch]:
         """One pass over the eval split, padded with mask 0, as the CPU path's."""
@@ -370,6 +398,7 @@ class GpuStreams:
         fallback: Fallback,
         first_step: int,
         global_batch: int,
+        clock: stage_clock.StageClock | None = None,
     ) -> Iterator[Batch]:
         data = self.data
         placement = device_rows(self.sharding, global_batch)
@@ -383,6 +412,7 @@ class GpuStreams:
             image_size=data.image_size,
             canvas=data.gpu_canvas,
             crop_kernel=data.get("gpu_crop_kernel", crop_resize.DEFAULT_KERNEL),
+            clock=clock,
         )
         counted = tfds_input.bad_record_counter(part, data.max_bad_records)(decoded)
         return background(assemble(b, self.sharding, global_batch) for b in counted)

@@ -34,7 +34,7 @@ from jax.sharding import Mesh
 
 from absl import logging
 
-from jia_jax import gpu_decode
+from jia_jax import gpu_decode, stage_clock
 from jia_jax import mesh as mesh_lib
 
 Batch = dict[str, jax.Array]
@@ -61,6 +61,8 @@ class Input:
     info: DatasetInfo
     train: Callable[[int], Iterator[Batch]]  # start_step -> global train batches
     eval: Callable[[], Iterator[Batch]] | None  # one pass with a `mask`; None for synthetic
+    # Where the train stream's input thread waits per batch (the GPU path's), if it says.
+    stages: stage_clock.StageClock | None = None
 
 
 def create_input(
@@ -201,7 +203,7 @@ def _tfds_input(
         try:
             streams = gpu_input.GpuStreams.create(data, sharding, global_batch, eval_batch, seed)
             logging.info("Decoding %s's JPEGs on the GPU.", data.name)
-            return Input(info, streams.train, streams.eval)
+            return Input(info, streams.train, streams.eval, streams.clock)
         except gpu_decode.DecoderUnavailableError as e:
             if data.decode == "gpu":
                 raise ValueError(str(e)) from e

@@ -249,6 +249,7 @@ class _TrainRun:
             total_steps=trainer.steps,
             start_step=start_step,
             global_batch_size=config.global_batch_size,
+            stages=trainer.data.stages,
         )
         # fp16 skips non-finite steps by itself (loss scaling); other dtypes stop on a
         # non-finite loss.
@@ -296,6 +297,8 @@ class _TrainRun:
         if throughput is not None:
             self.results["train/images_per_sec"] = throughput.images_per_sec
             self.results["train/input_wait_fraction"] = throughput.input_wait_fraction
+            for stage, ms in throughput.input_stages_ms.items():
+                self.results[f"train/input_{stage}_ms"] = ms
         self.writer.write_scalars(step, self.results)
         logging.info(metrics_lib.format_progress(step, steps, values, throughput))
 

@@ -21,8 +21,8 @@ only after step t+1 is queued, so the device always has work while the host logs
                                 "train/input_wait_fraction": throughput.input_wait_fraction})
 
 Tags written by the trainer:
-``train/{loss,lr,accuracy,images_per_sec,input_wait_fraction,loss_scale}`` and
-``eval/{top1,top5}``.
+``train/{loss,lr,accuracy,images_per_sec,input_wait_fraction,loss_scale}``, on the GPU input
+path ``train/input_{read,decode}_ms`` (`stage_clock`), and ``eval/{top1,top5}``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 import tensorboardX
 from etils import epath
+
+from jia_jax import stage_clock
 
 HostMetrics = tuple[int, dict[str, float]]
 # How many non-finite leaves an error names before counting the rest.
@@ -199,6 +201,8 @@ class Throughput:
     # input keeps up, large when input is the slower side (with a step in flight the device may
     # still be busy while the host waits, so it is not the device's idle share).
     input_wait_fraction: float = 0.0
+    # Mean ms a batch the input thread waited in each of its stages (`stage_clock`), if it says.
+    input_stages_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
 def eta_seconds(step: int, total_steps: int, steps_per_sec: float) -> float:
@@ -232,6 +236,7 @@ class ProgressMeter:
       global_batch_size: Images per step over all devices.
       start_step: The step timing starts from (the first step of this run).
       clock: Seconds as a float; injectable for tests.
+      stages: The input thread's waits per batch (`Input.stages`), taken at each measure.
     """
 
     def __init__(
@@ -241,10 +246,11 @@ class ProgressMeter:
         global_batch_size: int,
         start_step: int,
         clock: Callable[[], float] = time.monotonic,
+        stages: stage_clock.StageClock | None = None,
     ) -> None:
         self._total_steps = total_steps
         self._global_batch_size = global_batch_size
-        self._clock = clock
+        self._clock, self._stages = clock, stages
         self.restart(start_step)
 
     def restart(self, step: int) -> None:
@@ -252,6 +258,8 @@ class ProgressMeter:
         self._last_step, self._last_time = step, self._clock()
         # Waits before now fall outside any measured interval, as the time does.
         self._input_wait = 0.0
+        if self._stages is not None:
+            self._stages.take()
 
     def add_input_wait(self, seconds: float) -> None:
         """Counts `seconds` the host spent waiting for the next batch in this interval."""
@@ -272,6 +280,7 @@ class ProgressMeter:
             images_per_sec=steps_per_sec * self._global_batch_size,
             eta_seconds=eta_seconds(step, self._total_steps, steps_per_sec),
             input_wait_fraction=wait_fraction,
+            input_stages_ms=self._stages.take() if self._stages is not None else {},
         )
 
 
@@ -285,10 +294,18 @@ def format_progress(
     if throughput is not None:
         fields += [
             f"{throughput.images_per_sec:.1f} img/s",
-            f"input wait {round(100 * throughput.input_wait_fraction)}%",
+            f"input wait {round(100 * throughput.input_wait_fraction)}%"
+            + _stages_text(throughput.input_stages_ms),
             f"ETA {format_duration(throughput.eta_seconds)}",
         ]
     return " | ".join(fields)
+
+
+def _stages_text(stages_ms: Mapping[str, float]) -> str:
+    """The progress line's ` (read 3.1, decode 25 ms a batch)`; empty without stages."""
+    if not stages_ms:
+        return ""
+    return " ({} ms a batch)".format(", ".join(f"{k} {v:.3g}" for k, v in stages_ms.items()))
 
 
 class MetricsWriter:

@@ -329,6 +329,16 @@ def test_trainer_progress_reads_the_input_wait_and_lines_without_it():
     ]
 
 
+def test_trainer_progress_reads_the_gpu_paths_input_stages():
+    measured = metrics.Throughput(10.0, 2560.0, 10.0, 0.5, {"read": 31.25, "decode": 4.0})
+    values = {"learning_rate": 0.1, "loss": 2.5}
+    log = "I0 loop.py:300] " + metrics.format_progress(50, 1000, values, measured)
+    assert "| input wait 50% (read 31.2, decode 4 ms a batch) | ETA" in log  # the format read
+    (progress,) = harness.trainer_progress(log)
+    assert progress["input_wait"] == 0.5
+    assert progress["input_stages_ms"] == {"read": 31.2, "decode": 4.0}
+
+
 def test_bench_train_input_input_wait_is_the_median_after_the_first_interval():
     progress = [{"input_wait": w} for w in (0.9, 0.1, 0.5, 0.3)]
     # The first interval (compilation, the workers' start) is left out: median of 0.1, 0.5, 0.3.

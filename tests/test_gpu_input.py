@@ -4,6 +4,7 @@ on the 2x4 mesh of 8 simulated devices, against the CPU path on the same tiny tf
 
 import itertools
 import logging
+import time
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,7 @@ import pytest
 from configs import default
 from jia_jax import bad_records, crop_resize, gpu_decode, gpu_input, input_pipeline
 from jia_jax import mesh as mesh_lib
-from jia_jax import models, normalize, record_batches, tfds_input
+from jia_jax import models, normalize, record_batches, stage_clock, tfds_input
 from scripts.bench import gpu_decode as bench_gpu_decode
 from tests import tfds_data
 from tests.gpu_fakes import fake_gpu  # noqa: F401  pytest fixture
@@ -137,6 +138,19 @@ def test_resumed_stream_and_worker_processes_change_nothing(data_dir, mesh, fake
     with_workers = itertools.islice(_input(data, mesh, "gpu", num_workers=2).train(0), 4)
     for expected, got in zip(uninterrupted, with_workers, strict=True):
         np.testing.assert_array_equal(got["image"], expected["image"])
+
+
+def test_the_gpu_paths_train_stream_times_its_input_thread_and_eval_does_not(
+    data_dir, mesh, fake_gpu  # noqa: F811
+):
+    streams = _input(_data(data_dir), mesh, "gpu")
+    assert streams.stages is not None
+    list(streams.eval())
+    assert streams.stages.take() == {}
+    next(streams.train(0))
+    means = streams.stages.take()
+    assert set(means) == {"read", "decode"} and min(means.values()) >= 0, means
+    assert _input(_data(data_dir), mesh, "cpu").stages is None
 
 
 def test_refused_images_are_the_cpu_paths_examples(
@@ -266,6 +280,32 @@ def test_decode_sets_take_batches_in_turn_and_the_next_is_under_way_first(monkey
         assert [int(b["label"][0]) for b in out] == [0, 1, 2, 3, 4]
         names = [s[0] for s in sets]
         assert [b["image"] for b in out] == [[names[k % len(names)]] for k in range(5)]
+
+
+def test_the_clock_counts_each_batch_wait_for_records_and_for_decoding(monkeypatch):
+    # Records arrive 40 ms apart and each decode takes 25 ms: the input thread's means.
+    def decode(batch, rows, decoder, *_):
+        time.sleep(0.025)
+        return decoder, []
+
+    monkeypatch.setattr(gpu_input, "decode_rows", decode)
+
+    def records():
+        for k in range(4):
+            time.sleep(0.04)
+            yield {"label": np.array([k])}
+
+    clock = stage_clock.StageClock()
+    decoded = gpu_input.device_batches(
+        records(), [[("a", slice(0, 1))]], None, first_step=0, image_size=8, canvas=16,
+        clock=clock,
+    )
+    assert len(list(decoded)) == 4
+    means = clock.take()
+    assert set(means) == {"read", "decode"}
+    # Sleeps last at least as asked; a loaded 2-core machine may add tens of ms, not less.
+    assert 40 <= means["read"] < 200 and 25 <= means["decode"] < 200, means
+    assert clock.take() == {}
 
 
 @pytest.mark.parametrize("damage", [tfds_data.truncate_jpeg, tfds_data.break_jpeg])

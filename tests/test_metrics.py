@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 from tensorboardX.proto import event_pb2
 
-from jia_jax import metrics
+from jia_jax import metrics, stage_clock
 
 
 def read_scalars(logdir):
@@ -119,6 +119,34 @@ def test_progress_meter_and_line_use_interval_rates():
         measured = dataclasses.replace(second, input_wait_fraction=fraction)
         line = metrics.format_progress(100, 1000, {}, measured)
         assert f"| 2560.0 img/s | input wait {shown} | ETA " in line, line
+
+
+def test_stage_clock_means_a_batch_and_starts_over():
+    clock = stage_clock.StageClock()
+    assert clock.take() == {}
+    clock.add_batch({"read": 0.003, "decode": 0.020})
+    clock.add_batch({"read": 0.001, "decode": 0.030})
+    assert clock.take() == pytest.approx({"read": 2.0, "decode": 25.0})
+    assert clock.take() == {}
+
+
+def test_progress_meter_takes_the_input_stages_of_its_interval_only():
+    times = iter([0.0, 10.0, 20.0, 30.0, 40.0])
+    clock = stage_clock.StageClock()
+    meter = metrics.ProgressMeter(
+        total_steps=100, global_batch_size=8, start_step=0, clock=lambda: next(times),
+        stages=clock,
+    )
+    clock.add_batch({"read": 0.004, "decode": 0.010})
+    first = meter.measure(10)
+    assert first.input_stages_ms == pytest.approx({"read": 4.0, "decode": 10.0})
+    line = metrics.format_progress(10, 100, {}, first)
+    assert "| input wait 0% (read 4, decode 10 ms a batch) | ETA" in line, line
+    clock.add_batch({"read": 0.5, "decode": 0.5})  # before a restart: not training time
+    meter.restart(10)
+    clock.add_batch({"read": 0.002, "decode": 0.030})
+    assert meter.measure(20).input_stages_ms == pytest.approx({"read": 2.0, "decode": 30.0})
+    assert "input wait 0% | ETA" in metrics.format_progress(20, 100, {}, meter.measure(30))
 
 
 def test_input_wait_is_zero_over_an_interval_of_no_time():

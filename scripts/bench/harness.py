@@ -38,8 +38,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 _PROGRESS = re.compile(
     r"step\s+(\d+)/\d+ \|.*?\| loss ([\d.eE+-]+|nan|inf) \|(?:.*?\|)? ([\d.]+) img/s \|"
 )
-# The field right after `img/s |` in lines logged since the trainer measured input wait.
-_INPUT_WAIT = re.compile(r" input wait (\d+)% \|")
+# The field right after `img/s |` in lines logged since the trainer measured input wait; on the
+# GPU input path followed by its input thread's waits, ` (read 3.1, decode 25 ms a batch)`.
+_INPUT_WAIT = re.compile(r" input wait (\d+)%(?: \(([^)]*) ms a batch\))? \|")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,13 +265,14 @@ def run_logged(
         return 124, f"{out}{err}\ntimed out after {timeout:g} s: stopped\n"
 
 
-def trainer_progress(log: str) -> list[dict[str, float | None]]:
+def trainer_progress(log: str) -> list[dict[str, Any]]:
     """Step, loss, images/s and input wait of each logged step of a `jia_jax.main` log, in order.
 
     `input_wait` is the fraction of the interval the loop waited for input (the line's percent
-    / 100), None in lines without the field (logs from before it was added). Every process of a
-    multi-process run (scripts/launch_local.sh) logs each step's line, with the global images/s
-    it measured over the same steps: a step's first line counts, once.
+    / 100), None in lines without the field (logs from before it was added); `input_stages_ms`
+    the input thread's waits in ms a batch by stage where the line gives them (the GPU path).
+    Every process of a multi-process run (scripts/launch_local.sh) logs each step's line, with
+    the global images/s it measured over the same steps: a step's first line counts, once.
     """
     steps: dict[int, dict[str, float | None]] = {}
     for found in _PROGRESS.finditer(log):
@@ -282,6 +284,9 @@ def trainer_progress(log: str) -> list[dict[str, float | None]]:
             "images_per_s": float(rate),
             "input_wait": int(wait[1]) / 100 if wait else None,
         }
+        if wait and wait[2]:
+            stages = (field.rsplit(" ", 1) for field in wait[2].split(", "))
+            line["input_stages_ms"] = {name: float(ms) for name, ms in stages}
         steps.setdefault(int(step), line)
     return list(steps.values())
 

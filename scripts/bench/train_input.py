@@ -97,6 +97,9 @@ def run(variant: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
         return row
     row["images_per_s"] = statistics.median(p["images_per_s"] for p in progress[1:])
     row["input_wait"] = steady_input_wait(progress)
+    stages = [p["input_stages_ms"] for p in progress[1:] if "input_stages_ms" in p]
+    if stages:  # the GPU path's input thread: its median wait a batch per stage
+        row["input_stages_ms"] = {k: statistics.median(s[k] for s in stages) for k in stages[0]}
     return row
 
 
@@ -158,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if base and "images_per_s" in r:
             r["ratio_vs_synthetic"] = r["images_per_s"] / base["images_per_s"]
         wait = "?" if r.get("input_wait") is None else f"{r['input_wait']:.0%}"
+        stages = ", ".join(f"{k} {v:.3g}" for k, v in r.get("input_stages_ms", {}).items())
+        wait += f" ({stages} ms a batch)" if stages else ""
         print(
             f"{r['variant']:<10} {r.get('images_per_s', float('nan')):>9.1f} img/s  "
             f"ratio {r.get('ratio_vs_synthetic', float('nan')):.3f}  input wait {wait}  "

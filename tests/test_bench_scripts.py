@@ -499,7 +499,16 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     assert doc["results"][0]["input_wait"] == 0.25
     table = render_benchmarks.table(str(out))
     assert "| decode stage images/s per GPU | input wait, decode=gpu |" in table
-    assert "| 0.980 | " in table and " | 25% |" in table
+    assert "| 0.980 | " in table and " | 25% |" in table and "input thread" not in table
+    # Runs that logged where the input thread waits: those in a column of their own.
+    waited["results"][0]["input_stages_ms"] = {"read": 12.5, "decode": 30.0}
+    (tmp_path / "gpu_waited.json").write_text(json.dumps(waited))
+    doc = bench_gpu_decode.main(
+        ["report", f"--stage={stage_path}", "--runs", *wait_runs, f"--out={out}"])
+    assert doc["results"][0]["input_stages_ms"] == {"read": 12.5, "decode": 30.0}
+    table = render_benchmarks.table(str(out))
+    assert "| input wait, decode=gpu | input thread waits a batch, ms |" in table
+    assert " | 25% | read 12.5, decode 30 |" in table
     # The GPU path as 2 processes, against the one-process synthetic run (no 2-process one).
     runs.append(train_input_run(tmp_path / "gpu_2proc.json", {"gpu": 1200.0}, processes=2))
     doc = bench_gpu_decode.main(["report", f"--stage={stage_path}", "--runs", *runs, f"--out={out}"])

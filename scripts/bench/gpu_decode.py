@@ -734,6 +734,8 @@ def _report_row(
     }
     if gpu.get("input_wait") is not None:  # runs logged since the trainer measures it
         row["input_wait"] = gpu["input_wait"]
+    if "input_stages_ms" in gpu:  # runs logged since the trainer says where its input waits
+        row["input_stages_ms"] = gpu["input_stages_ms"]
     if row["images_per_s"] and row["synthetic_images_per_s"]:
         row["ratio"] = row["images_per_s"] / row["synthetic_images_per_s"]
     failed = [r.get("error", "no run") for r in (synthetic, gpu) if not r or "error" in r]

@@ -247,17 +247,21 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
     row ran several (records without the field ran one), decode depth and round columns where
     some row's differ from the defaults, a crop kernel column where the rows' differ (one kernel
     of them all is named in the caption; records without the field do not say); the share of
-    time the GPU path's train loop waited for input where the runs logged it."""
+    time the GPU path's train loop waited for input where the runs logged it, and its input
+    thread's waits a batch (read, decode) where they logged those."""
     processes = any(r.get("processes", 1) > 1 for r in doc["results"])
     depths = any(r.get("depth", 1) > 1 for r in doc["results"])
     named = {r.get("crop_kernel") for r in doc["results"]}
     kernels = len(named) > 1
     rounds = any(r.get("round", 1) > 1 for r in doc["results"])
     waits = any("input_wait" in r for r in doc["results"])
+    stages = any("input_stages_ms" in r for r in doc["results"])
     head = ["GPUs", "CPU cores", "images per GPU", "images/s, decode=gpu", "images/s, synthetic"]
     head += ["ratio", "decode stage images/s per GPU"]
     if waits:
         head.append("input wait, decode=gpu")
+    if stages:
+        head.append("input thread waits a batch, ms")
     if rounds:
         head.insert(3, "round")
     if kernels:
@@ -291,6 +295,9 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
         cells.append(cell(r["decode_images_per_s"], ",.0f"))
         if waits:
             cells.append(f"{r['input_wait']:.0%}" if r.get("input_wait") is not None else "-")
+        if stages:
+            waited = r.get("input_stages_ms", {})
+            cells.append(", ".join(f"{k} {v:.3g}" for k, v in waited.items()) or "-")
         if rounds:
             cells.insert(3, str(r.get("round", 1)))
         if kernels:

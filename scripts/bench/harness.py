@@ -274,7 +274,7 @@ def trainer_progress(log: str) -> list[dict[str, Any]]:
     Every process of a multi-process run (scripts/launch_local.sh) logs each step's line, with
     the global images/s it measured over the same steps: a step's first line counts, once.
     """
-    steps: dict[int, dict[str, float | None]] = {}
+    steps: dict[int, dict[str, Any]] = {}
     for found in _PROGRESS.finditer(log):
         step, loss, rate = found.groups()
         wait = _INPUT_WAIT.match(log, found.end())

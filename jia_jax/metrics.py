@@ -303,9 +303,7 @@ def format_progress(
 
 def _stages_text(stages_ms: Mapping[str, float]) -> str:
     """The progress line's ` (read 3.1, decode 25 ms a batch)`; empty without stages."""
-    if not stages_ms:
-        return ""
-    return " ({} ms a batch)".format(", ".join(f"{k} {v:.3g}" for k, v in stages_ms.items()))
+    return f" ({stage_clock.describe(stages_ms)} ms a batch)" if stages_ms else ""
 
 
 class MetricsWriter:

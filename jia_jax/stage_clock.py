@@ -33,3 +33,9 @@ class StageClock:
             seconds, batches = self._seconds, self._batches
             self._seconds, self._batches = {}, 0
         return {k: 1e3 * v / batches for k, v in seconds.items()} if batches else {}
+
+
+def describe(ms: Mapping[str, float]) -> str:
+    """`read 3.1, decode 25`: ms a batch per stage (`StageClock.take`), as the progress line and
+    the benchmarks' tables write them."""
+    return ", ".join(f"{stage} {value:.3g}" for stage, value in ms.items())

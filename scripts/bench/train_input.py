@@ -156,12 +156,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # The cores this process (and so its children) may run on: fewer than the host's under taskset.
     cores = len(os.sched_getaffinity(0))
     rows = [run(v, args, gpus) for v in args.variants.split(",")]
+    # jia_jax imports JAX: here, not at the top, where it would precede the setting above.
+    from jia_jax import stage_clock  # pylint: disable=import-outside-toplevel
     base = next((r for r in rows if r["variant"] == "synthetic" and "images_per_s" in r), None)
     for r in rows:
         if base and "images_per_s" in r:
             r["ratio_vs_synthetic"] = r["images_per_s"] / base["images_per_s"]
         wait = "?" if r.get("input_wait") is None else f"{r['input_wait']:.0%}"
-        stages = ", ".join(f"{k} {v:.3g}" for k, v in r.get("input_stages_ms", {}).items())
+        stages = stage_clock.describe(r.get("input_stages_ms", {}))
         wait += f" ({stages} ms a batch)" if stages else ""
         print(
             f"{r['variant']:<10} {r.get('images_per_s', float('nan')):>9.1f} img/s  "

@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from jia_jax import stage_clock
 from scripts.bench import profile_trace
 
 
@@ -296,8 +297,7 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
         if waits:
             cells.append(f"{r['input_wait']:.0%}" if r.get("input_wait") is not None else "-")
         if stages:
-            waited = r.get("input_stages_ms", {})
-            cells.append(", ".join(f"{k} {v:.3g}" for k, v in waited.items()) or "-")
+            cells.append(stage_clock.describe(r.get("input_stages_ms", {})) or "-")
         if rounds:
             cells.insert(3, str(r.get("round", 1)))
         if kernels:

@@ -43,6 +43,11 @@ def test_gpu_decode_host_records_prose_quotes_the_json():
           for k, v in load("gpu_decode_host_records_ab_1xH200.json")["runs"].items()}
     rate = {k: f"{r['images_per_s']:,.0f}" for k, r in ab.items()}
     one = {r["per_gpu"]: r for r in load("bench_gpu_decode_band_one_1xH200.json")["results"]}
+    assert_quoted(read("docs/benchmarks.md"), [
+        f"8 worker processes read {new1[0]} and {new2[0]} images/s at 256 images a batch against "
+        f"{old1[0]} and {old2[0]}, and {new1[1]} and {new2[1]} at 64 against {old1[1]} and "
+        f"{old2[1]}",
+    ])
     assert_quoted(read("docs/input_pipeline.md"), [
         f"8 worker processes read {new1[0]} and {new2[0]} images/s at 256 images a batch against "
         f"{old1[0]} and {old2[0]} before, and {new1[1]} and {new2[1]} at 64 against {old1[1]} and "

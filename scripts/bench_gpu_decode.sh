@@ -8,6 +8,8 @@
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh depth  # data.gpu_decode_depth 1 against 2
 #   OUT=/tmp/out BATCH=64 bash scripts/bench_gpu_decode.sh kernels  # data.gpu_crop_kernel
 #                                  # pallas against xla, alternating, 2 rounds, at BATCH per GPU
+#   OUT=/tmp/out BATCH=64 bash scripts/bench_gpu_decode.sh workers  # 8 record-reading workers
+#                                  # against 4, alternating, 2 rounds, at BATCH per GPU
 #   OUT=/tmp/out PROFILE_BATCH=64 bash scripts/bench_gpu_decode.sh trace  # the smoke check and
 #                                  # the profile below only (about 3 minutes)
 # ResNet-50 64K config, bf16, on the generated JPEGs of scripts/bench/input.py: the trainer with
@@ -29,8 +31,8 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 mode=${1:-}
 case "$mode" in
-  one|two|depth|kernels|trace) ;;
-  *) echo "usage: OUT=<folder> $0 one|two|depth|kernels|trace" >&2; exit 2 ;;
+  one|two|depth|kernels|workers|trace) ;;
+  *) echo "usage: OUT=<folder> $0 one|two|depth|kernels|workers|trace" >&2; exit 2 ;;
 esac
 export PYTHONUNBUFFERED=1
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -60,9 +62,10 @@ python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 -
 taskset -c "$first" python3 -m scripts.bench.gpu_decode records --data_dir="$data" \
   --per_gpu 256 64 --num_workers=$((half / 2)) --out="$OUT/gpu_decode_records.json" \
   >"$runs/records.log" 2>&1 || echo "records failed"
-# The crop-and-resize program alone: its time adds to the step's on the GPU path.
-python3 -m scripts.bench.gpu_decode crop --data_dir="$data" --per_gpu 256 64 \
-  --crop_kernels xla pallas \
+# The crop-and-resize program alone: its time adds to the step's on the GPU path (not in
+# `workers`, whose five runs take the rest of a 10-minute call).
+[[ "$mode" == workers ]] || python3 -m scripts.bench.gpu_decode crop --data_dir="$data" \
+  --per_gpu 256 64 --crop_kernels xla pallas \
   --out="$OUT/gpu_decode_crop.json" >"$runs/crop.log" 2>&1 || echo "crop program failed"
 fi
 
@@ -111,6 +114,19 @@ case "$mode" in
       for kernel in pallas xla; do
         one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu_${kernel}_${round}" \
           --override=--config.data.gpu_crop_kernel="$kernel"
+      done
+    done
+    PROFILE=0 ;;
+  workers)
+    # 1 GPU: the synthetic baseline, then the GPU path with half the cores as record-reading
+    # workers (the default of this script's other modes) and a quarter in turn, two rounds, at
+    # BATCH images per GPU (256 unless set): whether fewer workers leave the decoder's CPU
+    # threads more of the cores than they take from reading.
+    batch=${BATCH:-256}
+    one_gpu "$batch" synthetic 0 "1gpu_${batch}_synthetic"
+    for round in 1 2; do
+      for workers in $((half / 2)) $((half / 4)); do
+        one_gpu "$batch" gpu "$workers" "1gpu_${batch}_gpu_w${workers}_${round}"
       done
     done
     PROFILE=0 ;;

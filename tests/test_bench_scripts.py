@@ -470,9 +470,11 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
         (2, 1, 1), (2, 8, 1), (2, 1, 2), (2, 8, 2)]
     assert all(r["decode_images_per_s"] > 0 for r in stage["results"])
 
-    def train_input_run(path, variants, override=(), **processes):  # before --processes: none
+    def train_input_run(path, variants, override=(), workers=8, **processes):
+        # Records before --processes have no processes field.
         results = [{"variant": v, "images_per_s": rate} for v, rate in variants.items()]
-        args = {"per_gpu": 2, "override": list(override)}
+        workers = 0 if "synthetic" in variants else workers
+        args = {"per_gpu": 2, "override": list(override), "num_workers": workers}
         doc = {"gpus": 8, "cores": 2, "args": args, "results": results, **processes}
         path.write_text(json.dumps(doc))
         return str(path)
@@ -555,6 +557,22 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     table = render_benchmarks.table(str(out))
     assert "| GPUs | CPU cores | images per GPU | crop kernel | round |" in table
     assert "| 8 | 2 | 2 | pallas | 2 | 975 | 1,000 | 0.975 |" in table
+    assert "input workers" not in table  # every run had 8
+    # Record-reading workers in turn (bench_gpu_decode.sh workers): a row per count and round,
+    # each against the one synthetic run (which has no workers); the count in a column.
+    turns = [(8, 950.0), (4, 940.0), (8, 955.0), (4, 945.0)]
+    worker_runs = [
+        train_input_run(tmp_path / f"gpu_w{workers}_{i}.json", {"gpu": rate}, workers=workers)
+        for i, (workers, rate) in enumerate(turns)
+    ]
+    doc = bench_gpu_decode.main(
+        ["report", f"--stage={stage_path}", "--runs", runs[0], *worker_runs, f"--out={out}"])
+    assert [(r["workers"], r["round"], r["ratio"]) for r in doc["results"]] == [
+        (4, 1, pytest.approx(0.94)), (4, 2, pytest.approx(0.945)),
+        (8, 1, pytest.approx(0.95)), (8, 2, pytest.approx(0.955))]
+    table = render_benchmarks.table(str(out))
+    assert "| GPUs | CPU cores | images per GPU | input workers | round |" in table
+    assert "| 8 | 2 | 2 | 4 | 2 | 945 | 1,000 | 0.945 |" in table
 
 
 def test_bench_gpu_decode_whole_image_rate_is_the_best_call_and_names_its_format(monkeypatch):

@@ -246,14 +246,15 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
     """The trainer with data.decode=gpu against synthetic data, and the decode stage alone
     (scripts/bench/gpu_decode.py, scripts/bench_gpu_decode.sh). A processes column where some
     row ran several (records without the field ran one), decode depth and round columns where
-    some row's differ from the defaults, a crop kernel column where the rows' differ (one kernel
-    of them all is named in the caption; records without the field do not say); the share of
-    time the GPU path's train loop waited for input where the runs logged it, and its input
-    thread's waits a batch (read, decode) where they logged those."""
+    some row's differ from the defaults, crop kernel and input workers columns where the rows'
+    differ (one kernel of them all is named in the caption; records without the field do not
+    say); the share of time the GPU path's train loop waited for input where the runs logged
+    it, and its input thread's waits a batch (read, decode) where they logged those."""
     processes = any(r.get("processes", 1) > 1 for r in doc["results"])
     depths = any(r.get("depth", 1) > 1 for r in doc["results"])
     named = {r.get("crop_kernel") for r in doc["results"]}
     kernels = len(named) > 1
+    workers = len({r.get("workers") for r in doc["results"]}) > 1
     rounds = any(r.get("round", 1) > 1 for r in doc["results"])
     waits = any("input_wait" in r for r in doc["results"])
     stages = any("input_stages_ms" in r for r in doc["results"])
@@ -265,6 +266,8 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
         head.append("input thread waits a batch, ms")
     if rounds:
         head.insert(3, "round")
+    if workers:
+        head.insert(3, "input workers")
     if kernels:
         head.insert(3, "crop kernel")
     if depths:
@@ -300,6 +303,8 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
             cells.append(stage_clock.describe(r.get("input_stages_ms", {})) or "-")
         if rounds:
             cells.insert(3, str(r.get("round", 1)))
+        if workers:
+            cells.insert(3, str(r.get("workers", "-")))
         if kernels:
             cells.insert(3, r.get("crop_kernel", "-"))
         if depths:

@@ -194,6 +194,14 @@ class _Backend(NamedTuple):
     takes_regions: bool
 
 
+class _Work(NamedTuple):
+    """A batch ready to decode: per tile its code stream and whether that is the whole image
+    (None: left to Pillow), and the slots of the tiles that have one, by tile."""
+
+    streams: list[tuple[Any, bool] | None]
+    slots: dict[int, Any]
+
+
 class _DeviceView:
     """Rows [0, height) and columns [0, width) of a slot, with the slot's row pitch, as a
     `__cuda_array_interface__` for `nvimgcodec.as_image`."""
@@ -243,22 +251,33 @@ class NvImageCodecDecoder:
     def __call__(
         self, encoded: Sequence[np.ndarray], regions: np.ndarray, tiles: jax.Array
     ) -> np.ndarray:
+        # The host's share of a batch runs outside the lock, so that it overlaps another batch's
+        # decoding (jia_jax/gpu_input.py keeps two batches under way per decoder).
+        work = self._prepared(encoded, regions, tiles)
         with self._lock:
-            return self._decode(self._backends, encoded, regions, tiles)
+            return self._decode(self._backends, work)
 
-    def _decode(
-        self,
-        backends: Sequence[_Backend],
-        encoded: Sequence[np.ndarray],
-        regions: np.ndarray,
-        tiles: jax.Array,
-    ) -> np.ndarray:
-        """Each tile by the first of `backends` that takes and decodes it (see `__call__`)."""
+    def _prepared(
+        self, encoded: Sequence[np.ndarray], regions: np.ndarray, tiles: jax.Array
+    ) -> _Work:
+        """The checks, each tile's code stream (its JPEG's header parsed) and its slot as an
+        nvImageCodec image: what a batch's decoding needs from the host before the GPU works."""
         regions, extents = self._fitted(regions, tiles)
         canvas = tiles.shape[1]
         pointer, slot_bytes = tiles.unsafe_buffer_pointer(), canvas * canvas * 3
         regions, extents = regions.tolist(), extents.tolist()
         streams = [self._code_stream(e, r) for e, r in zip(encoded, regions, strict=True)]
+        view = functools.partial(self._nv.as_image, cuda_stream=self._stream.handle)
+        slots = {
+            t: view(_DeviceView(pointer + t * slot_bytes, *extents[t], canvas))
+            for t, s in enumerate(streams)
+            if s is not None
+        }
+        return _Work(streams, slots)
+
+    def _decode(self, backends: Sequence[_Backend], work: _Work) -> np.ndarray:
+        """Each tile by the first of `backends` that takes and decodes it (see `__call__`)."""
+        streams = work.streams
         decoded = np.zeros(len(streams), bool)
         try:
             for backend in backends:
@@ -267,12 +286,9 @@ class NvImageCodecDecoder:
                     for t, s in enumerate(streams)
                     if s is not None and not decoded[t] and (backend.takes_regions or s[1])
                 ]
-                views = [
-                    _DeviceView(pointer + t * slot_bytes, *extents[t], canvas)
-                    for t in wanted
-                ]
                 chosen = [streams[t][0] for t in wanted]
-                decoded[wanted] = self._into(backend.decoder, chosen, views)
+                slots = [work.slots[t] for t in wanted]
+                decoded[wanted] = self._into(backend.decoder, chosen, slots)
         finally:
             self._stream.synchronize()  # every write done before XLA may read `tiles`
         return decoded
@@ -325,14 +341,14 @@ class NvImageCodecDecoder:
         except RuntimeError:  # a header the library cannot parse
             return None
 
-    def _into(self, decoder: Any, streams: list[Any], views: list[_DeviceView]) -> list[bool]:
-        """Decodes `streams` into `views` on this decoder's stream: whether each decoded."""
+    def _into(self, decoder: Any, streams: list[Any], slots: list[Any]) -> list[bool]:
+        """Decodes `streams` into `slots` (nvImageCodec images) on this decoder's stream:
+        whether each decoded."""
         if not streams:
             return []
-        nv, handle = self._nv, self._stream.handle
-        images = [nv.as_image(v, cuda_stream=handle) for v in views]
+        handle = self._stream.handle
         try:
-            out = decoder.decode(streams, images=images, params=self._params, cuda_stream=handle)
+            out = decoder.decode(streams, images=slots, params=self._params, cuda_stream=handle)
         except (RuntimeError, ValueError) as e:  # the whole call failed: the tiles go on
             logging.warning("nvImageCodec failed to decode %d tiles: %s", len(streams), e)
             return [False] * len(streams)
@@ -365,7 +381,8 @@ class NvImageCodecDecoder:
             regions.append((8, 24, height - 6, width))
         # One slot more than the regions: nothing may be written there.
         tiles = new_tiles(self._device, len(regions) + 1, _PROBE_CANVAS)
-        decoded = self._decode([backend], [encoded] * len(regions), np.array(regions), tiles)
+        work = self._prepared([encoded] * len(regions), np.array(regions), tiles)
+        decoded = self._decode([backend], work)
         if not decoded.all():
             return f"it did not decode a {width} x {height} JPEG into a tile."
         slots = np.asarray(tiles, np.int32)

@@ -80,6 +80,7 @@ class Decoder:
 
     def decode(self, streams, *, images, params, cuda_stream):
         assert len(images) == len(streams) and params == {"apply_exif_orientation": False}
+        self.library.gate()
         return [self._one(s, i, cuda_stream) for s, i in zip(streams, images, strict=True)]
 
     def _one(self, stream: CodeStream, image: Image, cuda_stream: int) -> Image | None:
@@ -126,6 +127,7 @@ class FakeNvImageCodec:
         self.decodes_cut_jpegs = decodes_cut_jpegs
         self.decoded: list[tuple[str, Region]] = []
         self.options: list[str] = []  # each decoder's options, as created
+        self.gate = lambda: None  # called as each decode call starts (a test may hold it there)
 
     @staticmethod
     def Backend(kind):  # noqa: N802  nvImageCodec's name

@@ -4,8 +4,10 @@ decoder, regions inside the image of the default one), where the pixels land, wh
 its start-up check, its checks of the array it writes into and its stream synchronisation."""
 
 import io
-import os
 import logging
+import os
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -84,6 +86,39 @@ def test_tiles_land_in_their_slots_whole_images_by_the_hardware_regions_by_defau
     whole = [tuple(r) for e, r in zip(plan.example, plan.region) if e < 2]
     assert [r for b, r in library.decoded if b == "hardware"] == whole
     assert [b for b, _ in library.decoded].count("default") == len(plan.example) - 2
+
+
+def test_a_batch_is_prepared_while_another_batch_decodes():
+    """The host's share of a batch (each JPEG's header parsed, its slots described) does not
+    wait for the decoder: while one batch decodes, another's code streams are made."""
+    decoder, library, _ = _decoder()
+    decoding, finish = threading.Event(), threading.Event()
+
+    def gate():
+        decoding.set()
+        assert finish.wait(60)  # longer than the test waits for the second batch
+
+    parsed, make = [], library.CodeStream
+    library.gate = gate
+    library.CodeStream = lambda data: parsed.append(data) or make(data)
+    images = _images()[:2]
+    encoded = [_jpeg(image) for image in images]
+    regions = np.array([[0, 0, image.height, image.width] for image in images])
+    batches = [threading.Thread(target=decoder, args=(encoded, regions, _tiles(2)))]
+    batches[0].start()
+    assert decoding.wait(10)  # the first batch holds the decoder
+    parsed.clear()
+    batches.append(threading.Thread(target=decoder, args=(encoded, regions, _tiles(2))))
+    batches[1].start()
+    try:
+        deadline = time.monotonic() + 10
+        while len(parsed) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(parsed) == 2, "the second batch's headers waited for the first's decoding"
+    finally:
+        finish.set()
+        for batch in batches:
+            batch.join()
 
 
 def test_refused_images_are_reported_and_the_rest_decode():

@@ -139,6 +139,12 @@ KIND_CASES = [
         "void nhwcAddPaddingKernel<__nv_bfloat16, __nv_bfloat16, float, true>(int, int, int)",
         "conv/gemm",
     ),
+    # nvJPEG's colour conversion, beside the step on the GPU input path: no convolution.
+    (
+        "void nvjpeg::ycbcr_to_format_kernel_roi<(nvjpegChromaSubsampling_t)2, true, "
+        "(nvjpegOutputFormat_t)5, nvjpeg::ConvertToFormat<unsigned char>>(Params)",
+        "fusion",
+    ),
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "collective"),
     ("Memcpy DtoD (Device -> Device)", "copy"),
     ("Memset (Device)", "copy"),

@@ -40,6 +40,9 @@ _CONV_GEMM = (
     "nchw",
 )
 _CONCAT_SLICE = ("concatenate", "slice", "dynamic_update")
+# Other libraries' kernels whose names hold a mark of `_CONV_GEMM` and are no convolution:
+# nvJPEG's colour conversion (`nvjpeg::ycbcr_to_format_kernel_roi<..., nvjpeg::ConvertToFormat`).
+_NOT_CONV_GEMM = ("nvjpeg",)
 # Kernels XLA generates itself are named after their HLO: `loop_convert_fusion_3`,
 # `input_reduce_fusion`, `wrapped_convert` (one op, unfused). Their op names say nothing about
 # convolutions ("convert" contains "conv"), except XLA's Triton GEMMs (`gemm_fusion_dot_2`).
@@ -85,13 +88,16 @@ def kernel_kind(name: str) -> str:
     In order: NCCL kernels are collective; memcpy/memset copy; kernels XLA generates (names with
     "fusion" or "wrapped_") are conv/gemm only if they are XLA's GEMM fusions ("gemm"), else
     concat/slice for concatenate/slice/dynamic-update-slice, else fusion; library kernels
-    (cuDNN, cuBLAS, CUTLASS, nvjet, xmma) are conv/gemm; anything else is fusion.
+    (cuDNN, cuBLAS, CUTLASS, nvjet, xmma) are conv/gemm, nvJPEG's are not; anything else is
+    fusion.
     """
     lower = name.lower()
     if any(k in lower for k in _COLLECTIVE):
         return "collective"
     if any(k in lower for k in _COPY):
         return "copy"
+    if any(k in lower for k in _NOT_CONV_GEMM):
+        return "fusion"
     if any(k in lower for k in _XLA_MARKS):
         if any(k in lower for k in _XLA_GEMM):
             return "conv/gemm"

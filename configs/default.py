@@ -54,10 +54,10 @@ def get_config() -> ml_collections.ConfigDict:
     # paths' pixels agree to a few levels of 255; False repeats chroma samples instead (nvJPEG's
     # faster default; up to 31 levels from the CPU path's crops, docs/input_pipeline.md).
     config.data.gpu_fancy_upsampling = True
-    # GPU decoding: batches each GPU decodes at once, each by a decoder with its own CUDA stream
-    # and tile ring (another ring of tiles in GPU memory per batch). With 1 the next batch's
-    # decode waits for this one's; with 2 it runs beside this batch's crops: faster alone, not
-    # beside ResNet-50's step on one H200 (docs/input_pipeline.md, "Tuning").
+    # GPU decoding: decoders per GPU taking the batches in turn, each with its own CUDA stream
+    # and tile ring (another ring of tiles in GPU memory each). Each decoder already prepares its
+    # next batch on the host while it decodes one; 2 decoders also decode two batches at once:
+    # faster alone, not beside ResNet-50's step on one H200 (docs/input_pipeline.md, "Tuning").
     config.data.gpu_decode_depth = 1
     # GPU decoding: tile arrays each decoder keeps per tile count, in XLA's memory (0.2 GB each
     # at 256 images of the 512 canvas). The decoder runs at most this many batches ahead of the

@@ -64,13 +64,78 @@ def test_gpu_decode_host_records_prose_quotes_the_json():
         f"{one[256]['input_wait']:.0%} of the time, and {one[64]['ratio']:.3f} at 64",
     ])
 
-    def kept(batch, order):
-        synthetic = ab[f"train_{batch}_1_synthetic"]["images_per_s"]
-        return f"{ab[f'train_{batch}_{order}_new']['images_per_s'] / synthetic:.3f}"
 
+
+def test_gpu_decode_under_way_prose_quotes_the_json():
+    """Two batches under way per decoder against one (runs one after another in one call, at 256
+    and at 64 images per GPU), and, on a host whose input fell behind, where it waited: the
+    workers' turns, the decoding's chain beside the step, the trace."""
+    runs = {b: {k: v["results"][0]
+                for k, v in load(f"gpu_decode_under_way{b}_1xH200.json")["runs"].items()}
+            for b in (256, 64)}
+
+    def ratio(b, name):
+        synthetic = runs[b][f"train_{b}_1_synthetic"]["images_per_s"]
+        return f"{runs[b][name]['images_per_s'] / synthetic:.3f}"
+
+    def rate(b, name):
+        return f"{runs[b][name]['images_per_s']:,.0f}"
+
+    def wait(b, name):
+        return f"{runs[b][name]['input_wait']:.0%}"
+
+    loaded = load("gpu_decode_under_way256_1xH200.json")["loaded"]
+    beside = {v: next(r for r in loaded[v]["results"] if r["beside_training"]) for v in loaded}
+    waits64 = [runs[64][k]["input_wait"] for k in runs[64] if "synthetic" not in k]
+    workers = load("bench_gpu_decode_workers256_1xH200.json")["results"]
+    reads = [r["input_stages_ms"]["read"] for r in workers]
+    decodes = [r["input_stages_ms"]["decode"] for r in workers]
+    assert max(reads) < 0.2  # "under 0.2 ms a batch", here and in the Tuning list
+    chain = {(r["depth"], r["beside_training"]): r
+             for r in load("gpu_decode_loaded_chain_1xH200.json")["results"]}
+    one = chain[1, True]
+    profile = load("gpu_decode_profile256_1xH200.json")["variants"]
+    tops = {v: {k["name"]: k for k in profile[v]["devices"]["/device:GPU:0"]["top"]}
+            for v in profile}
+    [colour] = [k for n, k in tops["gpu"].items() if "ycbcr_to_format" in n]
+    conv = max(tops["synthetic"].values(), key=lambda k: k["us_per_step"])["name"]
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"the trainer kept {ratio(256, 'train_256_2_new')} and {ratio(256, 'train_256_4_new')} "
+        f"of its synthetic-data speed ({rate(256, 'train_256_2_new')} and "
+        f"{rate(256, 'train_256_4_new')} images/s against {rate(256, 'train_256_1_synthetic')}), "
+        f"the loop waiting for input {wait(256, 'train_256_2_new')} and "
+        f"{wait(256, 'train_256_4_new')[:-1]}% of the time, where one batch under way kept "
+        f"{ratio(256, 'train_256_3_old')} ({rate(256, 'train_256_3_old')}), waiting "
+        f"{wait(256, 'train_256_3_old')}",
+        f"the decode stage ran {beside['new']['decode_images_per_s']:,.0f} images/s with two "
+        f"batches under way against {beside['old']['decode_images_per_s']:,.0f} with one, the "
+        f"step {beside['new']['train_images_per_s']:,.0f} and "
+        f"{beside['old']['train_images_per_s']:,.0f} images/s meanwhile",
+        f"the GPU path kept {ratio(64, 'train_64_2_new')} and {ratio(64, 'train_64_4_new')} "
+        f"against {ratio(64, 'train_64_3_old')} with one batch under way, every run waiting for "
+        f"input {min(waits64):.0%} to {max(waits64):.0%} of the time",
+        f"trained at {min(r['ratio'] for r in workers):.3f} to "
+        f"{max(r['ratio'] for r in workers):.3f} of the synthetic speed",
+        f"waited under 0.2 ms a batch for records and {min(decodes):.0f} to {max(decodes):.0f} "
+        "ms for decoding, with 4 workers as with 8",
+        f"{one['ms_per_batch']['decode_rows']:.1f} ms, the step's whole "
+        f"{1e3 * 256 / one['train_images_per_s']:.1f} ms ({one['train_images_per_s']:,.0f} "
+        f"images/s), of which nvImageCodec's decode call took "
+        f"{one['ms_per_batch']['nvimgcodec_decode']:.1f} ms and parsing the JPEG headers "
+        f"{one['ms_per_batch']['code_streams']:.1f}",
+        f"ran {chain[2, True]['decode_images_per_s']:,.0f} images/s beside the step against "
+        f"{one['decode_images_per_s']:,.0f}",
+        f"colour conversion took {colour['us_per_step']:,.0f} µs of a step in "
+        f"{colour['count_per_step']:.0f} kernels beside the step's own, whose largest convolution "
+        f"kernel ran {tops['gpu'][conv]['us_per_step']:,.0f} µs a step against "
+        f"{tops['synthetic'][conv]['us_per_step']:,.0f} in the synthetic run",
+    ])
     assert_quoted(read("README.md"), [
-        f"{kept(256, 2)} and {kept(256, 4)} at 256 and {kept(64, 2)} and {kept(64, 4)} at 64 on "
-        "another, where the input kept up",
+        f"the trainer kept {ratio(256, 'train_256_2_new')} and {ratio(256, 'train_256_4_new')} "
+        "of its synthetic-data speed at 256 images per GPU, on a host where the decoder working "
+        f"on one batch at a time kept {ratio(256, 'train_256_3_old')}; at 64 images per GPU "
+        f"{ratio(64, 'train_64_2_new')} and {ratio(64, 'train_64_4_new')} on another H200, where "
+        f"the loop waited for input {min(waits64):.0%} to {max(waits64):.0%} of the time",
     ])
 
 
@@ -608,7 +673,7 @@ def test_gpu_decode_with_the_ring_eight_deep_prose_quotes_the_json():
         f"one process driving both GPUs, waiting {two[1]['input_wait']:.0%}",
     ])
     assert_quoted(read("README.md"), [
-        f"on two H200s {two[2]['ratio']:.3f} at 256 as two processes of one GPU (with XLA's crop",
+        f"on two H200s {two[2]['ratio']:.3f} at 256 as two processes of one GPU (with the code",
     ])
 
 
@@ -2560,10 +2625,6 @@ def test_gpu_decode_kernels_prose_quotes_the_json_and_why_pallas_is_the_default(
         f"{stage / synthetic[256]:.3f}× the synthetic step",
         "the Pallas crop trained within 0.1% of XLA's products at 64 and faster at 256",
     ])
-    assert_quoted(read("README.md"), [
-        f"the trainer kept {two(256, 'pallas', 'ratio', '.3f')} of its synthetic-data speed at 256 "
-        f"images per GPU and {two(64, 'pallas', 'ratio', '.3f')} at 64",
-    ])
 
 
 def test_gpu_decode_at_64_on_a_late_host_prose_quotes_the_json():
@@ -2598,7 +2659,6 @@ def test_gpu_decode_at_64_on_a_late_host_prose_quotes_the_json():
         "5 ms",
         f"(from {min(logged):,.0f} to {max(logged):,.0f} images/s in all)",
     ])
-    assert_quoted(read("README.md"), [f"{ratios[0]} and {ratios[1]} at 64 on another H200 host"])
 
 
 def test_gpu_decode_crop_kernel_prose_quotes_the_json():
@@ -2679,7 +2739,6 @@ def test_gpu_decode_trace_without_python_and_decoder_threads_prose_quotes_the_js
         f"{rate256['synthetic']}",
         f"kept {kept_ratio[0]} and {kept_ratio[1]} of the synthetic speed at 256 images",
     ])
-    assert_quoted(read("README.md"), [f"{kept_ratio[0]} and {kept_ratio[1]} at 256 on a third"])
 
 
 def test_gpu_decode_crop_band_prose_quotes_the_json():

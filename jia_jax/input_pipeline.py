@@ -83,6 +83,10 @@ def create_input(
         raise ValueError(f"data.image_size={data.image_size} must be positive.")
     if data.decode not in DECODE_CHOICES:
         raise ValueError(f"data.decode={data.decode!r} is not one of {DECODE_CHOICES}.")
+    if data.num_workers < 0:  # else read as 0, silently
+        raise ValueError(
+            f"data.num_workers={data.num_workers} must be >= 0 (0 reads in the training process)."
+        )
     for field, size in (("global_batch_size", global_batch), ("eval_batch_size", eval_batch)):
         if size <= 0:
             raise ValueError(f"{field}={size} must be positive (a multiple of {num_devices}).")

@@ -357,6 +357,9 @@ def test_decode_choice_is_checked_and_auto_falls_back_to_the_cpu(monkeypatch, ca
     data.decode = "GPU"
     with pytest.raises(ValueError, match="data.decode='GPU' is not one of"):
         input_pipeline.create_input(data, 8, 8, mesh_lib.create_mesh(2, 4), 0)
+    data.decode, data.num_workers = "auto", -1  # read as 0 before the check
+    with pytest.raises(ValueError, match=r"data.num_workers=-1 must be >= 0 \(0 reads in"):
+        input_pipeline.create_input(data, 8, 8, mesh_lib.create_mesh(2, 4), 0)
 
 
 def test_decode_gpu_asked_for_a_dataset_without_jpegs_is_said_to_be_ignored(caplog):

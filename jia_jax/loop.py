@@ -29,6 +29,12 @@ from jia_jax import recipe
 from jia_jax import schedules
 from jia_jax import train
 
+# Steps dispatched after step t before the loop waits for t's metrics: the host then has that many
+# steps' time to hand the device the next one while the input threads share its interpreter
+# (measured: docs/input_pipeline.md). XLA's CPU collectives deadlock with hundreds of steps
+# dispatched and no wait; a wait every step for the step METRICS_LAG back bounds them.
+METRICS_LAG = 2
+
 _DIVERGED_HINT = (
     "Nothing was saved for this step: the newest checkpoint is the last finite state. Try a lower "
     "optimizer.learning_rate or a longer optimizer.warmup_epochs."
@@ -256,7 +262,8 @@ class _TrainRun:
         self.pending = metrics_lib.LaggedFetch(
             finite_keys=()
             if precision.needs_loss_scaling(precision.compute_dtype(config.precision.compute))
-            else ("loss",)
+            else ("loss",),
+            lag=METRICS_LAG,
         )
         self.results: dict[str, float] = {}
 
@@ -266,7 +273,8 @@ class _TrainRun:
             return
         # Commit only what was checked finite: this step's loss (the save waits for the step
         # anyway), then the state itself, which fp16 keeps finite by skipping steps.
-        self.log(self.pending.flush())
+        for fetched in self.pending.flush():
+            self.log(fetched)
         metrics_lib.check_state_finite(step, self.state, _DIVERGED_HINT)
         # The data position is the step: every train stream is a pure function of (seed, step).
         meta = {
@@ -297,6 +305,8 @@ class _TrainRun:
         if throughput is not None:
             self.results["train/images_per_sec"] = throughput.images_per_sec
             self.results["train/input_wait_fraction"] = throughput.input_wait_fraction
+            if throughput.launch_ms is not None:
+                self.results["train/launch_ms"] = throughput.launch_ms
             for stage, ms in throughput.input_stages_ms.items():
                 self.results[f"train/input_{stage}_ms"] = ms
         self.writer.write_scalars(step, self.results)
@@ -336,12 +346,15 @@ class _TrainRun:
         tracing = Tracing(self.config.profile, os.path.abspath(profile_dir))
         for step in range(self.start_step, steps):
             tracing.before(step, self.state)
+            batch = self.next_batch(batches)
+            start = time.perf_counter()
             self.state, device_metrics = train_step(
-                self.state, self.next_batch(batches), stop_flags[preemption.requested]
+                self.state, batch, stop_flags[preemption.requested]
             )
+            self.progress.add_launch(time.perf_counter() - start)
             done = step + 1
             peers.step = done
-            # Fetching the previous step's scalars every step keeps at most two steps in flight.
+            # Fetching step done - METRICS_LAG's scalars every step bounds the steps in flight.
             fetched = self.pending.push(done, device_metrics)
             self.log(fetched)
             # Every process fetches the same step's metrics here, so all stop at the same step.
@@ -361,7 +374,8 @@ class _TrainRun:
                 logging.info("step %d: eval top-1 %.4f", done, self.results["eval/top1"])
                 self.progress.restart(done)
         tracing.stop(self.state)
-        self.log(self.pending.flush())
+        for fetched in self.pending.flush():
+            self.log(fetched)
         return True
 
     def final_eval(self) -> None:

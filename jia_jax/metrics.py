@@ -1,7 +1,7 @@
 """Training metrics: lagged device-to-host fetch, progress lines and TensorBoard scalars.
 
 The loop never blocks on the step it just dispatched: `LaggedFetch` hands back step t's metrics
-only after step t+1 is queued, so the device always has work while the host logs::
+only after step t+1 (or t+lag) is queued, so the device always has work while the host logs::
 
   lagged = LaggedFetch()
   meter = ProgressMeter(total_steps=n, global_batch_size=b, start_step=start)
@@ -21,12 +21,13 @@ only after step t+1 is queued, so the device always has work while the host logs
                                 "train/input_wait_fraction": throughput.input_wait_fraction})
 
 Tags written by the trainer:
-``train/{loss,lr,accuracy,images_per_sec,input_wait_fraction,loss_scale}``, on the GPU input
-path ``train/input_{read,decode}_ms`` (`stage_clock`), and ``eval/{top1,top5}``.
+``train/{loss,lr,accuracy,images_per_sec,input_wait_fraction,launch_ms,loss_scale}``, on the GPU
+input path ``train/input_{read,decode}_ms`` (`stage_clock`), and ``eval/{top1,top5}``.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import time
@@ -148,21 +149,28 @@ class OverflowWatch:
 
 
 class LaggedFetch:
-    """Holds step t's device metrics and fetches them to host after step t+1 is dispatched.
+    """Holds the device metrics of the last `lag` dispatched steps; fetches step t's to host once
+    step t + `lag` is dispatched.
 
     Args:
       finite_keys: Metrics that must be finite; checked on every fetch (pass ``()`` where the
         step skips non-finite updates itself, as fp16 loss scaling does).
+      lag: Steps dispatched after step t before its metrics are fetched: the host then waits for
+        step t with `lag` steps queued behind it, so up to ``lag + 1`` are in flight.
     """
 
-    def __init__(self, *, finite_keys: Sequence[str] = ("loss",)) -> None:
-        self._finite_keys = tuple(finite_keys)
-        self._pending: tuple[int, Mapping[str, jax.Array]] | None = None
+    def __init__(self, *, finite_keys: Sequence[str] = ("loss",), lag: int = 1) -> None:
+        if lag < 1:
+            raise ValueError(f"lag must be >= 1 (got {lag}): 0 would wait for every step.")
+        self._finite_keys, self._lag = tuple(finite_keys), lag
+        self._held: collections.deque[tuple[int, Mapping[str, jax.Array] | None]] = (
+            collections.deque()
+        )
 
     def push(
         self, step: int, metrics: Mapping[str, jax.Array], *, fetch: bool = True
     ) -> HostMetrics | None:
-        """Holds `metrics` of the just-dispatched `step`; returns the held step's on host.
+        """Holds `metrics` of the just-dispatched `step`; returns step ``step - lag``'s on host.
 
         Args:
           step: The step that was just dispatched.
@@ -171,18 +179,22 @@ class LaggedFetch:
             dropped without a device-to-host transfer.
 
         Returns:
-          ``(step, {name: float})`` of the previously held step, or None if none was held.
+          ``(step, {name: float})`` of the step held `lag` pushes ago, or None if there is none
+          or it was not wanted.
 
         Raises:
           NonFiniteLossError: A `finite_keys` metric of the fetched step is inf or NaN.
         """
-        previous, self._pending = self._pending, ((step, metrics) if fetch else None)
-        return None if previous is None else self._fetch(*previous)
+        self._held.append((step, metrics if fetch else None))
+        if len(self._held) <= self._lag:
+            return None
+        held_step, held = self._held.popleft()
+        return None if held is None else self._fetch(held_step, held)
 
-    def flush(self) -> HostMetrics | None:
-        """Fetches the held metrics, if any (at the end of training)."""
-        previous, self._pending = self._pending, None
-        return None if previous is None else self._fetch(*previous)
+    def flush(self) -> list[HostMetrics]:
+        """Fetches every held step's wanted metrics, oldest first (at a save or the end)."""
+        held, self._held = list(self._held), collections.deque()
+        return [self._fetch(step, metrics) for step, metrics in held if metrics is not None]
 
     def _fetch(self, step: int, metrics: Mapping[str, jax.Array]) -> HostMetrics:
         host = {name: float(np.asarray(value)) for name, value in jax.device_get(metrics).items()}
@@ -203,6 +215,9 @@ class Throughput:
     input_wait_fraction: float = 0.0
     # Mean ms a batch the input thread waited in each of its stages (`stage_clock`), if it says.
     input_stages_ms: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # Mean ms the host spent in each step's call (arguments, kernel launches) made in the
+    # interval, None if it made none: near the step's own time, the host sets the pace.
+    launch_ms: float | None = None
 
 
 def eta_seconds(step: int, total_steps: int, steps_per_sec: float) -> float:
@@ -225,7 +240,7 @@ def format_duration(seconds: float) -> str:
 
 
 class ProgressMeter:
-    """Measures training throughput, input wait and ETA between successive log steps.
+    """Measures training throughput, input wait, launch time and ETA between successive log steps.
 
     Only training time counts: `restart` begins a new interval after what is not training (a
     run's first step, which compiles and follows the restore of a checkpoint; an evaluation; a
@@ -257,13 +272,18 @@ class ProgressMeter:
         """Starts the next interval at `step` (just completed), now."""
         self._last_step, self._last_time = step, self._clock()
         # Waits before now fall outside any measured interval, as the time does.
-        self._input_wait = 0.0
+        self._input_wait, self._launch, self._launches = 0.0, 0.0, 0
         if self._stages is not None:
             self._stages.take()
 
     def add_input_wait(self, seconds: float) -> None:
         """Counts `seconds` the host spent waiting for the next batch in this interval."""
         self._input_wait += seconds
+
+    def add_launch(self, seconds: float) -> None:
+        """Counts `seconds` the host spent in a step's call (dispatch) in this interval."""
+        self._launch += seconds
+        self._launches += 1
 
     def measure(self, step: int) -> Throughput | None:
         """Throughput from the previous call (or restart) to `step`, and the ETA; None if no
@@ -274,20 +294,26 @@ class ProgressMeter:
         elapsed = now - self._last_time
         steps_per_sec = (step - self._last_step) / elapsed if elapsed > 0 else 0.0
         wait_fraction = self._input_wait / elapsed if elapsed > 0 else 0.0
-        self._last_step, self._last_time, self._input_wait = step, now, 0.0
+        # The loop fetches metrics a few steps late: the calls made in an interval are those of
+        # later steps, as many as its steps but at the end of training, so mean over the calls.
+        launch_ms = 1e3 * self._launch / self._launches if self._launches else None
+        self._last_step, self._last_time = step, now
+        self._input_wait, self._launch, self._launches = 0.0, 0.0, 0
         return Throughput(
             steps_per_sec=steps_per_sec,
             images_per_sec=steps_per_sec * self._global_batch_size,
             eta_seconds=eta_seconds(step, self._total_steps, steps_per_sec),
             input_wait_fraction=wait_fraction,
             input_stages_ms=self._stages.take() if self._stages is not None else {},
+            launch_ms=launch_ms,
         )
 
 
 def format_progress(
     step: int, total_steps: int, metrics: Mapping[str, float], throughput: Throughput | None
 ) -> str:
-    """One console line: step/total, each metric, images/s, input wait and ETA (when measured)."""
+    """One console line: step/total, each metric, images/s, input wait, the host's ms a step in
+    the step's call and ETA (when measured)."""
     width = len(str(total_steps))
     fields = [f"step {step:>{width}d}/{total_steps}"]
     fields += [f"{name} {value:.4g}" for name, value in metrics.items()]
@@ -296,8 +322,10 @@ def format_progress(
             f"{throughput.images_per_sec:.1f} img/s",
             f"input wait {round(100 * throughput.input_wait_fraction)}%"
             + _stages_text(throughput.input_stages_ms),
-            f"ETA {format_duration(throughput.eta_seconds)}",
         ]
+        if throughput.launch_ms is not None:
+            fields.append(f"launch {throughput.launch_ms:.1f} ms a step")
+        fields.append(f"ETA {format_duration(throughput.eta_seconds)}")
     return " | ".join(fields)
 
 

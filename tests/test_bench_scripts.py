@@ -339,6 +339,20 @@ def test_trainer_progress_reads_the_gpu_paths_input_stages():
     assert progress["input_stages_ms"] == {"read": 31.2, "decode": 4.0}
 
 
+def test_trainer_progress_reads_the_launch_time_after_either_input_wait():
+    values = {"learning_rate": 0.1, "loss": 2.5}
+    plain = metrics.Throughput(10.0, 2560.0, 10.0, 0.25, launch_ms=8.04)
+    staged = metrics.Throughput(10.0, 2560.0, 10.0, 0.5, {"decode": 4.0}, launch_ms=12.96)
+    old = "I0 loop.py] step  150/1000 | lr 1 | loss 6.7 | 420.7 img/s | input wait 3% | ETA 0:04:03"
+    log = "\n".join(
+        "I0 loop.py:300] " + metrics.format_progress(step, 1000, values, measured)
+        for step, measured in ((50, plain), (100, staged))
+    ) + "\n" + old
+    assert "| input wait 25% | launch 8.0 ms a step | ETA" in log  # the format read
+    # The line's one decimal; a line from before the field was logged has none.
+    assert [p.get("launch_ms") for p in harness.trainer_progress(log)] == [8.0, 13.0, None]
+
+
 def test_bench_train_input_input_wait_is_the_median_after_the_first_interval():
     progress = [{"input_wait": w} for w in (0.9, 0.1, 0.5, 0.3)]
     # The first interval (compilation, the workers' start) is left out: median of 0.1, 0.5, 0.3.

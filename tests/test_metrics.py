@@ -67,10 +67,27 @@ def test_lagged_fetch_returns_step_t_after_step_t_plus_1():
     step, values = lagged.push(2, fake_step(2), fetch=False)
     assert step == 1 and values == pytest.approx({"loss": 0.5, "accuracy": 0.1}, rel=1e-6)
     assert lagged.push(3, fake_step(3)) is None
-    step, values = lagged.flush()
+    [(step, values)] = lagged.flush()
     # float32 on device: relative error <= 1e-6.
     assert step == 3 and values == pytest.approx({"loss": 0.25, "accuracy": 0.3}, rel=1e-6)
-    assert lagged.flush() is None
+    assert lagged.flush() == []
+
+
+def test_lagged_fetch_with_lag_2_returns_step_t_after_step_t_plus_2():
+    lagged = metrics.LaggedFetch(lag=2)
+    assert lagged.push(0, fake_step(0)) is None
+    assert lagged.push(1, fake_step(1)) is None
+    assert lagged.push(2, fake_step(2)) == (0, {"loss": 1.0, "accuracy": 0.0})
+    step, values = lagged.push(3, fake_step(3))
+    assert step == 1 and values == pytest.approx({"loss": 0.5, "accuracy": 0.1}, rel=1e-6)
+    # Both held steps come back at a flush, oldest first; none is held after.
+    assert [step for step, _ in lagged.flush()] == [2, 3]
+    assert lagged.push(4, fake_step(4)) is None
+
+
+def test_lagged_fetch_refuses_lag_0():
+    with pytest.raises(ValueError, match="lag must be >= 1"):
+        metrics.LaggedFetch(lag=0)
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
@@ -85,7 +102,7 @@ def test_non_finite_loss_raises_with_step_and_hint(bad):
 def test_non_finite_check_can_be_disabled_for_fp16():
     lagged = metrics.LaggedFetch(finite_keys=())
     lagged.push(0, {"loss": jnp.float32(math.nan)})
-    step, values = lagged.flush()
+    [(step, values)] = lagged.flush()
     assert step == 0 and math.isnan(values["loss"])
 
 
@@ -119,6 +136,29 @@ def test_progress_meter_and_line_use_interval_rates():
         measured = dataclasses.replace(second, input_wait_fraction=fraction)
         line = metrics.format_progress(100, 1000, {}, measured)
         assert f"| 2560.0 img/s | input wait {shown} | ETA " in line, line
+
+
+def test_progress_meter_means_the_launch_time_a_step_of_its_interval_only():
+    times = iter([0.0, 10.0, 20.0, 30.0, 40.0])
+    meter = metrics.ProgressMeter(
+        total_steps=100, global_batch_size=8, start_step=0, clock=lambda: next(times)
+    )
+    meter.add_launch(0.5)  # before a restart: compilation, not training
+    meter.restart(0)
+    for seconds in (0.010, 0.014, 0.012, 0.004):
+        meter.add_launch(seconds)
+    # 40 ms over 4 calls: 10 ms a call (sums of a few binary fractions: within 1e-12).
+    first = meter.measure(4)
+    assert first.launch_ms == pytest.approx(10.0, abs=1e-12)
+    assert "| launch 10.0 ms a step | ETA" in metrics.format_progress(4, 100, {}, first)
+    # The last interval of a run holds fewer calls than steps (their metrics come late): the
+    # mean is over the calls made, 3 ms, not 3 ms over its 6 steps.
+    meter.add_launch(0.003)
+    assert meter.measure(10).launch_ms == pytest.approx(3.0, abs=1e-12)
+    # No call in an interval: no figure, and no field in the line.
+    third = meter.measure(12)
+    assert third.launch_ms is None
+    assert "launch" not in metrics.format_progress(12, 100, {}, third)
 
 
 def test_stage_clock_means_a_batch_and_starts_over():

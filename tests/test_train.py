@@ -437,7 +437,8 @@ def logged_steps(stderr: str) -> list[dict[str, float]]:
     for k, fields in re.findall(r"step +(\d+)/\d+ \| (.*)", stderr):
         metrics = [
             f for f in fields.split(" | ")
-            if not f.endswith("img/s") and not f.startswith(("input wait ", "ETA "))
+            if not f.endswith(("img/s", "ms a step"))
+            and not f.startswith(("input wait ", "ETA "))
         ]
         row = {name: float(v) for name, v in (f.rsplit(" ", 1) for f in metrics)}
         rows.append({"step": int(k), **row})

@@ -41,6 +41,8 @@ _PROGRESS = re.compile(
 # The field right after `img/s |` in lines logged since the trainer measured input wait; on the
 # GPU input path followed by its input thread's waits, ` (read 3.1, decode 25 ms a batch)`.
 _INPUT_WAIT = re.compile(r" input wait (\d+)%(?: \(([^)]*) ms a batch\))? \|")
+# The field after the input wait in lines logged since the trainer measured its step calls.
+_LAUNCH = re.compile(r" launch ([\d.]+) ms a step \|")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,11 +268,13 @@ def run_logged(
 
 
 def trainer_progress(log: str) -> list[dict[str, Any]]:
-    """Step, loss, images/s and input wait of each logged step of a `jia_jax.main` log, in order.
+    """Step, loss, images/s, input wait and launch time of each logged step of a `jia_jax.main`
+    log, in order.
 
     `input_wait` is the fraction of the interval the loop waited for input (the line's percent
     / 100), None in lines without the field (logs from before it was added); `input_stages_ms`
-    the input thread's waits in ms a batch by stage where the line gives them (the GPU path).
+    the input thread's waits in ms a batch by stage where the line gives them (the GPU path);
+    `launch_ms` the host's ms a step in the step's call where the line gives it.
     Every process of a multi-process run (scripts/launch_local.sh) logs each step's line, with
     the global images/s it measured over the same steps: a step's first line counts, once.
     """
@@ -287,6 +291,9 @@ def trainer_progress(log: str) -> list[dict[str, Any]]:
         if wait and wait[2]:
             stages = (field.rsplit(" ", 1) for field in wait[2].split(", "))
             line["input_stages_ms"] = {name: float(ms) for name, ms in stages}
+        launch = _LAUNCH.match(log, wait.end()) if wait else None
+        if launch:
+            line["launch_ms"] = float(launch[1])
         steps.setdefault(int(step), line)
     return list(steps.values())
 

@@ -97,6 +97,9 @@ def run(variant: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
         return row
     row["images_per_s"] = statistics.median(p["images_per_s"] for p in progress[1:])
     row["input_wait"] = steady_input_wait(progress)
+    launches = [p["launch_ms"] for p in progress[1:] if "launch_ms" in p]
+    if launches:  # the host's ms a step in the step's call
+        row["launch_ms"] = statistics.median(launches)
     stages = [p["input_stages_ms"] for p in progress[1:] if "input_stages_ms" in p]
     if stages:  # the GPU path's input thread: its median wait a batch per stage
         row["input_stages_ms"] = {k: statistics.median(s[k] for s in stages) for k in stages[0]}

@@ -139,6 +139,47 @@ def test_gpu_decode_under_way_prose_quotes_the_json():
     ])
 
 
+def test_metrics_lag_prose_quotes_the_json():
+    """At 64 images per GPU: the host's time in the step's call (the third call's timers) and
+    metrics fetched two steps late against one (three calls, runs one after another)."""
+    calls = load("metrics_lag64_1xH200.json")["calls"]
+    runs = [{k: v["results"][0] for k, v in c["runs"].items()} for c in calls]
+
+    def named(call, name):  # the runs of `name` (tree or lag, then variant) in the order run
+        return [r for k, r in runs[call].items() if k.endswith(f"_{name}")]
+
+    def rates(call, name):
+        return [f"{r['images_per_s']:,.0f}" for r in named(call, name)]
+
+    def timer(run, field, cpu=False):  # median over the intervals after the first, ms a step
+        lines = [line for line in run["log_tail"] if "HOSTMS" in line][1:]
+        found = [re.search(rf" {field} ([\d.]+)/([\d.]+)", line).groups() for line in lines]
+        return f"{statistics.median(float(f[int(cpu)]) for f in found):.1f}"
+
+    [synthetic], [gpu2] = named(2, "lag1_synthetic"), named(2, "lag2_gpu")
+    gpu1, later_gpu1 = named(2, "lag1_gpu")
+    assert synthetic["images_per_s"] > gpu1["images_per_s"]  # the step's ms below its calls'
+    assert max(r["input_wait"] for r in runs[2].values()) == 0.0  # "waited for input 0%"
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"the synthetic-data step trained {rates(2, 'lag1_synthetic')[0]} images/s, "
+        f"{1e3 * 64 / synthetic['images_per_s']:.1f} ms a step, of which the host spent "
+        f"{timer(synthetic, 'dispatch')} ms in the step's call; on the GPU path the call took "
+        f"{timer(gpu1, 'dispatch')} and {timer(later_gpu1, 'dispatch')} ms",
+        f"the GPU path trained {' and '.join(rates(2, 'lag1_gpu'))} images/s",
+        f"({timer(gpu1, 'dispatch', cpu=True)} and {timer(later_gpu1, 'dispatch', cpu=True)} ms "
+        "of the thread's)",
+        f"spent {timer(gpu2, 'dispatch')} ms a step in the call and trained "
+        f"{rates(2, 'lag2_gpu')[0]} images/s, and the synthetic run "
+        f"{rates(2, 'lag2_synthetic')[0]}",
+        f"the synthetic step trained {rates(0, 'new_synthetic')[0]} against "
+        f"{rates(0, 'old_synthetic')[0]} images/s and {rates(1, 'new_synthetic')[0]} against "
+        f"{rates(1, 'old_synthetic')[0]} with one step's wait",
+        f"({' and '.join(rates(0, 'new_gpu'))} against {' and '.join(rates(0, 'old_gpu'))} on "
+        f"the first, {' and '.join(rates(1, 'new_gpu'))} against "
+        f"{' and '.join(rates(1, 'old_gpu'))} on the second)",
+    ])
+
+
 def assert_quoted(text: str, quotes: list[str]) -> None:
     text = " ".join(text.split())  # the docs wrap lines anywhere
     missing = [q for q in quotes if q not in text]

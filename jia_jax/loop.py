@@ -288,7 +288,7 @@ class _TrainRun:
 
     def log(self, fetched: metrics_lib.HostMetrics | None) -> None:
         """Watches `fetched` for overflow and, on a log step, writes and prints it."""
-        # `fetched`: a step's metrics, one step late (or at a save, the step just done).
+        # `fetched`: a step's metrics, METRICS_LAG steps late (or at a save, those held).
         if fetched is None:
             return
         steps = self.trainer.steps

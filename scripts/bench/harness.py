@@ -4,7 +4,7 @@ A benchmark module says what it measures (its cases, how one case is built and r
 this module says how it is timed, where it runs and how its record is kept:
 
   * `time_steps` / `time_train_step`: a step's seconds, synced (each step waited for) and queued
-    (one step in flight ahead, as the training loop runs), and `step_rates` from them;
+    (one step in flight ahead; the training loop keeps two), and `step_rates` from them;
   * `run_children` / `worker`: cases in child processes under a wall-clock budget, a child that
     dies losing only the case it was running, its rows rewritten to a file after every case;
   * `environment`: commit, devices and versions of the run; `write_json`: the record, atomically;
@@ -53,7 +53,7 @@ def time_steps(step, state, batch, steps: int, queued: bool) -> tuple[Any, list[
     """Seconds per step, one sample per step: synced or queued.
 
     Synced: each step is waited for before the next is dispatched (dispatch + device time).
-    Queued: one step in flight ahead, as the training loop runs: step t+1 is dispatched, then
+    Queued: one step in flight ahead (the training loop keeps two): step t+1 is dispatched, then
     step t's metrics are waited for; a sample is the time between two such completions, so the
     queue never drains and the device time between steps is what training sees. It runs
     `steps + 2` steps (before the second was added, queued timing gave `steps - 1` samples:

@@ -9,7 +9,7 @@ mesh, and weak-scaling efficiency = (images/s on n devices) / (n * images/s on 1
 
 Timing: the init and the step are compiled, `--warmup_steps` steps run, then `--steps` steps
 synced (each waited for before the next is dispatched) and `--steps` steps queued (one step in
-flight ahead, as the training loop runs: step t+1 is dispatched before step t's metrics are
+flight ahead; the training loop keeps two: step t+1 is dispatched before step t's metrics are
 fetched; a sample is the time between two completions, and the queue never drains). The 2xH100
 JSONs in docs/benchmarks/ were timed by an earlier version that drained the queue every 5 steps
 (docs/benchmarks.md says what that costs). `step_time_s`, `images_per_s` and `efficiency` are the

@@ -44,7 +44,7 @@ def step_table(doc: dict[str, Any]) -> str:
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     if synced:
-        # Queued (one step in flight ahead, as training runs) and synced (each step waited for).
+        # Queued (one step in flight ahead) and synced (each step waited for).
         lines[2:] = [
             (
                 "| model | mesh | strategy | wire | bucket MiB | per-device batch | step ms queued | "
@@ -373,7 +373,7 @@ def peers_table(doc: dict[str, Any]) -> str:
     lines = [
         (
             f"One-GPU step ({_environment(doc)}; synthetic data, bf16; queued = one step in flight "
-            "ahead, as training runs):"
+            "ahead):"
         ),
         "",
         (

@@ -178,6 +178,20 @@ def test_metrics_lag_prose_quotes_the_json():
         f"the first, {' and '.join(rates(1, 'new_gpu'))} against "
         f"{' and '.join(rates(1, 'old_gpu'))} on the second)",
     ])
+    logged = {r["variant"]: r for r in load("launch64_1xH200.json")["results"]}
+    assert max(r["input_wait"] for r in logged.values()) == 0.0  # "waiting for input 0%"
+
+    def shown(variant):  # images/s, ms a step, the progress line's launch
+        r = logged[variant]
+        step_ms = 1e3 * 64 / r["images_per_s"]
+        return (f"{r['images_per_s']:,.0f} images/s", f"{step_ms:.1f} ms a step",
+                f"`launch {r['launch_ms']:.1f} ms a step`")
+
+    (rate, step, launch), (gpu_rate, gpu_step, gpu_launch) = shown("synthetic"), shown("gpu")
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"the synthetic run trained {rate}, {step}, with {launch}, and the GPU path {gpu_rate} "
+        f"({logged['gpu']['ratio_vs_synthetic']:.3f} of it), {gpu_step}, with {gpu_launch}",
+    ])
 
 
 def assert_quoted(text: str, quotes: list[str]) -> None:

@@ -30,8 +30,8 @@ from jia_jax import schedules
 from jia_jax import train
 
 # Steps dispatched after step t before the loop waits for t's metrics: the host then has that many
-# steps' time to hand the device the next one while the input threads share its interpreter
-# (measured: docs/input_pipeline.md). XLA's CPU collectives deadlock with hundreds of steps
+# steps' time to hand the device the next one while other threads take the CPU (measured at 64
+# images a GPU: docs/input_pipeline.md). XLA's CPU collectives deadlock with hundreds of steps
 # dispatched and no wait; a wait every step for the step METRICS_LAG back bounds them.
 METRICS_LAG = 2
 

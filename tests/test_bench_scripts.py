@@ -524,7 +524,21 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     assert doc["results"][0]["input_stages_ms"] == {"read": 12.5, "decode": 30.0}
     table = render_benchmarks.table(str(out))
     assert "| input wait, decode=gpu | input thread waits a batch, ms |" in table
-    assert " | 25% | read 12.5, decode 30 |" in table
+    assert " | 25% | read 12.5, decode 30 |" in table and "launch" not in table
+    # Runs that logged the host's time in the step's call: both runs' in a column of their own.
+    waited["results"][0]["launch_ms"] = 17.85
+    (tmp_path / "gpu_waited.json").write_text(json.dumps(waited))
+    launched = json.loads(open(runs[0]).read())
+    launched["results"][0]["launch_ms"] = 11.05
+    (tmp_path / "synthetic_launched.json").write_text(json.dumps(launched))
+    launch_runs = [str(tmp_path / "synthetic_launched.json"), wait_runs[1]]
+    doc = bench_gpu_decode.main(
+        ["report", f"--stage={stage_path}", "--runs", *launch_runs, f"--out={out}"])
+    assert (doc["results"][0]["launch_ms"], doc["results"][0]["synthetic_launch_ms"]) == (
+        17.85, 11.05)
+    table = render_benchmarks.table(str(out))
+    assert "| input thread waits a batch, ms | launch ms a step, decode=gpu / synthetic |" in table
+    assert " | read 12.5, decode 30 | 17.9 / 11.1 |" in table  # 17.85 is 17.8500000000000014
     # The GPU path as 2 processes, against the one-process synthetic run (no 2-process one).
     runs.append(train_input_run(tmp_path / "gpu_2proc.json", {"gpu": 1200.0}, processes=2))
     doc = bench_gpu_decode.main(["report", f"--stage={stage_path}", "--runs", *runs, f"--out={out}"])

@@ -258,12 +258,15 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
     rounds = any(r.get("round", 1) > 1 for r in doc["results"])
     waits = any("input_wait" in r for r in doc["results"])
     stages = any("input_stages_ms" in r for r in doc["results"])
+    launches = any("launch_ms" in r for r in doc["results"])
     head = ["GPUs", "CPU cores", "images per GPU", "images/s, decode=gpu", "images/s, synthetic"]
     head += ["ratio", "decode stage images/s per GPU"]
     if waits:
         head.append("input wait, decode=gpu")
     if stages:
         head.append("input thread waits a batch, ms")
+    if launches:
+        head.append("launch ms a step, decode=gpu / synthetic")
     if rounds:
         head.insert(3, "round")
     if workers:
@@ -301,6 +304,9 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
             cells.append(f"{r['input_wait']:.0%}" if r.get("input_wait") is not None else "-")
         if stages:
             cells.append(stage_clock.describe(r.get("input_stages_ms", {})) or "-")
+        if launches:
+            ms = (r.get(k) for k in ("launch_ms", "synthetic_launch_ms"))
+            cells.append(" / ".join("-" if v is None else f"{v:.1f}" for v in ms))
         if rounds:
             cells.insert(3, str(r.get("round", 1)))
         if workers:

@@ -270,11 +270,14 @@ class ProgressMeter:
 
     def restart(self, step: int) -> None:
         """Starts the next interval at `step` (just completed), now."""
-        self._last_step, self._last_time = step, self._clock()
-        # Waits before now fall outside any measured interval, as the time does.
-        self._input_wait, self._launch, self._launches = 0.0, 0.0, 0
+        # Waits and calls before now fall outside any measured interval, as the time does.
+        self._start_interval(step, self._clock())
         if self._stages is not None:
             self._stages.take()
+
+    def _start_interval(self, step: int, now: float) -> None:
+        self._last_step, self._last_time = step, now
+        self._input_wait, self._launch, self._launches = 0.0, 0.0, 0
 
     def add_input_wait(self, seconds: float) -> None:
         """Counts `seconds` the host spent waiting for the next batch in this interval."""
@@ -297,8 +300,7 @@ class ProgressMeter:
         # The loop fetches metrics a few steps late: the calls made in an interval are those of
         # later steps, as many as its steps but at the end of training, so mean over the calls.
         launch_ms = 1e3 * self._launch / self._launches if self._launches else None
-        self._last_step, self._last_time = step, now
-        self._input_wait, self._launch, self._launches = 0.0, 0.0, 0
+        self._start_interval(step, now)
         return Throughput(
             steps_per_sec=steps_per_sec,
             images_per_sec=steps_per_sec * self._global_batch_size,

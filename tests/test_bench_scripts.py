@@ -356,8 +356,8 @@ def test_trainer_progress_reads_the_launch_time_after_either_input_wait():
 def test_bench_train_input_input_wait_is_the_median_after_the_first_interval():
     progress = [{"input_wait": w} for w in (0.9, 0.1, 0.5, 0.3)]
     # The first interval (compilation, the workers' start) is left out: median of 0.1, 0.5, 0.3.
-    assert bench_train_input.steady_input_wait(progress) == 0.3
-    assert bench_train_input.steady_input_wait([{"input_wait": None}] * 3) is None
+    assert bench_train_input.steady_median(progress, "input_wait") == 0.3
+    assert bench_train_input.steady_median([{"input_wait": None}] * 3, "input_wait") is None
 
 
 def test_trainer_progress_counts_each_step_of_several_processes_once():

@@ -96,21 +96,21 @@ def run(variant: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
         row["error"] = "the run failed or logged fewer than two intervals"
         return row
     row["images_per_s"] = statistics.median(p["images_per_s"] for p in progress[1:])
-    row["input_wait"] = steady_input_wait(progress)
-    launches = [p["launch_ms"] for p in progress[1:] if "launch_ms" in p]
-    if launches:  # the host's ms a step in the step's call
-        row["launch_ms"] = statistics.median(launches)
+    row["input_wait"] = steady_median(progress, "input_wait")
+    launch_ms = steady_median(progress, "launch_ms")  # the host's ms a step in the step's call
+    if launch_ms is not None:
+        row["launch_ms"] = launch_ms
     stages = [p["input_stages_ms"] for p in progress[1:] if "input_stages_ms" in p]
     if stages:  # the GPU path's input thread: its median wait a batch per stage
         row["input_stages_ms"] = {k: statistics.median(s[k] for s in stages) for k in stages[0]}
     return row
 
 
-def steady_input_wait(progress: Sequence[dict[str, Any]]) -> float | None:
-    """Median input-wait fraction over the intervals after the first (those of the rate); None
-    if their lines have no such field (a trainer from before it was logged)."""
-    waits = [p["input_wait"] for p in progress[1:] if p.get("input_wait") is not None]
-    return statistics.median(waits) if waits else None
+def steady_median(progress: Sequence[dict[str, Any]], field: str) -> float | None:
+    """Median of `field` (e.g. the input-wait fraction) over the intervals after the first (those
+    of the rate); None if their lines have no such field (a trainer from before it was logged)."""
+    values = [p[field] for p in progress[1:] if p.get(field) is not None]
+    return statistics.median(values) if values else None
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -35,10 +35,10 @@ from jia_jax import gpu_decode
 # batches after it are decoded by then, so the wait keeps the decoder at most `DEPTH` batches
 # ahead of the device and does not make the device wait. The input thread itself runs up to 2
 # batches ahead of the trainer (gpu_input._AHEAD) with 2 more under way per decoder (_UNDER_WAY),
-# the trainer keeps a step or two in flight, and the train and eval streams share a ring. Yet on
-# one H200 host, training at 256 images a batch, the loop waited for input 46% of the time with 4
-# and 22% with 8, which trained 1.055x faster (docs/input_pipeline.md, "How fast it is"); each
-# array more is 201 MB of XLA's pool at 256 ImageNet crops per GPU.
+# the trainer keeps up to loop.METRICS_LAG + 1 steps in flight, and the train and eval streams
+# share a ring. Yet on one H200 host, training at 256 images a batch, the loop waited for input
+# 46% of the time with 4 and 22% with 8, which trained 1.055x faster (docs/input_pipeline.md,
+# "How fast it is"); each array more is 201 MB of XLA's pool at 256 ImageNet crops per GPU.
 DEPTH = 8
 
 

@@ -2829,3 +2829,44 @@ def test_gpu_decode_crop_band_prose_quotes_the_json():
         f"{rate['synthetic']}, every GPU-path run waiting for input {waits[0]:.0%} to "
         f"{waits[-1]:.0%}",
     ])
+
+
+def test_launch_contention_prose_quotes_the_json():
+    """What makes the 64-image launch dearer: each thread's CPU share on the GPU path, the
+    synthetic step beside spinning and memory-copying processes, the launching thread on a core
+    of its own, and the command-buffer flag still failing, as the raw calls recorded them."""
+    first, later = (c["runs"] for c in load("launch_contention64_1xH200.json")["calls"])
+    gpu, synthetic, alu, mem, pinned = (first[k] for k in sorted(first))
+
+    def busy(run, thread):  # CPU seconds a second of the thread named `thread`
+        [row] = [r for r in run["threads_cpu"]["top"] if r["thread"].endswith(thread)]
+        return f"{row['cpu_s_per_s']:.2f}"
+
+    def rate(run):
+        return f"{run['images_per_s']:,.0f}"
+
+    swing = [images_per_s for _, images_per_s in gpu["intervals"][1:]]
+    assert pinned["mode"] == "pin" and mem["mode"] == "mem" and alu["mode"] == "alu"
+    assert min(swing) < pinned["images_per_s"] < max(swing)  # "inside the swing"
+    assert mem["launch_ms"] > alu["launch_ms"] and mem["images_per_s"] < alu["images_per_s"]
+    crashed = [r for r in later.values() if r["mode"] == "cb"]
+    assert {r["variant"] for r in crashed} == {"synthetic", "gpu"}
+    assert all(r["images_per_s"] is None for r in crashed)
+    assert all(any("unknown cudnn status: 5003" in line for line in r["log_tail"]) for r in crashed)
+    plain = [r for r in later.values() if r["mode"] == "0"]
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"the steps was busy {busy(gpu, 'MainThread')} of the time, the decoders' two threads "
+        f"{busy(gpu, 'decode_0')} and {busy(gpu, 'decode_1')}, a `multiprocessing.pool` thread "
+        f"{busy(gpu, '(worker)')}",
+        f"the input thread {busy(gpu, 'gpu-input')}, and grain's "
+        f"{gpu['threads_cpu']['child_count'] - 1} worker processes used "
+        f"{gpu['threads_cpu']['children']:.2f} cores together; the synthetic run's launching "
+        f"thread was busy {busy(synthetic, 'MainThread')}",
+        f"as it was: {rate(alu)} images/s, `launch {alu['launch_ms']} ms a step`, against "
+        f"{rate(synthetic)} and {synthetic['launch_ms']} alone",
+        f"{rate(mem)} images/s, `launch {mem['launch_ms']} ms a step`, where the GPU path trained "
+        f"{rate(gpu)} with `launch {gpu['launch_ms']} ms a step`",
+        f"trained {rate(pinned)} images/s (`launch {pinned['launch_ms']} ms a step`)",
+        f"({min(swing):,.0f} to {max(swing):,.0f} images/s over its intervals after the first)",
+        f"trained {' and '.join(rate(r) for r in plain)} images/s.",
+    ])

@@ -37,6 +37,10 @@ from jia_jax import bad_records, console, crop_windows, example_records, image_f
 
 IMAGENET_MEAN, IMAGENET_STD = normalize.IMAGENET_MEAN, normalize.IMAGENET_STD
 T = TypeVar("T")
+# Arrays a worker process hands over below this size travel pickled, not in shared memory. grain's
+# default (0) gives every array of every batch a segment of its own, which this process maps and a
+# thread of grain's unmaps and unlinks: 8 a batch on the GPU path, where 7 hold a few KiB at most.
+SHARED_MEMORY_MIN_BYTES = 64 * 1024
 
 
 class DatasetNotPreparedError(FileNotFoundError):
@@ -373,6 +377,8 @@ def host_iterator(
     read_options = grain.ReadOptions(num_threads=num_threads, prefetch_buffer_size=2 * num_threads)
     dataset = batches.to_iter_dataset(read_options)
     if num_workers > 0:
+        options = grain.experimental.DatasetOptions(min_shm_size=SHARED_MEMORY_MIN_BYTES)
+        dataset = grain.experimental.WithOptionsIterDataset(dataset, options)
         dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
     return iter(dataset)
 

@@ -663,6 +663,14 @@ def test_bench_gpu_decode_records_counts_the_second_half_per_batch_size(tmp_path
     for r in rows:
         assert r["images"] > 0 and r["images"] % r["per_gpu"] == 0, r
         assert 0 < r["records_images_per_s"] < float("inf"), r
+        assert 0 < r["host_cpu_ms_per_batch"] < 1e3 * r["seconds"], r
+
+
+def test_steady_cpu_ms_is_over_the_second_half_per_batch():
+    # The same stamps as below; 2 ms of CPU a batch while the clock ran, 50 ms before it.
+    stamps = [(0.001 * i, 10) for i in range(1, 6)] + [(0.1 * i, 10) for i in range(1, 11)]
+    cpu_s = [0.05 * i for i in range(1, 6)] + [0.25 + 0.002 * i for i in range(1, 11)]
+    assert bench_gpu_decode.steady_cpu_ms(stamps, cpu_s) == pytest.approx(2.0)
 
 
 def test_steady_rate_leaves_out_the_first_half():

@@ -2870,3 +2870,22 @@ def test_launch_contention_prose_quotes_the_json():
         f"({min(swing):,.0f} to {max(swing):,.0f} images/s over its intervals after the first)",
         f"trained {' and '.join(rate(r) for r in plain)} images/s.",
     ])
+
+
+def test_records_shared_memory_prose_quotes_the_json():
+    """The reading process's CPU a batch with only large arrays in shared memory (new) against
+    every array (old), three rounds on a 2-core machine."""
+    runs = load("records_shm_2core.json")["runs"]
+
+    def cpu(tree, per_gpu):
+        trees = [run for name, run in runs.items() if name.startswith(f"records_{tree}")]
+        return [r["host_cpu_ms_per_batch"] for run in trees for r in run["results"]
+                if r["per_gpu"] == per_gpu]
+
+    assert len(cpu("new", 64)) == len(cpu("old", 64)) == 3
+    assert max(cpu("new", 64)) < min(cpu("old", 64))  # "against": every round apart
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"{span(cpu('new', 64), '.2f')} ms of CPU a batch of 64 against "
+        f"{span(cpu('old', 64), '.2f')} with every array in shared memory, and "
+        f"{span(cpu('new', 256), '.2f')} against {span(cpu('old', 256), '.2f')} a batch of 256",
+    ])

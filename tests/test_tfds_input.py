@@ -6,6 +6,7 @@ import math
 import os
 import re
 
+import grain
 import numpy as np
 import PIL.Image
 import pytest
@@ -198,6 +199,22 @@ def test_worker_processes_yield_the_same_batches(data_dir):
     for expected, got in zip(in_process, with_workers, strict=True):
         np.testing.assert_array_equal(got["image"], expected["image"])
         np.testing.assert_array_equal(got["label"], expected["label"])
+
+
+def test_workers_hand_over_only_large_arrays_in_shared_memory():
+    """grain gives each array a worker hands over a shared-memory segment (this process maps
+    it, and unmaps it when freed) unless told a size below which to pickle it: the few-KiB
+    fields of a batch travel pickled, the large ones still in shared memory."""
+    flags.FLAGS.mark_as_parsed()
+    big = tfds_input.SHARED_MEMORY_MIN_BYTES
+    batches = grain.MapDataset.range(3).map(
+        lambda i: {"encoded": np.full(big, i, np.uint8), "label": np.full(64, i, np.int32)}
+    )
+    for i, batch in enumerate(tfds_input.host_iterator(batches, num_threads=1, num_workers=1)):
+        assert type(batch["label"]) is np.ndarray  # pickled: no segment of its own
+        assert type(batch["encoded"]) is not np.ndarray  # grain's shared-memory array
+        np.testing.assert_array_equal(batch["encoded"], np.full(big, i, np.uint8))
+        np.testing.assert_array_equal(batch["label"], np.full(64, i, np.int32))
 
 
 def test_trainer_runs_and_evaluates_on_a_tfds_dataset(data_dir, tmp_path):

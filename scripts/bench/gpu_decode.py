@@ -24,8 +24,8 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
   * `records`: the GPU path's host half alone, for each --per_gpu: record batches (encoded
     bytes, crop windows) read as the trainer reads them (`tfds_input.host_iterator`, 4 threads
     in each of --num_workers processes), in images/s over the second half of --record_seconds
-    of reading after a warm-up; no GPU work. Where the trainer waits for input, this says
-    whether reading keeps up, or decoding does not.
+    of reading after a warm-up, and the reading process's CPU ms a batch; no GPU work. Where
+    the trainer waits for input, this says whether reading keeps up, or decoding does not.
   * `report`: the record of scripts/bench_gpu_decode.sh: one row per training configuration
     (`scripts.bench.train_input` JSONs) with the decode stage's rate beside it.
 
@@ -355,17 +355,31 @@ def steady_rate(stamps: Sequence[tuple[float, int]]) -> tuple[int, float]:
     Raises:
       ValueError: fewer than two batches arrive in the second half.
     """
+    first = _second_half(stamps)
+    images = sum(n for _, n in stamps[first + 1 :])
+    return images, images / (stamps[-1][0] - stamps[first][0])
+
+
+def steady_cpu_ms(stamps: Sequence[tuple[float, int]], cpu_s: Sequence[float]) -> float:
+    """This process's CPU ms a batch (all its threads, user and system) over the same second
+    half as `steady_rate`; `cpu_s[i]` is its CPU seconds when batch i arrived."""
+    first = _second_half(stamps)
+    return 1e3 * (cpu_s[-1] - cpu_s[first]) / (len(stamps) - first - 1)
+
+
+def _second_half(stamps: Sequence[tuple[float, int]]) -> int:
+    """The index of the first stamp of the second half of the time (see `steady_rate`)."""
     first = next(i for i, (t, _) in enumerate(stamps) if t >= stamps[-1][0] / 2)
     if len(stamps) - first < 2:
         raise ValueError(f"{len(stamps) - first} batches in the second half: read for longer.")
-    images = sum(n for _, n in stamps[first + 1 :])
-    return images, images / (stamps[-1][0] - stamps[first][0])
+    return first
 
 
 def records(args: argparse.Namespace) -> dict[str, Any]:
     """Images/s of the host half alone per --per_gpu (see `records` above), read for
     --record_seconds after `_RECORD_WARMUP` batches (the workers' start), over the second half
-    of that time (`steady_rate`)."""
+    of that time (`steady_rate`), with this process's CPU ms a batch (`steady_cpu_ms`: what the
+    reading costs the training process, beside its workers' own)."""
     from jia_jax import record_batches, tfds_input  # pylint: disable=import-outside-toplevel
 
     rows = []
@@ -374,10 +388,11 @@ def records(args: argparse.Namespace) -> dict[str, Any]:
                                           num_workers=args.num_workers)
         for _ in range(_RECORD_WARMUP):
             next(stream)
-        start, stamps = time.perf_counter(), []
+        start, stamps, cpu_s = time.perf_counter(), [], []
         while not stamps or stamps[-1][0] < args.record_seconds:
             images = len(next(stream)[record_batches.FLIP])
             stamps.append((time.perf_counter() - start, images))
+            cpu_s.append(time.process_time())
         images, rate = steady_rate(stamps)
         rows.append({
             "per_gpu": per_gpu,
@@ -385,6 +400,7 @@ def records(args: argparse.Namespace) -> dict[str, Any]:
             "seconds": args.record_seconds,
             "images": images,
             "records_images_per_s": rate,
+            "host_cpu_ms_per_batch": steady_cpu_ms(stamps, cpu_s),
         })
         del stream  # stops its worker processes before the next batch size starts its own
     return {"results": rows}

@@ -210,7 +210,9 @@ def test_workers_hand_over_only_large_arrays_in_shared_memory():
     batches = grain.MapDataset.range(3).map(
         lambda i: {"encoded": np.full(big, i, np.uint8), "label": np.full(64, i, np.int32)}
     )
-    for i, batch in enumerate(tfds_input.host_iterator(batches, num_threads=1, num_workers=1)):
+    got = list(tfds_input.host_iterator(batches, num_threads=1, num_workers=1))
+    assert len(got) == 3
+    for i, batch in enumerate(got):
         assert type(batch["label"]) is np.ndarray  # pickled: no segment of its own
         assert type(batch["encoded"]) is not np.ndarray  # grain's shared-memory array
         np.testing.assert_array_equal(batch["encoded"], np.full(big, i, np.uint8))

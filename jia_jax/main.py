@@ -26,6 +26,7 @@ from jia_jax import evaluate
 from jia_jax import export
 from jia_jax import gpu_decode
 from jia_jax import loop
+from jia_jax import os_thread_names
 from jia_jax import xla_network
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -159,6 +160,7 @@ def main(argv: list[str]) -> None:
             "--name=value (no spaces around '=')."
         )
     logging.get_absl_handler().addFilter(console.hide_library_info)
+    os_thread_names.name_new_threads()  # before any thread of the run starts
     # Before JAX starts CUDA and XLA, which read these once (every mode may decode on the GPU).
     os.environ.update(gpu_decode.cuda_environment(_CONFIG.value.data.decode, os.environ))
     try:

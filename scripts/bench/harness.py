@@ -238,8 +238,10 @@ def run_logged(
     env: dict[str, str] | None = None,
     timeout: float | None = None,
     cwd: str | None = None,
+    each_second: Callable[[int], None] | None = None,
 ) -> tuple[int, str]:
-    """Runs `command` from `cwd` (the repository root by default): its exit status and output.
+    """Runs `command` from `cwd` (the repository root by default): its exit status and output;
+    `each_second(pid)`, if given, is called with the child's pid about every second it runs.
 
     Past `timeout` seconds it is sent SIGTERM, then SIGKILL if it still runs a minute later, and
     the status is 124 with a last line saying so. SIGTERM first: scripts/launch_local.sh forwards
@@ -254,9 +256,19 @@ def run_logged(
         stderr=subprocess.PIPE,
         text=True,
     )
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        out, err = proc.communicate(timeout=timeout)
-        return proc.returncode, out + err
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(command, timeout)
+            wait = left if each_second is None else min(1.0, 1.0 if left is None else left)
+            try:
+                out, err = proc.communicate(timeout=wait)
+                return proc.returncode, out + err
+            except subprocess.TimeoutExpired:  # waiting again loses no output (subprocess docs)
+                if each_second is not None:
+                    each_second(proc.pid)
     except subprocess.TimeoutExpired:
         proc.terminate()
         try:

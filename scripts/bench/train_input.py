@@ -12,7 +12,9 @@ first GPUs, joined by jax.distributed; NCCL between them, over NVLink where the 
 The rate of a run is the median of the trainer's own logged images/s (the global rate, which
 every process logs: counted once) over the logging intervals after the first (which holds
 compilation and the workers' start); its `input_wait` is the median, over the same intervals,
-of the logged fraction of time the loop waited for the next batch. Writes JSON with each run's
+of the logged fraction of time the loop waited for the next batch. With `--thread_cpu`, its
+`thread_cpu` is where the trainer's CPU went over the same intervals (scripts/bench/thread_cpu.py:
+CPU seconds a second by thread name, and of its worker processes). Writes JSON with each run's
 command, log tail and ratio to `synthetic`.
 
   python -m scripts.bench.input --data_dir=/tmp/jia_bench_data --cores 16   # writes the dataset
@@ -27,14 +29,16 @@ command, log tail and ratio to `synthetic`.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from scripts.bench import harness
+from scripts.bench import harness, thread_cpu
 
 VARIANTS = ("synthetic", "host", "gpu")
 DECODE = {"host": "cpu", "gpu": "gpu"}
@@ -83,7 +87,15 @@ def run(variant: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
     """One training run; its steady images/s and input wait (medians of the intervals after the
     first)."""
     cmd = command(variant, args, gpus, tempfile.mkdtemp(prefix=f"jia_jax_{variant}_"))
-    returncode, log = harness.run_logged(cmd, env=args.child_env, timeout=args.timeout_s)
+    samples: list[thread_cpu.Sample] = []
+
+    def look(pid: int) -> None:
+        samples.append(thread_cpu.sample(pid, time.time()))
+
+    each_second = look if args.thread_cpu else None
+    returncode, log = harness.run_logged(
+        cmd, env=args.child_env, timeout=args.timeout_s, each_second=each_second
+    )
     row: dict[str, Any] = {
         "variant": variant,
         "command": " ".join(cmd[1:]),
@@ -103,6 +115,13 @@ def run(variant: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
     stages = [p["input_stages_ms"] for p in progress[1:] if "input_stages_ms" in p]
     if stages:  # the GPU path's input thread: its median wait a batch per stage
         row["input_stages_ms"] = {k: statistics.median(s[k] for s in stages) for k in stages[0]}
+    window = thread_cpu.steady_window(samples, log)
+    if window:
+        first, last = window
+        row["thread_cpu"] = {
+            "window_s": last.wall - first.wall,
+            "cpu_s_per_s": thread_cpu.shares(first, last),
+        }
     return row
 
 
@@ -139,8 +158,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=240)
     parser.add_argument("--log_every", type=int, default=40)
     parser.add_argument("--timeout_s", type=float, default=400)
+    parser.add_argument(
+        "--thread_cpu",
+        action="store_true",
+        help="sample the trainer's threads (one process only): CPU seconds a second of each",
+    )
     parser.add_argument("--out", default="bench_train_input.json")
     args = parser.parse_args(argv)
+    if args.thread_cpu and args.processes != 1:
+        sys.exit("--thread_cpu samples one trainer process: use it with --processes=1")
 
     # The children need the GPUs' memory: this process looks at the devices without taking it.
     args.child_env = dict(os.environ)
@@ -173,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             f"ratio {r.get('ratio_vs_synthetic', float('nan')):.3f}  input wait {wait}  "
             f"{r.get('error', '')}"
         )
+        if "thread_cpu" in r:  # the busiest few
+            busiest = itertools.islice(r["thread_cpu"]["cpu_s_per_s"].items(), 6)
+            print("  CPU s/s: " + ", ".join(f"{name} {share:.2f}" for name, share in busiest))
     doc = {
         "environment": environment,
         "command": " ".join(sys.argv),

@@ -34,13 +34,14 @@ def test_shares_are_cpu_seconds_a_second_by_thread_name(monkeypatch):
     last = thread_cpu.Sample(
         pid=10, wall=7.0,
         threads={10: ("main.py", 300), 11: ("decode_0", 50), 12: ("tf_XLAEigen", 20),
-                 13: ("tf_XLAEigen", 25), 14: ("gpu-input", 10)},  # 14 started in between
+                 13: ("tf_XLAEigen", 25), 14: ("gpu-input", 10),  # 14, 15 started in between
+                 15: ("main.py", 4)},
         children={20: 100, 21: 50},
     )
     # 2 s apart, 100 ticks a second: main 200 ticks, children 150, the two XLA threads 30.
     assert thread_cpu.shares(first, last) == {
         thread_cpu.MAIN: 1.0, thread_cpu.CHILDREN: 0.75, "decode_0": 0.25,
-        "tf_XLAEigen": 0.15, "gpu-input": 0.05,
+        "tf_XLAEigen": 0.15, "gpu-input": 0.05, thread_cpu.UNNAMED: 0.02,
     }
     assert list(thread_cpu.shares(first, last))[:2] == [thread_cpu.MAIN, thread_cpu.CHILDREN]
     with pytest.raises(ValueError, match="one process"):

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 MAIN = "main thread"
+UNNAMED = "unnamed threads"  # other threads still bearing the process's (the main thread's) name
 CHILDREN = "child processes"
 # An absl log line of the train loop's progress: its local time of day and step.
 _PROGRESS_TIME = re.compile(
@@ -54,15 +55,21 @@ def sample(pid: int, wall: float) -> Sample:
 
 def shares(first: Sample, last: Sample) -> dict[str, float]:
     """CPU seconds a second between two samples of one process, largest first: its first
-    thread as MAIN, every other thread under its name (threads of one name summed), and the
-    child processes together as CHILDREN. A thread or child started between them counts from 0."""
+    thread as MAIN, threads still named like it as UNNAMED, every other thread under its name
+    (threads of one name summed), and the child processes together as CHILDREN. A thread or
+    child started between them counts from 0."""
     seconds = last.wall - first.wall
     if seconds <= 0 or first.pid != last.pid:
         raise ValueError("not two samples of one process in time order")
+    process_name = last.threads.get(last.pid, ("", 0))[0]
     ticks: collections.Counter[str] = collections.Counter()
     for tid, (name, now) in last.threads.items():
         before = first.threads.get(tid, (name, 0))[1]
-        ticks[MAIN if tid == last.pid else name] += now - before
+        if tid == last.pid:
+            name = MAIN
+        elif name == process_name:
+            name = UNNAMED
+        ticks[name] += now - before
     ticks[CHILDREN] = sum(now - first.children.get(kid, 0) for kid, now in last.children.items())
     rates = {name: t / TICKS_PER_S / seconds for name, t in ticks.items()}
     return dict(sorted(rates.items(), key=lambda item: -item[1]))

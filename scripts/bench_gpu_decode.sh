@@ -79,7 +79,8 @@ train() {  # train GPUS CORES PER_GPU STEPS LOG_EVERY VARIANTS WORKERS NAME [FLA
 
 one_gpu() {  # one_gpu PER_GPU VARIANTS WORKERS NAME [FLAG ...]: GPU 0, its 16 cores, 5 logged
   # intervals of about 2-3 s after the first.
-  train 0 "$first" "$1" $(( $1 == 256 ? 300 : 600 )) $(( $1 == 256 ? 50 : 100 )) "${@:2}"
+  train 0 "$first" "$1" $(( $1 == 256 ? 300 : 600 )) $(( $1 == 256 ? 50 : 100 )) "${@:2}" \
+    --thread_cpu
 }
 case "$mode" in
   one)

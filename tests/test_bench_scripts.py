@@ -539,6 +539,14 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     table = render_benchmarks.table(str(out))
     assert "| input thread waits a batch, ms | launch ms a step, decode=gpu / synthetic |" in table
     assert " | read 12.5, decode 30 | 17.9 / 11.1 |" in table  # 17.85 is 17.8500000000000014
+    # Runs that sampled where the trainer's CPU went (--thread_cpu): both runs' shares kept.
+    waited["results"][0]["thread_cpu"] = {"window_s": 5.0, "cpu_s_per_s": {"main thread": 0.9}}
+    (tmp_path / "gpu_waited.json").write_text(json.dumps(waited))
+    doc = bench_gpu_decode.main(
+        ["report", f"--stage={stage_path}", "--runs", *launch_runs, f"--out={out}"])
+    assert doc["results"][0]["thread_cpu"]["cpu_s_per_s"] == {"main thread": 0.9}
+    assert "synthetic_thread_cpu" not in doc["results"][0]  # that run was not sampled
+    assert " | read 12.5, decode 30 | 17.9 / 11.1 |" in render_benchmarks.table(str(out))
     # The GPU path as 2 processes, against the one-process synthetic run (no 2-process one).
     runs.append(train_input_run(tmp_path / "gpu_2proc.json", {"gpu": 1200.0}, processes=2))
     doc = bench_gpu_decode.main(["report", f"--stage={stage_path}", "--runs", *runs, f"--out={out}"])

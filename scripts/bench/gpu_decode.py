@@ -760,6 +760,10 @@ def _report_row(
     for field, run in (("launch_ms", gpu), ("synthetic_launch_ms", synthetic)):
         if "launch_ms" in run:
             row[field] = run["launch_ms"]
+    # Where each run's host CPU went, where it was sampled (train_input --thread_cpu).
+    for field, run in (("thread_cpu", gpu), ("synthetic_thread_cpu", synthetic)):
+        if "thread_cpu" in run:
+            row[field] = run["thread_cpu"]
     if row["images_per_s"] and row["synthetic_images_per_s"]:
         row["ratio"] = row["images_per_s"] / row["synthetic_images_per_s"]
     failed = [r.get("error", "no run") for r in (synthetic, gpu) if not r or "error" in r]

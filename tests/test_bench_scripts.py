@@ -433,6 +433,17 @@ def test_bench_train_input_command_of_several_processes():
     assert one[1:3] == ["-m", "jia_jax.main"] and "--config.data.num_workers=16" in one
 
 
+def test_bench_train_input_xla_flags_reach_only_the_trainers(tmp_path, monkeypatch):
+    envs = []
+    monkeypatch.setattr(harness, "run_logged", lambda cmd, env, **_: (envs.append(env), (1, ""))[1])
+    own = os.environ["XLA_FLAGS"]  # conftest.py's: an unknown flag would abort this process
+    bench_train_input.main(["--variants=synthetic", "--xla_flags=--xla_gpu_graph_min_graph_size=1",
+                            f"--out={tmp_path / 'o.json'}"])
+    [env] = envs
+    assert env["XLA_FLAGS"].split() == [*own.split(), "--xla_gpu_graph_min_graph_size=1"]
+    assert os.environ["XLA_FLAGS"] == own  # this process's own left as they were
+
+
 def test_bench_train_input_rates_two_processes_once(tmp_path, monkeypatch):
     """A real run of 2 processes of 4 CPU devices each: every step's interval counted once, the
     rate one of the global rates the trainers logged, and GPUs that the processes do not divide

@@ -14,8 +14,9 @@ every process logs: counted once) over the logging intervals after the first (wh
 compilation and the workers' start); its `input_wait` is the median, over the same intervals,
 of the logged fraction of time the loop waited for the next batch. With `--thread_cpu`, its
 `thread_cpu` is where the trainer's CPU went over the same intervals (scripts/bench/thread_cpu.py:
-CPU seconds a second by thread name, and of its worker processes). Writes JSON with each run's
-command, log tail and ratio to `synthetic`.
+CPU seconds a second by thread name, and of its worker processes). `--xla_flags` are appended
+to the trainers' XLA_FLAGS only. Writes JSON with each run's command, log tail and ratio to
+`synthetic`.
 
   python -m scripts.bench.input --data_dir=/tmp/jia_bench_data --cores 16   # writes the dataset
   python -m scripts.bench.train_input --data_dir=/tmp/jia_bench_data --num_workers=15 \
@@ -163,13 +164,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         action="store_true",
         help="sample the trainer's threads (one process only): CPU seconds a second of each",
     )
+    parser.add_argument(
+        "--xla_flags",
+        default="",
+        help="appended to XLA_FLAGS for the trainers only, e.g. a command-buffer setting",
+    )
     parser.add_argument("--out", default="bench_train_input.json")
     args = parser.parse_args(argv)
     if args.thread_cpu and args.processes != 1:
         sys.exit("--thread_cpu samples one trainer process: use it with --processes=1")
 
     # The children need the GPUs' memory: this process looks at the devices without taking it.
-    args.child_env = dict(os.environ)
+    own_env = dict(os.environ)
+    args.child_env = dict(own_env)
+    if args.xla_flags:
+        args.child_env["XLA_FLAGS"] = f"{own_env.get('XLA_FLAGS', '')} {args.xla_flags}"
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     try:
         import jax
@@ -178,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     finally:
         # Not left to whatever runs in this process later (main() is also called in-process).
         os.environ.clear()
-        os.environ.update(args.child_env)
+        os.environ.update(own_env)
     if args.processes < 1 or gpus % args.processes:
         sys.exit(f"--processes={args.processes}: must divide the {gpus} visible GPUs")
     environment = {**harness.environment(), "cpu_count": os.cpu_count()}

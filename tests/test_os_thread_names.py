@@ -32,6 +32,9 @@ def _started(name: str) -> tuple[threading.Thread, threading.Event]:
 
 
 def test_threads_started_after_the_hook_carry_their_names_cut_to_15_bytes():
+    # A test that ran jia_jax.main in this process before may have left the hook installed.
+    previous = threading.getprofile()
+    threading.setprofile(None)
     before, release_before = _started("started-before")
     os_thread_names.name_new_threads()
     try:
@@ -42,7 +45,7 @@ def test_threads_started_after_the_hook_carry_their_names_cut_to_15_bytes():
         assert _os_name(before) != "started-before"  # a thread already running keeps its own
         assert sys.getprofile() is None  # the hook is the new threads', never this one's
     finally:
-        threading.setprofile(None)
+        threading.setprofile(previous)
         for release in (release_before, release_short, release_long):
             release.set()
 
@@ -51,12 +54,13 @@ def test_a_profile_hook_another_tool_set_is_left_in_place():
     def other(frame, event, arg):
         pass
 
+    previous = threading.getprofile()
     threading.setprofile(other)
     try:
         os_thread_names.name_new_threads()
         assert threading.getprofile() is other
     finally:
-        threading.setprofile(None)
+        threading.setprofile(previous)
 
 
 def test_the_trainer_names_the_threads_of_its_run(tmp_path):

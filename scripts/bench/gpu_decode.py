@@ -755,15 +755,12 @@ def _report_row(
         row["input_wait"] = gpu["input_wait"]
     if "input_stages_ms" in gpu:  # runs logged since the trainer says where its input waits
         row["input_stages_ms"] = gpu["input_stages_ms"]
-    # The host's ms a step in the step's call, where the runs logged it: near the step's own
-    # time, the host paces the GPU.
-    for field, run in (("launch_ms", gpu), ("synthetic_launch_ms", synthetic)):
-        if "launch_ms" in run:
-            row[field] = run["launch_ms"]
-    # Where each run's host CPU went, where it was sampled (train_input --thread_cpu).
-    for field, run in (("thread_cpu", gpu), ("synthetic_thread_cpu", synthetic)):
-        if "thread_cpu" in run:
-            row[field] = run["thread_cpu"]
+    # Each run's host side where it was recorded: its ms a step in the step's call (near the
+    # step's own time, the host paces the GPU) and where its CPU went (train_input --thread_cpu).
+    for field in ("launch_ms", "thread_cpu"):
+        for prefix, run in (("", gpu), ("synthetic_", synthetic)):
+            if field in run:
+                row[prefix + field] = run[field]
     if row["images_per_s"] and row["synthetic_images_per_s"]:
         row["ratio"] = row["images_per_s"] / row["synthetic_images_per_s"]
     failed = [r.get("error", "no run") for r in (synthetic, gpu) if not r or "error" in r]

@@ -19,9 +19,9 @@ TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 MAIN = "main thread"
 UNNAMED = "unnamed threads"  # other threads still bearing the process's (the main thread's) name
 CHILDREN = "child processes"
-# An absl log line of the train loop's progress: its local time of day and step.
+# An absl log line of the train loop's progress: its local time of day.
 _PROGRESS_TIME = re.compile(
-    r"^I\d{4} (\d\d):(\d\d):(\d\d(?:\.\d+)?) +\d+ loop\.py:\d+\] step (\d+)/", re.MULTILINE
+    r"^I\d{4} (\d\d):(\d\d):(\d\d(?:\.\d+)?) +\d+ loop\.py:\d+\] step \d+/", re.MULTILINE
 )
 
 
@@ -79,7 +79,7 @@ def steady_window(samples: Sequence[Sample], log: str) -> tuple[Sample, Sample] 
     """The first and last samples between a `jia_jax.main` log's first and last progress lines
     (the intervals after the first: those of its rate), by the lines' local time of day; None if
     fewer than two samples fall between them (or the run crossed midnight)."""
-    times = [_seconds(*m.groups()[:3]) for m in _PROGRESS_TIME.finditer(log)]
+    times = [_seconds(*m.groups()) for m in _PROGRESS_TIME.finditer(log)]
     if len(times) < 2 or times[-1] < times[0]:
         return None
     inside = [s for s in samples if times[0] <= _local_seconds(s.wall) <= times[-1]]

@@ -273,8 +273,7 @@ class _TrainRun:
             return
         # Commit only what was checked finite: this step's loss (the save waits for the step
         # anyway), then the state itself, which fp16 keeps finite by skipping steps.
-        for fetched in self.pending.flush():
-            self.log(fetched)
+        self.log_held()
         metrics_lib.check_state_finite(step, self.state, _DIVERGED_HINT)
         # The data position is the step: every train stream is a pure function of (seed, step).
         meta = {
@@ -285,6 +284,11 @@ class _TrainRun:
         }
         self.ckpt.save(step, self.state, meta, force=force)
         self.progress.restart(step)  # a save (and its wait for the previous one) is not training
+
+    def log_held(self) -> None:
+        """Fetches and logs every step whose metrics are still held, oldest first."""
+        for fetched in self.pending.flush():
+            self.log(fetched)
 
     def log(self, fetched: metrics_lib.HostMetrics | None) -> None:
         """Watches `fetched` for overflow and, on a log step, writes and prints it."""
@@ -374,8 +378,7 @@ class _TrainRun:
                 logging.info("step %d: eval top-1 %.4f", done, self.results["eval/top1"])
                 self.progress.restart(done)
         tracing.stop(self.state)
-        for fetched in self.pending.flush():
-            self.log(fetched)
+        self.log_held()
         return True
 
     def final_eval(self) -> None:

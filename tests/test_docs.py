@@ -2889,3 +2889,66 @@ def test_records_shared_memory_prose_quotes_the_json():
         f"{span(cpu('old', 64), '.2f')} with every array in shared memory, and "
         f"{span(cpu('new', 256), '.2f')} against {span(cpu('old', 256), '.2f')} a batch of 256",
     ])
+
+
+def test_trainer_across_hosts_today_and_the_tcp_counters_prose_quotes_the_json():
+    """Today's trainer against the peer across 2 emulated hosts x 1 GPU, the kernel's TCP
+    counters of both calls, and what limits 64 images per GPU."""
+    hosts = load("bench_hosts_2x1_2xH200.json")
+    rows = {(r["strategy"], r["hosts"], r["per_device_batch"]): r for r in hosts["results"]}
+
+    def eff(batch):  # recomputed from the rates, not read from the bench's own field
+        one, two = rows["default", 1, batch], rows["default", 2, batch]
+        return f"{two['images_per_s'] / (2 * one['images_per_s']):.3f}"
+
+    peer = {b: f"{rows['peer', 2, b]['efficiency']:.3f}" for b in (256, 64)}
+    link = load("link_tcp_counters_2x1_2xH200.json")
+    runs = {(r["run"], r["variant"]): r for r in link["results"] if r["layout"] == "2x1"}
+    [one] = [r for r in link["results"] if r["layout"] == "1x1"]
+    link_eff = {v: [runs[n, v]["images_per_s"] / (2 * one["images_per_s"]) for n in (1, 2, 3, 4)]
+                for v in ("overlap_cap", "peer")}
+    assert all(a > b for a, b in zip(link_eff["overlap_cap"], link_eff["peer"]))
+    counters = [*link["tcp_counters"], hosts["tcp_counters"]]
+    for c in counters:  # no timeout, no drop; every segment sent again was a spurious probe
+        assert c["TcpExt.TCPTimeouts"] == 0 and c["softnet.dropped"] == 0
+        assert c["Tcp.RetransSegs"] == c["TcpExt.TCPDSACKRecv"]
+    retrans = [c["Tcp.RetransSegs"] for c in link["tcp_counters"]]
+    sent = {round(c["Tcp.OutSegs"], -3) for c in link["tcp_counters"]}
+    raised = link["sysctl"]["TCP buffers and backlog raised"]
+    assert {int(raised["net.core.rmem_max"]), int(raised["net.ipv4.tcp_rmem"].split()[-1])} == {
+        256 << 20}
+    rate = {n: f"{runs[n, 'overlap_cap']['images_per_s']:,.0f}" for n in (1, 2, 3, 4)}
+    assert [r.get("setting") for r in (runs[n, "overlap_cap"] for n in (1, 2, 3, 4))] == [
+        None, "TCP buffers and backlog raised", None, "TCP buffers and backlog raised"]
+    traced = runs[1, "overlap_cap"]
+    buckets = [c for c in traced["schedule"] if "bf16" in c["shape"]]
+    nbytes = [2 * int(c["shape"].split("bf16[")[1].split("]")[0]) for c in buckets]
+    wire = traced["timeline"]["collectives_ms"]
+    gbps = [n / (b - a) / 1e6 for n, (a, b) in zip(nbytes, wire)]
+    step = 1e3 * 64 / one["images_per_s"]
+    assert_quoted(_section("## Across hosts"), [
+        f"it kept {eff(256)} of two H200s as 2 emulated hosts of one GPU at 256 images per GPU and "
+        f"{eff(64)} at 64, where the plain peer, timed in-process against its own one-GPU step in "
+        f"the same call, kept {peer[256]} and {peer[64]}",
+        f"the told step kept {span(link_eff['overlap_cap'], '.3f').replace('–', ' to ')} of two "
+        f"GPUs and the peer {span(link_eff['peer'], '.3f').replace('–', ' to ')}",
+        f"({span(retrans, '').replace('–', ' to ')} a run, of about {sent.pop():,.0f} sent; "
+        f"{hosts['tcp_counters']['Tcp.RetransSegs']} of "
+        f"{hosts['tcp_counters']['Tcp.OutSegs']:,} in the trainer's call)",
+        f"a backlog of {int(raised['net.core.netdev_max_backlog']):,} packets",
+        f"told step trained {rate[2]} and {rate[4]} images/s against {rate[1]} and {rate[3]} as "
+        "the machine came",
+        f"leaves the step {2 * 64 / (0.85 * 2 * one['images_per_s']) * 1e3 - step:.1f} ms more "
+        f"than one GPU's {step:.1f} ms",
+        f"carry {sum(nbytes) / 1e6:.1f} MB of bf16; in run 1's traced step the second and third "
+        f"moved at {gbps[1]:.1f} and {gbps[2]:.1f} GB/s",
+        f"(after {buckets[0]['convolutions_until_ready']} of the {buckets[0]['convolutions']} "
+        "convolutions)",
+        f"the first all-reduce took {wire[0][1] - wire[0][0]:.1f} ms ({gbps[0]:.1f} GB/s) and the "
+        f"GPU waited for it from {traced['timeline']['compute_ms'][-3][1]:.1f} to "
+        f"{wire[0][1]:.1f} ms; the last bucket ({nbytes[-1] / 1e6:.1f} MB)",
+    ])
+    assert_quoted(read("README.md"), [
+        f"it kept {eff(256)} of two H200s at 256 images per GPU and {eff(64)} at 64, against "
+        f"{peer[256]} and {peer[64]} for the plain peer step",
+    ])

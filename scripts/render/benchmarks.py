@@ -711,11 +711,13 @@ def overlap_table(doc: dict[str, Any]) -> str:
 
 def _overlap_variant(row: dict[str, Any]) -> str:
     """An overlap row's variant, with the network XLA's estimator was told, NCCL settings of its
-    own, and the run of its call where the file holds several (`told`, `nccl`, `run`)."""
+    own, the host's setting it ran under, and the run of its call where the file holds several
+    (`told`, `nccl`, `setting`, `run`)."""
     told = f", told {row['told']}" if row.get("told") else ""
     nccl = "".join(f", {name}={value}" for name, value in row.get("nccl", {}).items())
+    setting = f", {row['setting']}" if row.get("setting") else ""
     run = f" (run {row['run']})" if "run" in row else ""
-    return f"{row['variant']}{told}{nccl}{run}"
+    return f"{row['variant']}{told}{nccl}{setting}{run}"
 
 
 def overlap_schedule_table(doc: dict[str, Any]) -> str:

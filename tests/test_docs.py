@@ -7,6 +7,8 @@ import pathlib
 import re
 import statistics
 
+import pytest
+
 from jia_jax import crop_kernel
 from scripts.bench import harness, profile_trace
 from scripts import render
@@ -722,13 +724,53 @@ def test_gpu_decode_with_the_ring_eight_deep_prose_quotes_the_json():
         f"to {waits[-2]:.0%}",
         f"GPU path ran {rate['64_on_1']:,.0f} images/s against {rate['64_syn']:,.0f} "
         f"({rate['64_on_1'] / rate['64_syn']:.3f})",
+        f"An earlier call with the code of its time gave {two[2]['ratio']:.3f} and "
+        f"{two[1]['ratio']:.3f}, the loop waiting {two[2]['input_wait']:.0%} and "
+        f"{two[1]['input_wait']:.0%}",
+    ])
+
+
+def test_gpu_decode_on_two_gpus_today_prose_quotes_the_json():
+    """Today's code on two H200s (`bench_gpu_decode.sh two`), in input_pipeline.md and README."""
+    record = load("bench_gpu_decode_two_shm_2xH200.json")
+    assert record["environment"]["git_rev"].startswith(record["provenance"]["code"].split()[1])
+    two = {r["processes"]: r for r in record["results"]}
+    assert {r["gpus"] for r in two.values()} == {2} and two[2]["synthetic_processes"] == 1
+    for r in two.values():  # the ratio is the two rates' quotient, not the bench's say-so
+        assert r["ratio"] == pytest.approx(r["images_per_s"] / r["synthetic_images_per_s"])
+    assert_quoted(read("docs/input_pipeline.md"), [
         f"the trainer kept {two[2]['ratio']:.3f} of the synthetic speed at 256 images per GPU run "
-        "as two processes of one GPU each",
-        f"waiting for input {two[2]['input_wait']:.0%} of the time, and {two[1]['ratio']:.3f} as "
-        f"one process driving both GPUs, waiting {two[1]['input_wait']:.0%}",
+        f"as two processes of one GPU each ({two[2]['images_per_s']:,.0f} images/s against "
+        f"{two[2]['synthetic_images_per_s']:,.0f} for the synthetic speed of one process on both), "
+        f"the loop waiting for input {two[2]['input_wait']:.0%} of the time, and "
+        f"{two[1]['ratio']:.3f} as one process driving both GPUs",
+        f"spent {two[2]['launch_ms']} ms a step on it against {two[2]['synthetic_launch_ms']} ms "
+        "in the synthetic run",
     ])
     assert_quoted(read("README.md"), [
-        f"on two H200s {two[2]['ratio']:.3f} at 256 as two processes of one GPU (with the code",
+        f"on two H200s {two[2]['ratio']:.3f} at 256 as two processes of one GPU",
+    ])
+
+
+def test_min_shm_size_on_the_gpu_host_prose_quotes_the_json():
+    """One shared-memory segment a batch against grain's default, GPU path at 64 images."""
+    runs = load("gpu_decode_min_shm_ab64_1xH200.json")["runs"]
+    assert [r["min_shm_size"] for r in runs] == [65536, None, 65536]
+    with_it = [r["result"] for r in runs if r["min_shm_size"]]
+    [without] = [r["result"] for r in runs if not r["min_shm_size"]]
+
+    def busy(result, thread):
+        return f"{result['thread_cpu']['cpu_s_per_s'][thread]:.2f}"
+
+    pool = "Thread-5 (worke"  # multiprocessing.pool's thread, as the OS names it (15 bytes)
+    assert {busy(r, pool) for r in with_it} == {"0.10"}
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"busy {busy(with_it[0], pool)} of the time against {busy(without, pool)} without",
+        f"trained {with_it[0]['images_per_s']:,.0f} and {with_it[1]['images_per_s']:,.0f} "
+        f"images/s (`launch {with_it[0]['launch_ms']} ms a step` and {with_it[1]['launch_ms']}) "
+        f"with it against {without['images_per_s']:,.0f} ({without['launch_ms']}) without",
+        f"thread busy {busy(with_it[0], 'main thread')} and {busy(with_it[1], 'main thread')} "
+        f"against {busy(without, 'main thread')}",
     ])
 
 

@@ -788,6 +788,10 @@ def test_bench_hosts_rates_emulated_hosts_against_one_device(tmp_path, monkeypat
     for row in (flat, seeded, other_source):
         assert "error" not in row, row["error"]
     assert (one["hosts"], flat["hosts"], flat["strategy"]) == (1, 2, "flat")
+    # Each row keeps its logged intervals after the first (6 steps, one line every 2).
+    for row in (one, flat, seeded, other_source):
+        assert len(row["logged_images_per_s"]) == 2
+        assert statistics.median(row["logged_images_per_s"]) == row["images_per_s"]
     # Efficiency against 2 x the one-device rate of the same run.
     assert flat["efficiency"] == pytest.approx(flat["images_per_s"] / (2 * one["images_per_s"]))
     assert "--hosts 2 1" in flat["command"] and doc["environment"]["backend"] == "cpu"
@@ -943,8 +947,8 @@ def test_bench_hosts_takes_the_median_after_the_compile_interval():
         f"I0 loop.py] step {s:3d}/90 | learning_rate 0.1 | loss {l} | top1 0 | {r} img/s | ETA 0:00:01"
         for s, l, r in ((30, 5.0, 10.0), (60, 4.0, 300.0), (90, 3.0, 100.0))
     )
-    # The first interval holds the compile; the median of the other two.
-    assert bench_hosts.steady_rate(log) == (200.0, 3.0)
+    # The first interval holds the compile; the median of the other two, which are kept.
+    assert bench_hosts.steady_rate(log) == (200.0, 3.0, [300.0, 100.0])
     with pytest.raises(ValueError, match="fewer than two progress lines"):
         bench_hosts.steady_rate(log.splitlines()[0])
 

@@ -5,7 +5,8 @@ one, on synthetic data, the per-device batch as one microbatch) as `--hosts` pro
 `--gpus_per_host` GPUs started by `scripts/launch_local.sh --hosts`: each process a host of its
 own to NCCL (TCP sockets between them, NVLink inside each), a cluster on one machine. The baseline is the same command on one GPU,
 in the same run. Rates are the trainer's own logged images/s (one step in flight ahead, what
-training sees): the median over the logged intervals after the first (which holds the compile).
+training sees): the median over the logged intervals after the first (which holds the compile),
+each row keeping those intervals' rates (`logged_images_per_s`).
 Each row records what the trainer logged it told XLA's latency estimator (`told`; "" where it
 told nothing: `comm.tell_xla_network`).
 
@@ -58,12 +59,14 @@ from scripts.bench import harness, profile_trace
 DEFAULT = "default"  # the config's own comm settings
 
 
-def steady_rate(log: str) -> tuple[float, float]:
-    """Median images/s over the logged intervals after the first, and the last loss."""
+def steady_rate(log: str) -> tuple[float, float, list[float]]:
+    """Median images/s over the logged intervals after the first, the last loss, and those
+    intervals' images/s (kept in the rows: the median alone hides a run that swung)."""
     found = harness.trainer_progress(log)
     if len(found) < 2:
         raise ValueError(f"fewer than two progress lines in the log:\n{log[-3000:]}")
-    return statistics.median(p["images_per_s"] for p in found[1:]), found[-1]["loss"]
+    rates = [p["images_per_s"] for p in found[1:]]
+    return statistics.median(rates), found[-1]["loss"], rates
 
 
 def trainer_args(args: argparse.Namespace, batch: int, devices: int, strategy: str) -> list[str]:
@@ -164,8 +167,14 @@ def host_row(
             *rest,
         ]
         log = run(command, env, variant.get("source"))
-        rate, loss = steady_rate(log.split("profile of steps")[0] if profiled else log)
-        row = {"command": " ".join(command), "images_per_s": rate, "loss": loss, "told": told(log)}
+        rate, loss, rates = steady_rate(log.split("profile of steps")[0] if profiled else log)
+        row = {
+            "command": " ".join(command),
+            "images_per_s": rate,
+            "logged_images_per_s": rates,
+            "loss": loss,
+            "told": told(log),
+        }
         if profiled:
             figures = profile_figures(workdir)
             row.update({k: v / args.profile_steps for k, v in figures.items()})
@@ -190,8 +199,13 @@ def one_gpu_row(args: argparse.Namespace, batch: int, env: dict[str, str]) -> di
             one_env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=flags)
         else:
             one_env.update(CUDA_VISIBLE_DEVICES="0")
-        rate, loss = steady_rate(run(command, one_env))
-    return {"command": " ".join(command), "images_per_s": rate, "loss": loss}
+        rate, loss, rates = steady_rate(run(command, one_env))
+    return {
+        "command": " ".join(command),
+        "images_per_s": rate,
+        "logged_images_per_s": rates,
+        "loss": loss,
+    }
 
 
 def peer_command(args: argparse.Namespace, out: str) -> list[str]:

@@ -817,8 +817,9 @@ def test_bench_hosts_row_variant_says_what_is_wrong():
 
 
 def test_bench_hosts_peer_rows_come_from_an_overlap_run_of_the_same_layout():
-    args = argparse.Namespace(hosts=2, gpus_per_host=1, batches=[256, 64], tiny=False)
-    command = bench_hosts.peer_command(args, "/tmp/p.json")
+    args = argparse.Namespace(hosts=2, gpus_per_host=1, batches=[256, 64], tiny=False, peer=True,
+                              in_process=[], in_process_network="")
+    command = bench_hosts.in_process_command(args, "/tmp/p.json")
     assert command[1:] == ["-m", "scripts.bench.overlap", "--layouts=1x1,2x1",
                            "--batches=256,64", "--variants=peer", "--out=/tmp/p.json"]
     overlap_doc = {"results": [
@@ -828,7 +829,7 @@ def test_bench_hosts_peer_rows_come_from_an_overlap_run_of_the_same_layout():
          "hosts": 2, "gpus_per_host": 1, "efficiency": 0.85, "exposed_comm_ms": 7.5,
          "idle_ms": 0.8, "schedule": [], "timeline": {}},
     ]}
-    [peer] = bench_hosts.peer_rows(overlap_doc)
+    [peer] = bench_hosts.in_process_rows(overlap_doc)
     assert peer == {"hosts": 2, "gpus_per_host": 1, "strategy": "peer", "timing": "in-process",
                     "per_device_batch": 256, "images_per_s": 170.0, "efficiency": 0.85,
                     "exposed_comm_ms": 7.5, "idle_ms": 0.8}
@@ -836,6 +837,31 @@ def test_bench_hosts_peer_rows_come_from_an_overlap_run_of_the_same_layout():
                                               "jax_version": "0", "xla_flags": ""}}
     assert ("| 2x1 | peer (timed in-process, against its own one-GPU step) | - | 256 | 170 | "
             "0.850 | 7.5 | 0.8 |") in render_benchmarks.hosts_table(doc)
+
+
+def test_bench_hosts_times_more_variants_in_process_told_as_the_trainer():
+    # The trainer's own step beside its loop: --in_process adds variants to the peer (once
+    # each, the peer first), told the network where asked, and each row says it was told.
+    args = argparse.Namespace(hosts=2, gpus_per_host=1, batches=[64], tiny=False, peer=True,
+                              in_process=["overlap_cap", "peer"], in_process_network="emulated")
+    command = bench_hosts.in_process_command(args, "/tmp/p.json")
+    assert "--variants=peer,overlap_cap" in command
+    assert "--tell_xla_network=emulated" in command
+    overlap_doc = {"results": [
+        {"layout": "1x1", "variant": "overlap", "per_device_batch": 64, "images_per_s": 100.0,
+         "hosts": 1, "gpus_per_host": 1},
+        {"layout": "2x1", "variant": "overlap_cap", "per_device_batch": 64, "images_per_s": 160.0,
+         "hosts": 2, "gpus_per_host": 1, "efficiency": 0.8, "told": "emulated"},
+        {"layout": "2x1", "variant": "peer", "per_device_batch": 64, "images_per_s": 140.0,
+         "hosts": 2, "gpus_per_host": 1, "efficiency": 0.7, "told": "emulated"},
+    ]}
+    rows = bench_hosts.in_process_rows(overlap_doc)
+    assert [(r["strategy"], r["told"], r["efficiency"]) for r in rows] == [
+        ("overlap_cap", "emulated", 0.8), ("peer", "emulated", 0.7)]
+    doc = {"results": rows, "environment": {"device_kind": "cpu", "device_count": 2,
+                                            "jax_version": "0", "xla_flags": ""}}
+    assert ("| 2x1 | overlap_cap (timed in-process, against its own one-GPU step), XLA told | - "
+            "| 64 | 160 | 0.800 | - | - |") in render_benchmarks.hosts_table(doc)
 
 
 def test_bench_overlap_times_the_variants_of_a_batch_in_turn_each_round(monkeypatch, capsys):

@@ -22,7 +22,13 @@ told nothing: `comm.tell_xla_network`).
 
 `--peer` adds the plain peer on the same layout (`scripts/bench/overlap.py`'s `peer`: the trainer's
 forward/backward and update with the buckets reduced after backward), timed in-process by that
-script in the same call, its efficiency against that script's one-GPU step.
+script in the same call, its efficiency against that script's one-GPU step. `--in_process` names
+more of that script's variants to time so (`--peer` is `--in_process=peer`), e.g. `overlap_cap`,
+the step the trainer compiles across hosts, to set the trainer's loop against its own step; with
+`--in_process_network=emulated` that script tells XLA the network as the trainer does:
+
+  python -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches=64 \
+      --in_process=overlap_cap,peer --in_process_network=emulated
 
 With `--profile_strategies`, those rows also trace `--profile_steps` steps after the timed ones
 (`config.profile`) and report, per GPU and step, the NCCL time no compute kernel overlaps
@@ -208,34 +214,43 @@ def one_gpu_row(args: argparse.Namespace, batch: int, env: dict[str, str]) -> di
     }
 
 
-def peer_command(args: argparse.Namespace, out: str) -> list[str]:
-    """`scripts.bench.overlap` timing the plain peer on this run's layout and one GPU."""
+def in_process_variants(args: argparse.Namespace) -> list[str]:
+    """The `scripts.bench.overlap` variants to time in-process: `--in_process`, with `peer`
+    first where `--peer` asks for it."""
+    return list(dict.fromkeys((["peer"] if args.peer else []) + args.in_process))
+
+
+def in_process_command(args: argparse.Namespace, out: str) -> list[str]:
+    """`scripts.bench.overlap` timing `in_process_variants` on this run's layout and one GPU."""
+    network = args.in_process_network
     return [
         sys.executable,
         "-m",
         "scripts.bench.overlap",
         f"--layouts=1x1,{args.hosts}x{args.gpus_per_host}",
         f"--batches={','.join(map(str, args.batches))}",
-        "--variants=peer",
+        f"--variants={','.join(in_process_variants(args))}",
+        *([f"--tell_xla_network={network}"] if network else []),
         f"--out={out}",
         *(["--tiny"] if args.tiny else []),
     ]
 
 
-def peer_rows(overlap_doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The peer rows of a `scripts.bench.overlap` run as rows of this file: the trainer's
-    forward/backward and update with a plain reduction after backward, timed in-process (queued),
-    its efficiency against the in-process one-GPU step of the same run."""
+def in_process_rows(overlap_doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of several processes of a `scripts.bench.overlap` run as rows of this file (the
+    peer: the trainer's forward/backward and update with a plain reduction after backward), each
+    timed in-process (queued), its efficiency against the in-process one-GPU step of that run,
+    and `told` where that script told XLA the network."""
     rows = []
     for r in overlap_doc["results"]:
-        if r.get("variant") != "peer" or r.get("layout") == "1x1":
+        if "variant" not in r or r.get("layout") == "1x1":
             continue
         keep = ("per_device_batch", "images_per_s", "efficiency", "exposed_comm_ms", "idle_ms",
-                "error")
+                "told", "error")
         rows.append({
             "hosts": r.get("hosts"),
             "gpus_per_host": r.get("gpus_per_host"),
-            "strategy": "peer",
+            "strategy": r["variant"],
             "timing": "in-process",
             **{k: r[k] for k in keep if k in r},
         })
@@ -271,6 +286,18 @@ def _parser() -> argparse.ArgumentParser:
         "--peer",
         action="store_true",
         help="also the plain peer on the same layout, timed in-process (scripts/bench/overlap.py)",
+    )
+    parser.add_argument(
+        "--in_process",
+        type=harness.strings,
+        default=[],
+        help="more scripts/bench/overlap.py variants timed in-process on the same layout",
+    )
+    parser.add_argument(
+        "--in_process_network",
+        default="",
+        help="a `comm.network` name: the in-process runs tell XLA that network, as the trainer "
+        "does across hosts (scripts/bench/overlap.py --tell_xla_network); '' tells it nothing",
     )
     parser.add_argument("--tiny", action="store_true", help="configs/digits.py's tiny ResNet (CPU)")
     parser.add_argument(
@@ -335,25 +362,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 row.get("error", "")[-400:],
                 flush=True,
             )
-    if args.peer:
-        doc["results"] += run_peer(args, env)
+    if in_process_variants(args):
+        doc["results"] += run_in_process(args, env)
     harness.close_record(args.out, doc)
     return doc
 
 
-def run_peer(args: argparse.Namespace, env: dict[str, str]) -> list[dict[str, Any]]:
-    """`peer_rows` of a `peer_command` run; on failure one row saying why."""
-    peer_env = dict(env)
+def run_in_process(args: argparse.Namespace, env: dict[str, str]) -> list[dict[str, Any]]:
+    """`in_process_rows` of an `in_process_command` run; on failure one row saying why."""
+    child_env = dict(env)
     if env.get("JIA_JAX_PLATFORM") == "cpu":
-        peer_env["JAX_PLATFORMS"] = "cpu"  # scripts.bench.overlap's CPU switch
+        child_env["JAX_PLATFORMS"] = "cpu"  # scripts.bench.overlap's CPU switch
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "peer.json")
+        out = os.path.join(tmp, "in_process.json")
         try:
-            run(peer_command(args, out), peer_env)
+            run(in_process_command(args, out), child_env)
             with open(out) as f:
-                return peer_rows(json.load(f))
+                return in_process_rows(json.load(f))
         except (RuntimeError, OSError, ValueError) as e:
-            return [{"hosts": args.hosts, "gpus_per_host": args.gpus_per_host, "strategy": "peer",
+            return [{"hosts": args.hosts, "gpus_per_host": args.gpus_per_host,
+                     "strategy": ",".join(in_process_variants(args)),
                      "per_device_batch": args.batches[0], "error": str(e)[-3000:]}]
 
 

@@ -78,7 +78,25 @@ def create_input(
     the train and eval steps normalise them on the device.
     """
     sharding = mesh_lib.batch_sharding(mesh)
-    num_devices = mesh.devices.size
+    _check_data_config(data, global_batch, eval_batch, mesh.devices.size)
+    if data.name in ("synthetic", "digits") and data.decode == "gpu":
+        # Asked for by name, so say that it does nothing here rather than drop it silently.
+        logging.warning(
+            "data.decode='gpu' is ignored: data.name=%r has no JPEGs to decode (it applies to "
+            "prepared tfds datasets).", data.name,
+        )
+    if data.name == "synthetic":
+        return _synthetic_input(data, global_batch, sharding, seed)
+    if data.name == "digits":
+        return _digits_input(data, global_batch, eval_batch, sharding, seed)
+    return _tfds_input(data, global_batch, eval_batch, sharding, seed)
+
+
+def _check_data_config(
+    data: ml_collections.ConfigDict, global_batch: int, eval_batch: int, num_devices: int
+) -> None:
+    """Raises ValueError naming the field to fix where the data config or a batch size cannot
+    work on `num_devices` devices."""
     if data.image_size < 1:
         raise ValueError(f"data.image_size={data.image_size} must be positive.")
     if data.decode not in DECODE_CHOICES:
@@ -94,60 +112,67 @@ def create_input(
             raise ValueError(
                 f"{field}={size} must be divisible by the device count ({num_devices})."
             )
+
+
+def _synthetic_input(
+    data: ml_collections.ConfigDict,
+    global_batch: int,
+    sharding: jax.sharding.NamedSharding,
+    seed: int,
+) -> Input:
+    """One ImageNet-shaped random batch made on the devices, repeated: no input cost."""
+    info = DatasetInfo(
+        num_classes=data.num_classes,
+        num_train=1_281_167,
+        num_eval=0,
+        channels=3,
+        class_names=tuple(str(i) for i in range(data.num_classes)),
+    )
+    shape = (global_batch, data.image_size, data.image_size, 3)
+
+    def synthetic_train(start_step: int) -> Iterator[Batch]:
+        del start_step  # every step sees the same batch
+        batch = _synthetic_batch(shape, info.num_classes, seed, sharding)
+        return itertools.repeat(batch)
+
+    return Input(info, synthetic_train, None)
+
+
+def _digits_input(
+    data: ml_collections.ConfigDict,
+    global_batch: int,
+    eval_batch: int,
+    sharding: jax.sharding.NamedSharding,
+    seed: int,
+) -> Input:
+    """scikit-learn's bundled digits, each process reading its share of every batch."""
     process, processes = jax.process_index(), jax.process_count()
-    if data.name in ("synthetic", "digits") and data.decode == "gpu":
-        # Asked for by name, so say that it does nothing here rather than drop it silently.
-        logging.warning(
-            "data.decode='gpu' is ignored: data.name=%r has no JPEGs to decode (it applies to "
-            "prepared tfds datasets).", data.name,
+    train_x, train_y = digits_split("train", data.image_size)
+    test_x, test_y = digits_split("test", data.image_size)
+    info = DatasetInfo(
+        num_classes=10,
+        num_train=len(train_y),
+        num_eval=len(test_y),
+        channels=1,
+        class_names=tuple(str(i) for i in range(10)),
+    )
+    if global_batch > info.num_train:
+        raise ValueError(
+            f"global_batch_size={global_batch} exceeds the digits train set "
+            f"({info.num_train} examples)."
         )
 
-    if data.name == "synthetic":
-        info = DatasetInfo(
-            num_classes=data.num_classes,
-            num_train=1_281_167,
-            num_eval=0,
-            channels=3,
-            class_names=tuple(str(i) for i in range(data.num_classes)),
+    def digits_train(start_step: int) -> Iterator[Batch]:
+        local = _epoch_shuffled_batches(
+            train_x, train_y, global_batch, seed, start_step, process, processes
         )
-        shape = (global_batch, data.image_size, data.image_size, 3)
+        return prefetch(global_batches(local, sharding))
 
-        def synthetic_train(start_step: int) -> Iterator[Batch]:
-            del start_step  # every step sees the same batch
-            batch = _synthetic_batch(shape, info.num_classes, seed, sharding)
-            return itertools.repeat(batch)
+    def digits_eval() -> Iterator[Batch]:
+        local = _padded_batches(test_x, test_y, eval_batch, process, processes)
+        return global_batches(local, sharding)
 
-        return Input(info, synthetic_train, None)
-
-    if data.name == "digits":
-        train_x, train_y = digits_split("train", data.image_size)
-        test_x, test_y = digits_split("test", data.image_size)
-        info = DatasetInfo(
-            num_classes=10,
-            num_train=len(train_y),
-            num_eval=len(test_y),
-            channels=1,
-            class_names=tuple(str(i) for i in range(10)),
-        )
-        if global_batch > info.num_train:
-            raise ValueError(
-                f"global_batch_size={global_batch} exceeds the digits train set "
-                f"({info.num_train} examples)."
-            )
-
-        def digits_train(start_step: int) -> Iterator[Batch]:
-            local = _epoch_shuffled_batches(
-                train_x, train_y, global_batch, seed, start_step, process, processes
-            )
-            return prefetch(global_batches(local, sharding))
-
-        def digits_eval() -> Iterator[Batch]:
-            local = _padded_batches(test_x, test_y, eval_batch, process, processes)
-            return global_batches(local, sharding)
-
-        return Input(info, digits_train, digits_eval)
-
-    return _tfds_input(data, global_batch, eval_batch, sharding, seed)
+    return Input(info, digits_train, digits_eval)
 
 
 def resolve_decode(choice: str) -> str:

@@ -362,6 +362,25 @@ def test_decode_choice_is_checked_and_auto_falls_back_to_the_cpu(monkeypatch, ca
         input_pipeline.create_input(data, 8, 8, mesh_lib.create_mesh(2, 4), 0)
 
 
+@pytest.mark.parametrize(
+    "field, value, batches, message",
+    [
+        ("image_size", 0, (8, 8), r"data.image_size=0 must be positive"),
+        (None, None, (12, 8), r"global_batch_size=12 must be divisible by the device count \(8\)"),
+        (None, None, (8, 0), r"eval_batch_size=0 must be positive \(a multiple of 8\)"),
+        (None, None, (2048, 8), r"global_batch_size=2048 exceeds the digits train set \(1437 "),
+    ],
+    ids=["image_size", "global_batch", "eval_batch", "digits_too_small"],
+)
+def test_create_input_names_what_to_fix(field, value, batches, message):
+    data = default.get_config().data
+    data.name = "digits"
+    if field:
+        data[field] = value
+    with pytest.raises(ValueError, match=message):
+        input_pipeline.create_input(data, *batches, mesh_lib.create_mesh(2, 4), 0)
+
+
 def test_decode_gpu_asked_for_a_dataset_without_jpegs_is_said_to_be_ignored(caplog):
     data = default.get_config().data
     data.name = "synthetic"

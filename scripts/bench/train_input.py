@@ -133,7 +133,7 @@ def steady_median(progress: Sequence[dict[str, Any]], field: str) -> float | Non
     return statistics.median(values) if values else None
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_dir", default="/tmp/jia_bench_data")
     parser.add_argument("--config", default="configs/resnet50_64k.py")
@@ -170,36 +170,29 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         help="appended to XLA_FLAGS for the trainers only, e.g. a command-buffer setting",
     )
     parser.add_argument("--out", default="bench_train_input.json")
-    args = parser.parse_args(argv)
-    if args.thread_cpu and args.processes != 1:
-        sys.exit("--thread_cpu samples one trainer process: use it with --processes=1")
+    return parser
 
-    # The children need the GPUs' memory: this process looks at the devices without taking it.
+
+def _visible_gpus() -> int:
+    """The devices JAX sees here, looked at without taking their memory (the children need it)."""
     own_env = dict(os.environ)
-    args.child_env = dict(own_env)
-    if args.xla_flags:
-        args.child_env["XLA_FLAGS"] = f"{own_env.get('XLA_FLAGS', '')} {args.xla_flags}"
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     try:
         import jax
 
-        gpus = jax.local_device_count()  # the backend reads the setting here, once
+        return jax.local_device_count()  # the backend reads the setting here, once
     finally:
         # Not left to whatever runs in this process later (main() is also called in-process).
         os.environ.clear()
         os.environ.update(own_env)
-    if args.processes < 1 or gpus % args.processes:
-        sys.exit(f"--processes={args.processes}: must divide the {gpus} visible GPUs")
-    environment = {**harness.environment(), "cpu_count": os.cpu_count()}
-    # The cores this process (and so its children) may run on: fewer than the host's under taskset.
-    cores = len(os.sched_getaffinity(0))
-    rows = [run(v, args, gpus) for v in args.variants.split(",")]
-    # jia_jax imports JAX: here, not at the top, where it would precede the setting above.
+
+
+def _print_rows(rows: list[dict[str, Any]]) -> None:
+    """Each run's rate, its ratio to the synthetic run, its input wait and busiest threads."""
+    # jia_jax imports JAX: here, not at the top, where it would precede _visible_gpus' setting.
     from jia_jax import stage_clock  # pylint: disable=import-outside-toplevel
-    base = next((r for r in rows if r["variant"] == "synthetic" and "images_per_s" in r), None)
+
     for r in rows:
-        if base and "images_per_s" in r:
-            r["ratio_vs_synthetic"] = r["images_per_s"] / base["images_per_s"]
         wait = "?" if r.get("input_wait") is None else f"{r['input_wait']:.0%}"
         stages = stage_clock.describe(r.get("input_stages_ms", {}))
         wait += f" ({stages} ms a batch)" if stages else ""
@@ -211,6 +204,27 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if "thread_cpu" in r:  # the busiest few
             busiest = itertools.islice(r["thread_cpu"]["cpu_s_per_s"].items(), 6)
             print("  CPU s/s: " + ", ".join(f"{name} {share:.2f}" for name, share in busiest))
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = _parser().parse_args(argv)
+    if args.thread_cpu and args.processes != 1:
+        sys.exit("--thread_cpu samples one trainer process: use it with --processes=1")
+    args.child_env = dict(os.environ)
+    if args.xla_flags:
+        args.child_env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {args.xla_flags}"
+    gpus = _visible_gpus()
+    if args.processes < 1 or gpus % args.processes:
+        sys.exit(f"--processes={args.processes}: must divide the {gpus} visible GPUs")
+    environment = {**harness.environment(), "cpu_count": os.cpu_count()}
+    # The cores this process (and so its children) may run on: fewer than the host's under taskset.
+    cores = len(os.sched_getaffinity(0))
+    rows = [run(v, args, gpus) for v in args.variants.split(",")]
+    base = next((r for r in rows if r["variant"] == "synthetic" and "images_per_s" in r), None)
+    for r in rows:
+        if base and "images_per_s" in r:
+            r["ratio_vs_synthetic"] = r["images_per_s"] / base["images_per_s"]
+    _print_rows(rows)
     doc = {
         "environment": environment,
         "command": " ".join(sys.argv),

@@ -9,7 +9,7 @@ import gzip
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jia_jax import stage_clock
@@ -244,39 +244,10 @@ def _one_crop_kernel(named: set[str | None]) -> str:
 
 def gpu_decode_table(doc: dict[str, Any]) -> str:
     """The trainer with data.decode=gpu against synthetic data, and the decode stage alone
-    (scripts/bench/gpu_decode.py, scripts/bench_gpu_decode.sh). A processes column where some
-    row ran several (records without the field ran one), decode depth and round columns where
-    some row's differ from the defaults, crop kernel and input workers columns where the rows'
-    differ (one kernel of them all is named in the caption; records without the field do not
-    say); the share of time the GPU path's train loop waited for input where the runs logged
-    it, and its input thread's waits a batch (read, decode) where they logged those."""
-    processes = any(r.get("processes", 1) > 1 for r in doc["results"])
-    depths = any(r.get("depth", 1) > 1 for r in doc["results"])
+    (scripts/bench/gpu_decode.py, scripts/bench_gpu_decode.sh), in `_gpu_decode_columns`; one
+    crop kernel of them all is named in the caption."""
     named = {r.get("crop_kernel") for r in doc["results"]}
-    kernels = len(named) > 1
-    workers = len({r.get("workers") for r in doc["results"]}) > 1
-    rounds = any(r.get("round", 1) > 1 for r in doc["results"])
-    waits = any("input_wait" in r for r in doc["results"])
-    stages = any("input_stages_ms" in r for r in doc["results"])
-    launches = any("launch_ms" in r for r in doc["results"])
-    head = ["GPUs", "CPU cores", "images per GPU", "images/s, decode=gpu", "images/s, synthetic"]
-    head += ["ratio", "decode stage images/s per GPU"]
-    if waits:
-        head.append("input wait, decode=gpu")
-    if stages:
-        head.append("input thread waits a batch, ms")
-    if launches:
-        head.append("launch ms a step, decode=gpu / synthetic")
-    if rounds:
-        head.insert(3, "round")
-    if workers:
-        head.insert(3, "input workers")
-    if kernels:
-        head.insert(3, "crop kernel")
-    if depths:
-        head.insert(3, "decode depth")
-    if processes:
-        head.insert(1, "processes")
+    columns = [(head, cell) for head, shown, cell in _gpu_decode_columns(doc["results"]) if shown]
     lines = [
         (
             f"JPEGs decoded on the GPU ({_environment(doc)}{_one_crop_kernel(named)}; "
@@ -286,38 +257,11 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
             "read beforehand):"
         ),
         "",
-        f"| {' | '.join(head)} |",
-        "|" + " ---: |" * len(head),
+        f"| {' | '.join(head for head, _ in columns)} |",
+        "|" + " ---: |" * len(columns),
     ]
-
-    def cell(value: float | None, fmt: str) -> str:
-        return "failed" if value is None else f"{value:{fmt}}"
-
     for r in doc["results"]:
-        synthetic = cell(r["synthetic_images_per_s"], ",.0f")
-        if r.get("synthetic_processes", 1) != r.get("processes", 1):
-            synthetic += f" ({r['synthetic_processes']} process)"
-        cells = [str(r["gpus"]), str(r["cores"]), str(r["per_gpu"])]
-        cells += [cell(r["images_per_s"], ",.0f"), synthetic, cell(r.get("ratio"), ".3f")]
-        cells.append(cell(r["decode_images_per_s"], ",.0f"))
-        if waits:
-            cells.append(f"{r['input_wait']:.0%}" if r.get("input_wait") is not None else "-")
-        if stages:
-            cells.append(stage_clock.describe(r.get("input_stages_ms", {})) or "-")
-        if launches:
-            ms = (r.get(k) for k in ("launch_ms", "synthetic_launch_ms"))
-            cells.append(" / ".join("-" if v is None else f"{v:.1f}" for v in ms))
-        if rounds:
-            cells.insert(3, str(r.get("round", 1)))
-        if workers:
-            cells.insert(3, str(r.get("workers", "-")))
-        if kernels:
-            cells.insert(3, r.get("crop_kernel", "-"))
-        if depths:
-            cells.insert(3, str(r.get("depth", 1)))
-        if processes:
-            cells.insert(1, str(r["processes"]))
-        lines.append(f"| {' | '.join(cells)} |")
+        lines.append(f"| {' | '.join(cell(r) for _, cell in columns)} |")
     whole = [r for r in doc["decode_stage"]["results"] if "whole_image_decode_images_per_s" in r]
     for r in whole:
         lines.append(
@@ -325,6 +269,57 @@ def gpu_decode_table(doc: dict[str, Any]) -> str:
             f"one GPU{into(r)}: {r['whole_image_decode_images_per_s']:,.0f} images/s."
         )
     return "\n".join(lines)
+
+
+def _gpu_decode_columns(
+    results: list[dict[str, Any]],
+) -> list[tuple[str, bool, Callable[[dict[str, Any]], str]]]:
+    """(header, shown, cell) of each column of `gpu_decode_table`, in order. A processes column
+    where some row ran several (records without the field ran one), decode depth and round
+    columns where some row's differ from the defaults, crop kernel and input workers columns
+    where the rows' differ (records without the field do not say); the share of time the GPU
+    path's train loop waited for input where the runs logged it, its input thread's waits a
+    batch (read, decode) and the launch a step where they logged those."""
+
+    def some(test: Callable[[dict[str, Any]], bool]) -> bool:
+        return any(test(r) for r in results)
+
+    def number(key: str, fmt: str) -> Callable[[dict[str, Any]], str]:
+        return lambda r: "failed" if r.get(key) is None else f"{r[key]:{fmt}}"
+
+    def synthetic(r: dict[str, Any]) -> str:
+        rate = number("synthetic_images_per_s", ",.0f")(r)
+        if r.get("synthetic_processes", 1) != r.get("processes", 1):
+            rate += f" ({r['synthetic_processes']} process)"
+        return rate
+
+    def launches(r: dict[str, Any]) -> str:
+        ms = (r.get(k) for k in ("launch_ms", "synthetic_launch_ms"))
+        return " / ".join("-" if v is None else f"{v:.1f}" for v in ms)
+
+    def wait(r: dict[str, Any]) -> str:
+        return "-" if r.get("input_wait") is None else f"{r['input_wait']:.0%}"
+
+    return [
+        ("GPUs", True, lambda r: str(r["gpus"])),
+        ("processes", some(lambda r: r.get("processes", 1) > 1), lambda r: str(r["processes"])),
+        ("CPU cores", True, lambda r: str(r["cores"])),
+        ("images per GPU", True, lambda r: str(r["per_gpu"])),
+        ("decode depth", some(lambda r: r.get("depth", 1) > 1), lambda r: str(r.get("depth", 1))),
+        ("crop kernel", len({r.get("crop_kernel") for r in results}) > 1,
+         lambda r: r.get("crop_kernel", "-")),
+        ("input workers", len({r.get("workers") for r in results}) > 1,
+         lambda r: str(r.get("workers", "-"))),
+        ("round", some(lambda r: r.get("round", 1) > 1), lambda r: str(r.get("round", 1))),
+        ("images/s, decode=gpu", True, number("images_per_s", ",.0f")),
+        ("images/s, synthetic", True, synthetic),
+        ("ratio", True, number("ratio", ".3f")),
+        ("decode stage images/s per GPU", True, number("decode_images_per_s", ",.0f")),
+        ("input wait, decode=gpu", some(lambda r: "input_wait" in r), wait),
+        ("input thread waits a batch, ms", some(lambda r: "input_stages_ms" in r),
+         lambda r: stage_clock.describe(r.get("input_stages_ms", {})) or "-"),
+        ("launch ms a step, decode=gpu / synthetic", some(lambda r: "launch_ms" in r), launches),
+    ]
 
 
 def into(row: dict[str, Any]) -> str:

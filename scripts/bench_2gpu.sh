@@ -21,6 +21,8 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh leaves    # comm.concatenate_buckets=False likewise
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh loop      # the trainer's loop against its own step
 #                                                     # timed in-process, told alike, at 64
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh levers64  # at 64 images: an 8 MiB first bucket and
+#                                                     # two all-reduces in flight, told
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -223,7 +225,16 @@ case "$1" in
       --in_process=overlap_cap,peer --in_process_network=emulated \
       --out="$OUT/bench_hosts_loop_2gpu.json"
     ;;
+  levers64)
+    # The told step at 64 images per GPU across 2 emulated hosts x 1 GPU against an 8 MiB first
+    # bucket (ready after fewer convolutions) and two all-reduces in flight; round-robin, three
+    # rounds (the link drifts within a call).
+    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=64 \
+      --layout_variants='{"2x1": ["overlap_cap", "first8_cap", "overlap_cap_ol2"]}' \
+      --steps=10 --rounds=3 --tell_xla_network=emulated --budget_s=500 \
+      --out="$OUT/bench_overlap_levers64_2x1.json"
+    ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
-       "|told_half|told_half64|told_scale_trainer|cmdbuf|after|leaves|loop" >&2
+       "|told_half|told_half64|told_scale_trainer|cmdbuf|after|leaves|loop|levers64" >&2
      exit 2 ;;
 esac

@@ -127,6 +127,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The 32 MiB first bucket with combining capped at the bucket size, as the trainer compiles
     # its step where XLA is told the network.
     "first32_cap": {"comm.first_bucket_bytes": 32 * MIB, "xla": _CAP},
+    # At 64 images per GPU the wire needs about half the one-GPU step, all of it after the first
+    # bucket is ready, one all-reduce in flight (docs/benchmarks.md, "Where does the trainer
+    # stand across hosts"): a smaller first bucket (the fc layer and the last convolutions'
+    # gradients) that leaves earlier, and two all-reduces in flight, each as the trainer
+    # compiles its step told.
+    "first8_cap": {"comm.first_bucket_bytes": 8 * MIB, "xla": _CAP},
+    "overlap_cap_ol2": {
+        "xla": {**_CAP, "xla_gpu_experimental_parallel_collective_overlap_limit": 2}
+    },
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.
     "hierarchical": {"comm.strategy": "hierarchical"},
     "hybrid": {"comm.strategy": "hybrid"},

@@ -44,8 +44,9 @@ case "$1" in
     # none again, then on the GPU input path (nvImageCodec) under each set in GPU_SETS (the last
     # of SETS unless given) and none. By default SETS is none and convolutions in XLA's command
     # buffers under each of jax 0.11's update modes: ALWAYS_UPDATE (XLA's default: a graph is
-    # updated when a buffer moves), SKIP_TEMP and SKIP_PROFILED (the temporary buffers', or every
-    # buffer found not to move, addresses kept by remapping virtual memory; jax 0.10 has neither).
+    # updated when a buffer moves), SKIP_TEMP (the temporary buffers kept at one address by
+    # remapping virtual memory) and SKIP_PROFILED (no update for the buffers that did not move in
+    # the first runs); jax 0.10 has neither.
     python3 -c "from scripts.bench import input as b; b.prepare('$data', 1024, 'array_record')"
     cb=--xla_gpu_enable_command_buffer=+CONVOLUTION
     mode=--xla_gpu_command_buffer_update_mode

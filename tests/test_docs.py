@@ -2994,3 +2994,48 @@ def test_trainer_across_hosts_today_and_the_tcp_counters_prose_quotes_the_json()
         f"it kept {eff(256)} of two H200s at 256 images per GPU and {eff(64)} at 64, against "
         f"{peer[256]} and {peer[64]} for the plain peer step",
     ])
+
+
+def test_command_buffer_update_modes_prose_quotes_the_json():
+    """Convolutions in command buffers under jax 0.11's update modes, and one-kernel graphs, at 64
+    images per GPU on one H200, as the four raw calls recorded them."""
+    record = load("cmdbuf_update_modes64_1xH200.json")
+    calls = {c["call"]: c["runs"] for c in record["calls"]}
+
+    def runs(call, variant, flags):
+        return [r["result"] for r in calls[call] if r["variant"] == variant
+                and r["xla_flags"].endswith(flags) and (flags or not r["xla_flags"])]
+
+    def rate(result):
+        return f"{result['images_per_s']:,.0f}"
+
+    def later(result):  # the logged intervals after the first, as the rates take them
+        return [images_per_s for _, images_per_s in result["intervals"][1:]]
+
+    crashed = [*runs(1, "synthetic", "+CONVOLUTION"), *runs(3, "synthetic", "SKIP_TEMP"),
+               *runs(3, "gpu", "SKIP_TEMP")]
+    assert len(crashed) == 3
+    assert all(any("unknown cudnn status: 5003" in line for line in r["log_tail"]) for r in crashed)
+    [profiled] = runs(3, "synthetic", "SKIP_PROFILED")
+    assert profiled["returncode"] == -11 and len(profiled["intervals"]) == 6  # all 600 steps
+    plain3 = runs(3, "synthetic", "")
+    assert len(plain3) == 2
+    probe = " ".join(record["calls"][1]["flag_probe"])  # jax 0.11.2 knows SKIP_*, not NEVER_*
+    assert "'SKIP_TEMP'" in probe and "'NEVER_UPDATE'" not in probe
+    assert "Flag parsing failed" in probe
+    min1 = "--xla_gpu_graph_min_graph_size=1"
+    [synthetic_min1] = runs(2, "synthetic", min1)
+    plain2 = runs(2, "synthetic", "")
+    gpu2, gpu4 = runs(2, "gpu", min1), runs(4, "gpu", min1)
+    [gpu2_plain], [gpu4_plain] = runs(2, "gpu", ""), runs(4, "gpu", "")
+    text = (f"{rate(gpu2[0])} against {rate(gpu2_plain)} images/s in one call, "
+            f"{' and '.join(rate(r) for r in gpu4)} against {rate(gpu4_plain)} in the next")
+    assert_quoted(read("docs/input_pipeline.md"), [text])
+    assert_quoted(read("docs/benchmarks.md"), [
+        f"it trained its 600 steps, {span(later(profiled), ',.0f')} images/s over its logged "
+        f"intervals after the first against {span(later(plain3[0]) + later(plain3[1]), ',.0f')} "
+        "for the two runs without command buffers",
+        f"on synthetic data {rate(synthetic_min1)} images/s (`launch {synthetic_min1['launch_ms']} "
+        f"ms a step`) against {rate(plain2[0])} and {rate(plain2[1])} ({plain2[0]['launch_ms']} "
+        f"and {plain2[1]['launch_ms']}) without them, and on the GPU input path {text}",
+    ])

@@ -668,6 +668,29 @@ def test_bench_gpu_decode_loaded_on_cpu(tmp_path, fake_gpu):  # noqa: F811
     assert table.count("| a:b=1 | yes |") == 1 and "nvimgcodec_decode ms" in table
 
 
+def test_bench_gpu_decode_contention_on_cpu(tmp_path, fake_gpu):  # noqa: F811
+    """The `contention` mode trains alone, then beside each load in turn, per round: every row
+    has the step's rate and its launch, each load's row its own rate (at least a batch of 4
+    records read, or decoded, in its time)."""
+    doc = bench_gpu_decode.main(
+        ["contention", f"--data_dir={tmp_path}", "--num_images=16", "--image_size=32",
+         "--canvas=128", "--per_gpu", "4", "--batches=1", "--repeats=1", "--tiny_model",
+         "--train_model=alexnet_bn", "--train_compute_dtype=float32", "--rounds=2",
+         "--load_seconds=0.5", "--loads", "records", "decode", "both",
+         f"--out={tmp_path / 'contention.json'}"]
+    )
+    rows = doc["results"]
+    loads = ["none", "records", "decode", "both"]
+    assert [(r["round"], r["load"]) for r in rows] == [(k, load) for k in (1, 2) for load in loads]
+    for r in rows:
+        assert r["train_images_per_s"] > 0 and r["train_launch_ms"] > 0, r
+        assert ("load_images_per_s" in r) == (r["load"] != "none"), r
+        if r["load"] != "none":  # whole batches of 4 in 0.5 s (at least one each)
+            images = r["load_images_per_s"] * 0.5
+            assert images >= 4 * 0.99, r
+    assert doc["seconds_per_row"] == 0.5
+
+
 def test_bench_gpu_decode_records_counts_the_second_half_per_batch_size(tmp_path):
     """`records` reads the host half alone (no decoder): per --per_gpu, whole batches across
     the epochs of a small dataset, timed over the second half of --record_seconds."""

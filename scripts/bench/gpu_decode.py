@@ -16,6 +16,14 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
     thread, for each --decoder_options, batches not waited for one by one (as the trainer's
     input thread); each row has the training's images/s meanwhile and the ms a batch spent in
     each phase.
+  * `contention`: what each half of the GPU path costs the train step's launch: the trainer's
+    step (as `loaded` trains it) on one GPU at the first --per_gpu, alone (`none`) and beside
+    each of --loads in turn, --rounds times, --load_seconds each: `records` (record batches
+    read as the trainer reads them, --num_workers processes, no GPU work), `decode` (the decode
+    stage over records read beforehand: this process's CUDA calls and the GPU's decoding, no
+    reading) and `both` (records read and decoded, as the trainer's input thread does). Each
+    row has the step's images/s, the median ms a step spent in the step's call (the host's
+    launch, the trainer's `launch N ms a step`) and the load's own images/s.
   * `crop`: the crop-and-resize program alone (`crop_resize.crop_resize`, as the decode stage
     runs it after each batch's decode, on XLA's stream, so its time adds to the step's) on one
     GPU, for each --per_gpu and --crop_kernels (`crop_resize.resize_tiles`' `kernel`): ms a
@@ -32,6 +40,7 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
   python -m scripts.bench.gpu_decode smoke --data_dir=/tmp/jia_bench_data --out=smoke.json
   python -m scripts.bench.gpu_decode decode --data_dir=/tmp/jia_bench_data --out=stage.json
   python -m scripts.bench.gpu_decode loaded --per_gpu 256 --out=loaded.json
+  python -m scripts.bench.gpu_decode contention --per_gpu 64 --num_workers 8 --out=contention.json
   python -m scripts.bench.gpu_decode crop --per_gpu 256 64 --out=crop.json
   python -m scripts.bench.gpu_decode records --per_gpu 256 64 --num_workers 8 --out=records.json
 """
@@ -46,6 +55,7 @@ import io
 import itertools
 import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -546,6 +556,92 @@ def loaded(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+LOADS = ("records", "decode", "both")
+
+
+def contention(args: argparse.Namespace) -> dict[str, Any]:
+    """The train step's rate and launch alone and beside each load (see `contention` above)."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    from jia_jax import gpu_input, tfds_input  # pylint: disable=import-outside-toplevel
+
+    device, per_gpu = jax.local_devices()[0], args.per_gpu[0]
+    records = _record_batches(args, per_gpu, args.batches)
+    decoders = [[(gpu_input.device_decoders([device])[device], slice(0, per_gpu))]]
+    _stage_rate(records, decoders, args, args.canvas)  # compiles the crop before any row
+    # Started once: its workers wait, their buffers full, while other rows run.
+    stream = tfds_input.host_iterator(_train_records(args, per_gpu), num_threads=4,
+                                      num_workers=args.num_workers)
+    for _ in range(_RECORD_WARMUP):
+        next(stream)
+    loads = {
+        "none": _idle_for,
+        "records": functools.partial(_read_for, stream),
+        "decode": functools.partial(_decode_for, itertools.cycle(records), decoders, args),
+        "both": functools.partial(_decode_for, stream, decoders, args),
+    }
+    rows = []
+    with _training(device, per_gpu, args) as train_times:
+        for round_, load in itertools.product(range(1, args.rounds + 1), ("none", *args.loads)):
+            row = {"per_gpu": per_gpu, "load": load, "round": round_}
+            train_times.run(True)
+            first, start = len(train_times), time.perf_counter()
+            images = loads[load](args.load_seconds)
+            seconds = time.perf_counter() - start
+            last = len(train_times)
+            train_times.run(False)
+            row["train_images_per_s"] = per_gpu * (last - first) / seconds
+            row["train_launch_ms"] = 1e3 * statistics.median(train_times.calls[first:last])
+            if load != "none":
+                row["load_images_per_s"] = images / seconds
+            print(row, flush=True)
+            rows.append(row)
+    return {"seconds_per_row": args.load_seconds, "results": rows}
+
+
+def _idle_for(seconds: float) -> int:
+    """No load: the step alone for `seconds`."""
+    time.sleep(seconds)
+    return 0
+
+
+def _read_for(stream: Iterator[dict], seconds: float) -> int:
+    """Images of the record batches read from `stream` in `seconds`."""
+    from jia_jax import record_batches  # pylint: disable=import-outside-toplevel
+
+    images, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        images += len(next(stream)[record_batches.FLIP])
+    return images
+
+
+def _decode_for(
+    batches: Iterator[dict], decoders, args: argparse.Namespace, seconds: float
+) -> int:
+    """Images decoded on the GPU from `batches` in `seconds` (the last batch waited for), each
+    batch's decode not waited for one by one, as the trainer's input thread."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    from jia_jax import gpu_input  # pylint: disable=import-outside-toplevel
+
+    end = time.perf_counter() + seconds
+
+    def until_time():
+        while time.perf_counter() < end:
+            yield next(batches)
+
+    def refuse(position: int) -> dict:
+        raise RuntimeError(f"the GPU decoder refused example {position} of generated JPEGs")
+
+    images, out = 0, None
+    for out in gpu_input.device_batches(until_time(), decoders, refuse, first_step=0,
+                                        image_size=args.image_size, canvas=args.canvas):
+        images += sum(part.shape[0] for part in out["image"])
+    if out is not None:
+        jax.block_until_ready(out["image"])
+    return images
+
+
 @contextlib.contextmanager
 def _phase_timer() -> Iterator[dict[str, float]]:
     """Seconds spent in each phase of a decoded batch (jia_jax/gpu_input.py), summed over
@@ -587,11 +683,13 @@ def _phase_timer() -> Iterator[dict[str, float]]:
 
 
 class _StepTimes(list):
-    """When each step of `_training` finished; `run(flag)` resumes or pauses the training (a
-    pause returns once no step is in flight)."""
+    """When each step of `_training` finished, and in `calls` the seconds each spent in the step's
+    call (its launch); `run(flag)` resumes or pauses the training (a pause returns once no step is
+    in flight)."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.calls: list[float] = []
         self.running = False
         self.idle = threading.Event()
 
@@ -636,7 +734,9 @@ def _training(device, per_gpu: int, args: argparse.Namespace) -> Iterator[_StepT
                 times.idle.set()
                 time.sleep(0.01)
                 continue
+            start = time.perf_counter()
             state, metrics = step(state, batch)
+            times.calls.append(time.perf_counter() - start)
             jax.block_until_ready(previous)
             previous = metrics
             times.append(time.perf_counter())
@@ -771,7 +871,9 @@ def _report_row(
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("smoke", "decode", "loaded", "crop", "records", "report"))
+    parser.add_argument(
+        "mode", choices=("smoke", "decode", "loaded", "contention", "crop", "records", "report")
+    )
     parser.add_argument("--data_dir", default="/tmp/jia_bench_data")
     parser.add_argument("--num_images", type=int, default=1024, help="JPEGs to write if absent")
     parser.add_argument("--image_size", type=int, default=224)
@@ -813,6 +915,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--train_compute_dtype", default="bfloat16", help="loaded: its precision.compute"
     )
+    parser.add_argument("--loads", nargs="+", default=list(LOADS), choices=LOADS,
+                        help="contention: what runs beside the step, each after it alone")
+    parser.add_argument("--rounds", type=int, default=2, help="contention: rounds of the loads")
+    parser.add_argument("--load_seconds", type=float, default=8.0,
+                        help="contention: seconds of each row")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.mode == "report":
@@ -825,8 +932,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     flags.FLAGS.mark_as_parsed()  # grain's worker processes read an absl flag
     bench_input.prepare(args.data_dir, args.num_images, "array_record")  # unless there
-    modes = {"smoke": smoke, "decode": decode_stage, "loaded": loaded, "crop": crop,
-             "records": records}
+    modes = {"smoke": smoke, "decode": decode_stage, "loaded": loaded, "contention": contention,
+             "crop": crop, "records": records}
     doc = modes[args.mode](args)
     doc = {"command": " ".join(sys.argv), "args": vars(args), **doc}
     harness.close_record(args.out, doc)

@@ -32,9 +32,9 @@ from absl import logging
 #   strategy computes the same mean (up to summation order); so may `comm.network`, which only
 #   picks the plan, and what XLA is told of it, which only moves the schedule. `comm.dtype`, the
 #   precision on the wire, is compared.
-# - `model.space_to_depth_stem` / `model.sliced_max_pool` may change (or be absent, in
-#   checkpoints from before they existed): the same function on the same variables, another
-#   summation order (tests/test_fused_layers.py).
+# - `model.space_to_depth_stem` / `model.sliced_max_pool` / `model.pointwise_as_dot` may change
+#   (or be absent, in checkpoints from before they existed): the same function on the same
+#   variables, another summation order (tests/test_fused_layers.py).
 FREE_ON_RESUME = (
     "allow_config_change",
     "log_every_steps",
@@ -69,6 +69,7 @@ FREE_ON_RESUME = (
     "comm.told_bandwidth_scale",
     "model.space_to_depth_stem",
     "model.sliced_max_pool",
+    "model.pointwise_as_dot",
     # When to give up (on bad records, on overflowing fp16 steps): never what a step computes.
     "data.max_bad_records",
     "precision.loss_scale.max_skips_at_minimum",

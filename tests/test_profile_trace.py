@@ -270,3 +270,25 @@ def test_jit_calls_counts_each_call_once_on_host_threads_only(tmp_path):
         "PjitFunction(crop)": {"calls_per_step": 0.5, "us_per_step": 1.0},
         "PjitFunction(step)": {"calls_per_step": 1.0, "us_per_step": 8.0},
     }
+
+
+def test_profile_step_builds_every_case_with_the_model_options(tmp_path, monkeypatch):
+    """`--model_options` reaches the config of each case (a case that fails is recorded with
+    its error, the next still runs)."""
+    from scripts.bench import profile_step, trainer_step
+
+    seen = []
+
+    def make_config(*args, **kwargs):
+        seen.append(kwargs["model_options"])
+        raise RuntimeError("stop after the config")
+
+    monkeypatch.setattr(trainer_step, "make_config", make_config)
+    rows = profile_step.main([
+        "--cases=resnet50:1x1:xla:64,resnet50:1x1:xla:256", "--model_options=pointwise_as_dot,",
+        f"--out={tmp_path / 'p.json'}",
+    ])
+    assert seen == [["pointwise_as_dot"], ["pointwise_as_dot"]]
+    assert all("stop after the config" in r["error"] for r in rows)
+    profile_step.main(["--cases=resnet50:1x1:xla:64", f"--out={tmp_path / 'q.json'}"])
+    assert seen[-1] == []

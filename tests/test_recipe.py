@@ -96,7 +96,7 @@ def test_model_options_are_free_on_resume():
     """A checkpoint from before the options existed resumes with them on (same function)."""
     config = default.get_config()
     current = recipe.of_run(config.to_json(), num_devices=8)
-    options = ("space_to_depth_stem", "sliced_max_pool")
+    options = ("space_to_depth_stem", "sliced_max_pool", "pointwise_as_dot")
     for option in options:
         del config.model[option]
     meta = {"step": 5, "seed": 0, "config": config.to_json(), "num_devices": 8}

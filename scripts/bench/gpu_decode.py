@@ -590,9 +590,11 @@ def contention(args: argparse.Namespace) -> dict[str, Any]:
             seconds = time.perf_counter() - start
             last = len(train_times)
             train_times.run(False)
+            row["seconds"] = seconds  # past --load_seconds by the batch then under way
             row["train_images_per_s"] = per_gpu * (last - first) / seconds
             row["train_launch_ms"] = 1e3 * statistics.median(train_times.calls[first:last])
             if load != "none":
+                row["load_images"] = images
                 row["load_images_per_s"] = images / seconds
             print(row, flush=True)
             rows.append(row)

@@ -268,27 +268,9 @@ def _stage_rate(
     `decoders`, after a warm-up pass; each batch waited for before the next if `wait_each`, else
     only the last (the trainer's input thread waits for none: only its tile ring waits, for the
     crop that last read an array)."""
-    import jax  # pylint: disable=import-outside-toplevel
 
-    from jia_jax import gpu_input  # pylint: disable=import-outside-toplevel
-
-    def refuse(position: int) -> dict:
-        raise RuntimeError(f"the GPU decoder refused example {position} of generated JPEGs")
-
-    def run(batches) -> None:
-        outputs = gpu_input.device_batches(
-            iter(batches),
-            decoders,
-            refuse,
-            first_step=0,
-            image_size=args.image_size,
-            canvas=canvas,
-        )
-        out = None
-        for out in outputs:
-            if wait_each:
-                jax.block_until_ready(out["image"])
-        jax.block_until_ready(out["image"])
+    def run(batches: list[dict]) -> None:
+        _decode_batches(iter(batches), decoders, args.image_size, canvas, wait_each)
 
     run(records)  # compiles each tile count
     start = time.perf_counter()
@@ -296,6 +278,31 @@ def _stage_rate(
     seconds = time.perf_counter() - start
     per_gpu = decoders[0][0][1].stop - decoders[0][0][1].start
     return per_gpu * len(records) * args.repeats / seconds
+
+
+def _decode_batches(
+    batches: Iterator[dict], decoders, image_size: int, canvas: int, wait_each: bool
+) -> int:
+    """The images `gpu_input.device_batches` decodes from `batches` with the decoder sets
+    `decoders`; each batch waited for before the next if `wait_each`, else only the last."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    from jia_jax import gpu_input  # pylint: disable=import-outside-toplevel
+
+    def refuse(position: int) -> dict:
+        raise RuntimeError(f"the GPU decoder refused example {position} of generated JPEGs")
+
+    outputs = gpu_input.device_batches(
+        batches, decoders, refuse, first_step=0, image_size=image_size, canvas=canvas
+    )
+    images, out = 0, None
+    for out in outputs:
+        images += sum(part.shape[0] for part in out["image"])
+        if wait_each:
+            jax.block_until_ready(out["image"])
+    if out is not None:
+        jax.block_until_ready(out["image"])
+    return images
 
 
 def _whole_image_decode(
@@ -622,26 +629,13 @@ def _decode_for(
 ) -> int:
     """Images decoded on the GPU from `batches` in `seconds` (the last batch waited for), each
     batch's decode not waited for one by one, as the trainer's input thread."""
-    import jax  # pylint: disable=import-outside-toplevel
-
-    from jia_jax import gpu_input  # pylint: disable=import-outside-toplevel
-
     end = time.perf_counter() + seconds
 
-    def until_time():
+    def until_time() -> Iterator[dict]:
         while time.perf_counter() < end:
             yield next(batches)
 
-    def refuse(position: int) -> dict:
-        raise RuntimeError(f"the GPU decoder refused example {position} of generated JPEGs")
-
-    images, out = 0, None
-    for out in gpu_input.device_batches(until_time(), decoders, refuse, first_step=0,
-                                        image_size=args.image_size, canvas=args.canvas):
-        images += sum(part.shape[0] for part in out["image"])
-    if out is not None:
-        jax.block_until_ready(out["image"])
-    return images
+    return _decode_batches(until_time(), decoders, args.image_size, args.canvas, wait_each=False)
 
 
 @contextlib.contextmanager

@@ -116,7 +116,7 @@ def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, An
         model_width=args.model_width,
         small_inputs=args.small_inputs,
         comm_dtype=case["wire"],
-        model_options=[o for o in args.model_options.split(",") if o],
+        model_options=args.model_options,
     )
     setup = trainer_step.build_setup(config, devices)
     state = setup["init"]()
@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--model_width", type=int, default=None, help="tiny models for CPU runs")
     parser.add_argument("--small_inputs", action="store_true")
     parser.add_argument(
-        "--model_options", default="",
+        "--model_options", type=harness.strings, default=[],
         help="comma-separated model.* options for every case, e.g. pointwise_as_dot (no_: off)",
     )
     parser.add_argument("--steps", type=int, default=20)

@@ -12,6 +12,13 @@
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
 data=/tmp/jia_bench_data
+prepare_jpegs() {  # the generated JPEGs of scripts/bench/input.py, unless there
+  python3 -c "from scripts.bench import input as b; b.prepare('$data', 1024, 'array_record')"
+}
+train64() {  # train64 FLAG ...: the trainer at 64 images per GPU, 600 steps, 16 cores
+  taskset -c 0-15 python3 -m scripts.bench.train_input --data_dir=$data --per_gpu=64 \
+    --steps=600 --log_every=100 --timeout_s=150 "$@" || true
+}
 case "$1" in
   input)
     taskset -c 0 python3 -m scripts.bench.input_stage_costs | tee "$OUT/input_stage_costs.log"
@@ -49,7 +56,7 @@ case "$1" in
     # updated when a buffer moves), SKIP_TEMP (the temporary buffers kept at one address by
     # remapping virtual memory) and SKIP_PROFILED (no update for the buffers that did not move in
     # the first runs); jax 0.10 has neither.
-    python3 -c "from scripts.bench import input as b; b.prepare('$data', 1024, 'array_record')"
+    prepare_jpegs
     cb=--xla_gpu_enable_command_buffer=+CONVOLUTION
     mode=--xla_gpu_command_buffer_update_mode
     remap="$cb $mode=SKIP_TEMP;$cb $mode=SKIP_PROFILED"
@@ -64,15 +71,11 @@ case "$1" in
     i=0
     for flags in "${sets[@]}" ""; do
       i=$((i + 1))
-      taskset -c 0-15 python3 -m scripts.bench.train_input --data_dir=$data --per_gpu=64 \
-        --steps=600 --log_every=100 --variants=synthetic --timeout_s=150 --xla_flags="$flags" \
-        --out="$OUT/cmdbuf64_$i.json" || true
+      train64 --variants=synthetic --xla_flags="$flags" --out="$OUT/cmdbuf64_$i.json"
     done
     for flags in "${gpu_sets[@]}"; do
       i=$((i + 1))
-      taskset -c 0-15 python3 -m scripts.bench.train_input --data_dir=$data --per_gpu=64 \
-        --steps=600 --log_every=100 --variants=gpu --num_workers=8 --timeout_s=150 \
-        --xla_flags="$flags" --out="$OUT/cmdbuf64_$i.json" || true
+      train64 --variants=gpu --num_workers=8 --xla_flags="$flags" --out="$OUT/cmdbuf64_$i.json"
     done
     ;;
   pointwise)
@@ -91,13 +94,12 @@ case "$1" in
     # `python -m jia_jax.main` at 64 images per GPU (600 steps, 16 cores) on synthetic data and
     # on the GPU input path (nvImageCodec, 8 record-reading workers), without and with
     # `model.pointwise_as_dot` in turn, two rounds: where the host's launch sets the pace.
-    python3 -c "from scripts.bench import input as b; b.prepare('$data', 1024, 'array_record')"
+    prepare_jpegs
     for round in 1 2; do
       for option in False True; do
-        taskset -c 0-15 python3 -m scripts.bench.train_input --data_dir=$data --per_gpu=64 \
-          --steps=600 --log_every=100 --variants=synthetic,gpu --num_workers=8 --timeout_s=150 \
+        train64 --variants=synthetic,gpu --num_workers=8 \
           --override=--config.model.pointwise_as_dot=$option \
-          --out="$OUT/pointwise64_${option}_$round.json" || true
+          --out="$OUT/pointwise64_${option}_$round.json"
       done
     done
     ;;

@@ -1002,6 +1002,18 @@ def test_bench_hosts_takes_the_median_after_the_compile_interval():
         bench_hosts.steady_rate(log.splitlines()[0])
 
 
+def test_bench_hosts_keeps_the_launch_ms_after_the_compile_interval():
+    log = "\n".join(
+        f"I0 loop.py] step {s:3d}/90 | learning_rate 0.1 | loss 3.0 | top1 0 | 100.0 img/s"
+        f" | input wait 1% | launch {ms} ms a step | ETA 0:00:01"
+        for s, ms in ((30, 900.0), (60, 8.5), (90, 12.25))
+    )
+    # The first interval's launch holds the compile; lines without the field add nothing.
+    assert bench_hosts.logged_launch_ms(log) == [8.5, 12.25]
+    old = log.replace(" | launch 8.5 ms a step", "")
+    assert bench_hosts.logged_launch_ms(old) == [12.25]
+
+
 def test_bench_link_reports_each_axis_and_size_over_processes(tmp_path, monkeypatch):
     _cpu_processes(monkeypatch, 2)
     out = tmp_path / "link.json"

@@ -75,6 +75,12 @@ def steady_rate(log: str) -> tuple[float, float, list[float]]:
     return statistics.median(rates), found[-1]["loss"], rates
 
 
+def logged_launch_ms(log: str) -> list[float]:
+    """The host's ms a step in the step's call over each logged interval after the first, where
+    the trainer logged it: a loop whose launch nears the step's time sets the pace itself."""
+    return [p["launch_ms"] for p in harness.trainer_progress(log)[1:] if "launch_ms" in p]
+
+
 def trainer_args(args: argparse.Namespace, batch: int, devices: int, strategy: str) -> list[str]:
     """Config and overrides of one row (without the launcher's own flags)."""
     out = [
@@ -173,11 +179,13 @@ def host_row(
             *rest,
         ]
         log = run(command, env, variant.get("source"))
-        rate, loss, rates = steady_rate(log.split("profile of steps")[0] if profiled else log)
+        timed = log.split("profile of steps")[0] if profiled else log
+        rate, loss, rates = steady_rate(timed)
         row = {
             "command": " ".join(command),
             "images_per_s": rate,
             "logged_images_per_s": rates,
+            "logged_launch_ms": logged_launch_ms(timed),
             "loss": loss,
             "told": told(log),
         }
@@ -205,11 +213,13 @@ def one_gpu_row(args: argparse.Namespace, batch: int, env: dict[str, str]) -> di
             one_env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=flags)
         else:
             one_env.update(CUDA_VISIBLE_DEVICES="0")
-        rate, loss, rates = steady_rate(run(command, one_env))
+        log = run(command, one_env)
+        rate, loss, rates = steady_rate(log)
     return {
         "command": " ".join(command),
         "images_per_s": rate,
         "logged_images_per_s": rates,
+        "logged_launch_ms": logged_launch_ms(log),
         "loss": loss,
     }
 

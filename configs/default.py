@@ -19,15 +19,12 @@ def get_config() -> ml_collections.ConfigDict:
     # passes or kernels (the model docstrings say how). On one GPU each alone made the ResNet-50
     # step 2-3% faster at 256 and 64 images, against plain layers with a two-pass BatchNorm
     # variance; with both, beside today's one-pass layers, the step ran 1.074x the same step
-    # with the plain layers at 256 images (docs/benchmarks.md, "One GPU"). `pointwise_as_dot`
-    # (ResNets: 1x1 convolutions as GEMMs, which XLA keeps in its CUDA graphs; the same function)
-    # is not yet measured and stays off.
+    # with the plain layers at 256 images (docs/benchmarks.md, "One GPU").
     config.model = ml_collections.ConfigDict(
         {
             "name": "resnet50",
             "space_to_depth_stem": True,
             "sliced_max_pool": True,
-            "pointwise_as_dot": False,
         }
     )
 

@@ -32,9 +32,9 @@ from absl import logging
 #   strategy computes the same mean (up to summation order); so may `comm.network`, which only
 #   picks the plan, and what XLA is told of it, which only moves the schedule. `comm.dtype`, the
 #   precision on the wire, is compared.
-# - `model.space_to_depth_stem` / `model.sliced_max_pool` / `model.pointwise_as_dot` may change
-#   (or be absent, in checkpoints from before they existed): the same function on the same
-#   variables, another summation order (tests/test_fused_layers.py).
+# - `model.space_to_depth_stem` / `model.sliced_max_pool` may change (or be absent, in
+#   checkpoints from before they existed): the same function on the same variables, another
+#   summation order (tests/test_fused_layers.py).
 FREE_ON_RESUME = (
     "allow_config_change",
     "log_every_steps",
@@ -69,7 +69,6 @@ FREE_ON_RESUME = (
     "comm.told_bandwidth_scale",
     "model.space_to_depth_stem",
     "model.sliced_max_pool",
-    "model.pointwise_as_dot",
     # When to give up (on bad records, on overflowing fp16 steps): never what a step computes.
     "data.max_bad_records",
     "precision.loss_scale.max_skips_at_minimum",
@@ -93,7 +92,9 @@ FREE_ON_RESUME = (
 # `model.input_moments` (BatchNorm statistics of ResNet's widening 1x1 convolutions from their
 # input, off by default) gave the same statistics up to fp32 rounding and the same backward, and
 # was measured no faster (docs/benchmarks.md, "Can BatchNorm's statistics come from a 1x1
-# convolution's input?").
+# convolution's input?"); `model.pointwise_as_dot` (ResNet's 1x1 convolutions as matrix products,
+# off by default) computed the same function on the same variables, and made XLA abort on a GPU
+# (docs/benchmarks.md, "Can 1x1 convolutions as matrix products shorten the launch?").
 RETIRED = (
     "comm.backward_cuts",
     "model.weight_grads_first",
@@ -102,6 +103,7 @@ RETIRED = (
     "comm.deferred_buckets",
     "comm.isolate_buckets",
     "model.input_moments",
+    "model.pointwise_as_dot",
 )
 _MISSING = object()
 

@@ -5,8 +5,6 @@
 #   OUT=/tmp/out bash scripts/bench_1gpu.sh step    # the step vs flax, torch.compile; its profile
 #   OUT=/tmp/out bash scripts/bench_1gpu.sh cmdbuf  # the trainer at 64 images with convolutions
 #                                                   # in XLA's command buffers, per update mode
-#   OUT=/tmp/out bash scripts/bench_1gpu.sh pointwise   # 1x1 convs as GEMMs: the step in-process
-#   OUT=/tmp/out bash scripts/bench_1gpu.sh pointwise64 # ... and the trainer at 64, both inputs
 # On a machine with more GPUs, `input` also measures them all (one process, cores - 1 workers).
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
@@ -78,30 +76,5 @@ case "$1" in
       train64 --variants=gpu --num_workers=8 --xla_flags="$flags" --out="$OUT/cmdbuf64_$i.json"
     done
     ;;
-  pointwise)
-    # `model.pointwise_as_dot` (1x1 convolutions as GEMMs, which XLA keeps in its CUDA graphs)
-    # against the default step and the plain flax step, one after another on one GPU, at 256 and
-    # 64 images; then both steps' profiles at 64 (kernels a step, the host's time in the call).
-    export JAX_COMPILATION_CACHE_DIR=/tmp/jia_jax_compilation_cache
-    python3 -m scripts.bench.peers --models=resnet50 --batches=256,64 --kinds=trainer,flax \
-      --model_options=pointwise_as_dot --budget_s=300 --out="$OUT/bench_peers_pointwise.json"
-    for options in "" pointwise_as_dot; do
-      python3 -m scripts.bench.profile_step --steps=5 --trace_steps=3 --model_options="$options" \
-        --out="$OUT/profile_64${options:+_$options}.json" --cases=resnet50:1x1:xla:64 || true
-    done
-    ;;
-  pointwise64)
-    # `python -m jia_jax.main` at 64 images per GPU (600 steps, 16 cores) on synthetic data and
-    # on the GPU input path (nvImageCodec, 8 record-reading workers), without and with
-    # `model.pointwise_as_dot` in turn, two rounds: where the host's launch sets the pace.
-    prepare_jpegs
-    for round in 1 2; do
-      for option in False True; do
-        train64 --variants=synthetic,gpu --num_workers=8 \
-          --override=--config.model.pointwise_as_dot=$option \
-          --out="$OUT/pointwise64_${option}_$round.json"
-      done
-    done
-    ;;
-  *) echo "usage: $0 input|step|cmdbuf|pointwise|pointwise64" >&2; exit 2 ;;
+  *) echo "usage: $0 input|step|cmdbuf" >&2; exit 2 ;;
 esac

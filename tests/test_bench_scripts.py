@@ -284,7 +284,7 @@ def test_bench_peers_flax_step_keeps_the_plain_layers_whatever_the_defaults():
     for model in ("resnet50", "alexnet_bn"):
         case = {"model": model, "per_device_batch": 2}
         flax = bench_peers.case_config({**case, "kind": "flax"}, args).model
-        assert not (flax.space_to_depth_stem or flax.sliced_max_pool or flax.pointwise_as_dot)
+        assert not flax.space_to_depth_stem and not flax.sliced_max_pool, model
     trainer = bench_peers.case_config({"model": "resnet50", "per_device_batch": 2,
                                        "kind": "trainer"}, args).model
     assert trainer.space_to_depth_stem and trainer.sliced_max_pool  # the defaults, untouched

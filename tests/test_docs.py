@@ -3039,3 +3039,39 @@ def test_command_buffer_update_modes_prose_quotes_the_json():
         f"ms a step`) against {rate(plain2[0])} and {rate(plain2[1])} ({plain2[0]['launch_ms']} "
         f"and {plain2[1]['launch_ms']}) without them, and on the GPU input path {text}",
     ])
+
+
+def test_pointwise_as_dot_prose_quotes_the_json():
+    """1x1 convolutions as matrix products on one H200: XLA's abort, then the rates with
+    Triton's GEMMs off, and the default step against the flax peer in the first call."""
+    record = load("pointwise_as_dot_1xH200.json")
+    first, second = record["calls"]
+
+    def rate(rows, kind, batch, option):
+        [row] = [r for r in rows if r["kind"] == kind and r["per_device_batch"] == batch
+                 and bool(r.get("model_options")) == option]
+        return row
+
+    peers = first["peers"]["results"]
+    aborted = [r for r in peers if r.get("model_options")]
+    assert len(aborted) == 2 and all(r["error"] == "worker exited with status -6" for r in aborted)
+    fatal = second["crash"][0].split("] ", 1)[1].strip()
+    no_triton = second["peers_no_triton_gemm"]
+    assert "--xla_gpu_enable_triton_gemm=false" in no_triton["environment"]["xla_flags"]
+    rows = no_triton["results"]
+    quotes = [f"`{fatal}`"]
+    quotes.append(
+        f"ran {rate(rows, 'trainer', 64, True)['images_per_s']:,.0f} images/s queued at 64 images "
+        f"against {rate(rows, 'trainer', 64, False)['images_per_s']:,.0f} without the option, and "
+        f"{rate(rows, 'trainer', 256, True)['images_per_s']:,.0f} at 256 against "
+        f"{rate(rows, 'trainer', 256, False)['images_per_s']:,.0f}"
+    )
+    t256, t64 = rate(peers, "trainer", 256, False), rate(peers, "trainer", 64, False)
+    f256, f64 = rate(peers, "flax", 256, False), rate(peers, "flax", 64, False)
+    quotes.append(
+        f"ran {t256['images_per_s']:,.0f} and {t64['images_per_s']:,.0f} images/s against the "
+        f"plain flax step's {f256['images_per_s']:,.0f} and {f64['images_per_s']:,.0f} "
+        f"({t256['ratio_vs_faster_peer']:.3f} and {t64['ratio_vs_faster_peer']:.3f} times it)"
+    )
+    assert_quoted(read("docs/benchmarks.md"), quotes)
+

@@ -321,10 +321,7 @@ def test_options_keep_the_variables_of_the_plain_net(name, count):
 
     # The options as the default config sets them: every one on.
     options = {k: v for k, v in default.get_config().model.items() if k != "name"}
-    assert options == {
-        "space_to_depth_stem": True, "sliced_max_pool": True, "pointwise_as_dot": False
-    }
-    options["pointwise_as_dot"] = True  # and the one not yet on by default
+    assert options == {"space_to_depth_stem": True, "sliced_max_pool": True}
     (plain, plain_order), (optioned, optioned_order) = variables(), variables(**options)
     assert optioned_order == plain_order
     assert jax.tree.structure(optioned) == jax.tree.structure(plain)
@@ -380,8 +377,7 @@ def test_options_compute_the_plain_net_float64(x64, name, width, image):
     def build(**options):
         return create_model(name, num_classes=3, dtype=jnp.float64, width=width, **options)
 
-    plain = build()
-    optioned = build(space_to_depth_stem=True, sliced_max_pool=True, pointwise_as_dot=True)
+    plain, optioned = build(), build(space_to_depth_stem=True, sliced_max_pool=True)
     # Drawn here, not by a compiled `init` (ResNet-50's alone took ~8 s of the test's ~25 s).
     shapes = jax.eval_shape(lambda: plain.init(jax.random.key(0), x, train=False))
     variables = _randomise(_random_kernels(shapes, seed=7), seed=6)

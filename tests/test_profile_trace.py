@@ -285,10 +285,10 @@ def test_profile_step_builds_every_case_with_the_model_options(tmp_path, monkeyp
 
     monkeypatch.setattr(trainer_step, "make_config", make_config)
     rows = profile_step.main([
-        "--cases=resnet50:1x1:xla:64,resnet50:1x1:xla:256", "--model_options=pointwise_as_dot,",
+        "--cases=resnet50:1x1:xla:64,resnet50:1x1:xla:256", "--model_options=space_to_depth_stem,",
         f"--out={tmp_path / 'p.json'}",
     ])
-    assert seen == [["pointwise_as_dot"], ["pointwise_as_dot"]]
+    assert seen == [["space_to_depth_stem"], ["space_to_depth_stem"]]
     assert all("stop after the config" in r["error"] for r in rows)
     profile_step.main(["--cases=resnet50:1x1:xla:64", f"--out={tmp_path / 'q.json'}"])
     assert seen[-1] == []

@@ -96,7 +96,7 @@ def test_model_options_are_free_on_resume():
     """A checkpoint from before the options existed resumes with them on (same function)."""
     config = default.get_config()
     current = recipe.of_run(config.to_json(), num_devices=8)
-    options = ("space_to_depth_stem", "sliced_max_pool", "pointwise_as_dot")
+    options = ("space_to_depth_stem", "sliced_max_pool")
     for option in options:
         del config.model[option]
     meta = {"step": 5, "seed": 0, "config": config.to_json(), "num_devices": 8}
@@ -109,14 +109,15 @@ def test_model_options_are_free_on_resume():
 
 def test_retired_fields_of_an_older_checkpoint_resume_as_absent():
     """A checkpoint saved while `comm.backward_cuts` / `model.weight_grads_first` /
-    `xla.command_buffer_convolutions` / `comm.deferred_buckets` / `model.input_moments` existed
-    resumes on today's config (which has none of them) without `allow_config_change`; other
+    `xla.command_buffer_convolutions` / `comm.deferred_buckets` / `model.input_moments` /
+    `model.pointwise_as_dot` existed resumes on today's config (which has none of them) without `allow_config_change`; other
     changes still stop it."""
     config = digits.get_config()
     old = json.loads(config.to_json())
     old["comm"]["backward_cuts"] = [3, 4]
     old["comm"]["deferred_buckets"] = 1
     old["model"]["input_moments"] = False
+    old["model"]["pointwise_as_dot"] = True
     old["model"]["weight_grads_first"] = True
     old["xla"] = {"command_buffer_convolutions": True}  # a block of its own, now gone
     meta = {**digits_meta(config), "config": json.dumps(old)}

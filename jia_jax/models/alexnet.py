@@ -89,8 +89,6 @@ class AlexNetBN(nn.Module):
         same 11x11x3 kernel parameter. No effect with ``small_inputs`` (its conv1 has stride 1).
       sliced_max_pool: The three 3x3/2 max-pools with the elementwise backward of
         `max_pool.py` (the same function and gradient), as ResNet's option of that name.
-      pointwise_as_dot: ResNet's option of that name (1x1 convolutions as matrix products);
-        AlexNet-BN has no 1x1 convolution, so it changes nothing here.
     """
 
     num_classes: int
@@ -104,7 +102,6 @@ class AlexNetBN(nn.Module):
     small_inputs: bool = False
     space_to_depth_stem: bool = False
     sliced_max_pool: bool = False
-    pointwise_as_dot: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
@@ -116,7 +113,7 @@ class AlexNetBN(nn.Module):
             (``batch_stats`` must then be mutable), and apply dropout if enabled.
         """
         # No biases before BN: BN subtracts the batch mean, so such a bias gets zero gradient.
-        conv = layers.conv(self, _kernel_init, self.pointwise_as_dot)
+        conv = layers.conv(self, _kernel_init)
         dense = functools.partial(
             nn.Dense,
             use_bias=False,

@@ -9,14 +9,6 @@ update are plain elementwise passes.
 
 The kernel takes the values `nn.Conv` would give it with the same initializer and key (drawn
 (h, w, in, out), then transposed), so a model keeps its initial function and training.
-
-With `pointwise_as_dot`, a 1x1 convolution is computed as what it is, a matrix product of each
-pixel's channels with the (out, in) kernel (after the stride's subsampling), so XLA emits a GEMM
-(cuBLAS, or its own GEMM fusion, which may fold the elementwise ops producing an operand into
-the GEMM) instead of a cuDNN convolution. XLA records GEMMs and fusions into the CUDA graphs it
-launches by default, but not convolutions (convolutions in them fail in the trainer:
-docs/benchmarks.md, "Earlier code on one H200"): ResNet-50's 36 1x1 convolutions of 53 leave a
-step's kernels in longer runs that one graph launch each can replace.
 """
 
 from __future__ import annotations
@@ -62,8 +54,6 @@ class Conv(nn.Module):
       dtype: The computation's dtype (None: from the input and kernel, as `nn.Conv`).
       param_dtype: The kernel's dtype.
       kernel_init: An initializer of (h, w, in, out) kernels, as `nn.Conv` takes.
-      pointwise_as_dot: A 1x1 window without padding computed as a matrix product (above): the
-        same function and parameter. Other windows are convolutions either way.
     """
 
     features: int
@@ -73,7 +63,6 @@ class Conv(nn.Module):
     dtype: jnp.dtype | None = None
     param_dtype: jnp.dtype = jnp.float32
     kernel_init: Initializer = nn.initializers.lecun_normal()
-    pointwise_as_dot: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -88,18 +77,6 @@ class Conv(nn.Module):
         )
         strides = (self.strides,) * 2 if isinstance(self.strides, int) else tuple(self.strides)
         x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=self.dtype)
-        if self.pointwise_as_dot and (kh, kw) == (1, 1) and _unpadded(self.padding):
-            # A 1x1 window with stride s reads every s-th pixel: ceil(size / s) of them, as
-            # "SAME" and "VALID" give for this window.
-            x = x[:, :: strides[0], :: strides[1], :]
-            return jax.lax.dot_general(x, kernel[:, 0, 0, :], (((3,), (1,)), ((), ())))
         return jax.lax.conv_general_dilated(
             x, kernel, strides, self.padding, dimension_numbers=DIMENSIONS
         )
-
-
-def _unpadded(padding: str | Sequence[tuple[int, int]]) -> bool:
-    """Whether `padding` adds no pixels around a 1x1 window ("SAME" adds none for it)."""
-    if isinstance(padding, str):
-        return padding in ("SAME", "VALID")
-    return all(low == high == 0 for low, high in padding)

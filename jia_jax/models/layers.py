@@ -128,18 +128,14 @@ def max_pool(model: nn.Module) -> Callable[..., jax.Array]:
     return sliced.max_pool if model.sliced_max_pool else nn.max_pool
 
 
-def conv(
-    model: nn.Module, kernel_init: Initializer, pointwise_as_dot: bool = False
-) -> Callable[..., Conv]:
+def conv(model: nn.Module, kernel_init: Initializer) -> Callable[..., Conv]:
     """The models' bias-free convolution (`nn.Conv`'s function, the kernel stored in cuDNN's
-    (out, h, w, in) order: `conv.py`) in `model`'s dtypes; with `pointwise_as_dot` its 1x1
-    windows as matrix products (the same function)."""
+    (out, h, w, in) order: `conv.py`) in `model`'s dtypes."""
     return functools.partial(
         Conv,
         dtype=model.dtype,
         param_dtype=model.param_dtype,
         kernel_init=kernel_init,
-        pointwise_as_dot=pointwise_as_dot,
     )
 
 

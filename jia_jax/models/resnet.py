@@ -117,9 +117,6 @@ class ResNet(nn.Module):
         the winning tap (`max_pool.py`): the same function and gradient (ties to the first
         maximum in window order, as flax's), with an elementwise backward instead of XLA's
         select-and-scatter.
-      pointwise_as_dot: The 1x1 convolutions (two of each bottleneck's three, and the strided
-        projections) computed as matrix products (`conv.py`): the same function and parameters,
-        GEMMs instead of cuDNN convolutions.
     """
 
     num_classes: int
@@ -133,7 +130,6 @@ class ResNet(nn.Module):
     small_inputs: bool = False
     space_to_depth_stem: bool = False
     sliced_max_pool: bool = False
-    pointwise_as_dot: bool = False
 
     def __post_init__(self) -> None:
         if self.depth not in _ARCHITECTURES:
@@ -152,7 +148,7 @@ class ResNet(nn.Module):
             (``batch_stats`` must then be mutable); otherwise use the running averages.
         """
         # Bias-free: every conv is followed by BN, whose bias makes a conv bias redundant.
-        conv = layers.conv(self, _conv_init, self.pointwise_as_dot)
+        conv = layers.conv(self, _conv_init)
         norm = layers.batch_norm(self, train)  # fp32 statistics, output in dtype
         kind, stage_sizes = _ARCHITECTURES[self.depth]
         block_cls = BasicBlock if kind == "basic" else BottleneckBlock

@@ -51,7 +51,7 @@ from scripts.bench import harness
 
 KINDS = ("trainer", "flax", "torch")
 # The model options that compute the same function in fewer passes, off for the flax peer.
-PLAIN_LAYERS = ("no_space_to_depth_stem", "no_sliced_max_pool", "no_pointwise_as_dot")
+PLAIN_LAYERS = ("no_space_to_depth_stem", "no_sliced_max_pool")
 
 
 def _jax_step(case: dict[str, Any], args: argparse.Namespace, cache: dict[str, Any]):

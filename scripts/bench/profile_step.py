@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--small_inputs", action="store_true")
     parser.add_argument(
         "--model_options", type=harness.strings, default=[],
-        help="comma-separated model.* options for every case, e.g. pointwise_as_dot (no_: off)",
+        help="comma-separated model.* options for every case, e.g. space_to_depth_stem (no_: off)",
     )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--trace_steps", type=int, default=5)

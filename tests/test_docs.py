@@ -3075,3 +3075,39 @@ def test_pointwise_as_dot_prose_quotes_the_json():
     )
     assert_quoted(read("docs/benchmarks.md"), quotes)
 
+def test_decode_contention_prose_quotes_the_json():
+    """The trainer's step at 64 images alone and beside each half of the GPU path, two rounds."""
+    rows = load("decode_contention64_1xH200.json")["results"]
+
+    def by(load_name):
+        found = sorted((r for r in rows if r["load"] == load_name), key=lambda r: r["round"])
+        assert len(found) == 2
+        return found
+
+    def rates(found, key="train_images_per_s"):
+        return " and ".join(f"{r[key]:,.0f}" for r in found)
+
+    def launch(found):
+        return " and ".join(f"{r['train_launch_ms']:.1f}" for r in found)
+
+    alone, records, decode, both = by("none"), by("records"), by("decode"), by("both")
+    quotes = [
+        f"Alone it ran {rates(alone)} images/s (`launch` {launch(alone)} ms a step)",
+        f"(no GPU work) it ran {rates(records)} ({launch(records)} ms)",
+        f"decoding {rates(decode, 'load_images_per_s')} images/s meanwhile) it ran "
+        f"{rates(decode)} ({launch(decode)} ms)",
+        f"Beside both it ran {rates(both)} ({launch(both)} ms)",
+    ]
+    cost = [1 - d["train_images_per_s"] / a["train_images_per_s"] for d, a in zip(decode, alone)]
+    reading = [1 - r["train_images_per_s"] / a["train_images_per_s"]
+               for r, a in zip(records, alone)]
+    assert {f"{c:.0%}" for c in reading} == {"5%"}
+    quotes.append(f"cost the step {cost[0] * 100:.0f} and {cost[1]:.0%} of its rate, reading "
+                  "records in other processes 5%")
+    assert all(d["load_images_per_s"] > 1.8 * a["train_images_per_s"]
+               for d, a in zip(decode, alone))  # "about twice the step's rate"
+    assert all(b["train_images_per_s"] < a["train_images_per_s"] - (a["train_images_per_s"]
+               - r["train_images_per_s"]) - (a["train_images_per_s"] - d["train_images_per_s"])
+               for b, a, r, d in zip(both, alone, records, decode))  # more than both apart
+    assert_quoted(read("docs/input_pipeline.md"), quotes)
+

@@ -762,6 +762,10 @@ def test_harness_times_every_step_and_queues_one_more():
     assert rates["step_time_s"] == statistics.median(queued)
     assert rates["images_per_s"] == pytest.approx(8 / statistics.median(queued), rel=1e-12)
     assert rates["synced_images_per_s"] == pytest.approx(8 / statistics.median(synced), rel=1e-12)
+    # A stall: the median ignores it, the mean (what a run's logged interval sees) does not.
+    stalled = harness.step_rates(8, [0.1] * 3, [0.1, 0.1, 0.4])
+    assert stalled["images_per_s"] == pytest.approx(80.0, rel=1e-12)
+    assert stalled["mean_images_per_s"] == pytest.approx(8 / 0.2, rel=1e-12)
 
 
 def _cpu_processes(monkeypatch, devices: int) -> None:

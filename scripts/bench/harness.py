@@ -93,12 +93,15 @@ def time_train_step(
 
 def step_rates(batch: int, synced: list[float], queued: list[float]) -> dict[str, Any]:
     """The record's step figures: medians of the queued samples (what training sees) and of the
-    synced ones, and the images/s of `batch` images per step."""
+    synced ones, and the images/s of `batch` images per step; also over the queued samples' mean
+    (`mean_images_per_s`), which keeps the slow steps a median drops, as a training run's
+    logged interval keeps them (across a network whose link stalls now and then, they differ)."""
     step, synced_step = statistics.median(queued), statistics.median(synced)
     return {
         "step_time_s": step,
         "samples_s": queued,
         "images_per_s": batch / step,
+        "mean_images_per_s": batch / statistics.mean(queued),
         "synced_step_time_s": synced_step,
         "synced_samples_s": synced,
         "synced_images_per_s": batch / synced_step,

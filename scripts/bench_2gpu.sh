@@ -21,6 +21,8 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh leaves    # comm.concatenate_buckets=False likewise
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh loop      # the trainer's loop against its own step
 #                                                     # timed in-process, told alike, at 64
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh loop_ab   # the same in turns: step, trainer, step,
+#                                                     # trainer (the link drifts within a call)
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh levers64  # at 64 images: an 8 MiB first bucket and
 #                                                     # two all-reduces in flight, told
 # Autotuning results are cached across the child processes (same kernels, same choices).
@@ -225,6 +227,19 @@ case "$1" in
       --in_process=overlap_cap,peer --in_process_network=emulated \
       --out="$OUT/bench_hosts_loop_2gpu.json"
     ;;
+  loop_ab)
+    # In "loop" the trainer ran before its step each time, and lost to it by 10 to 26% while the
+    # trainer's own logged intervals swung by as much: the two in turns, twice, at 64 images per
+    # GPU, the step's one-GPU row in the first turn only (the trainer's has its own each turn).
+    for turn in 1 2; do
+      layouts=2x1
+      if [[ $turn == 1 ]]; then layouts=1x1,2x1; fi
+      python3 -m scripts.bench.overlap --layouts=$layouts --batches=64 --variants=overlap_cap \
+        --steps=50 --tell_xla_network=emulated --out="$OUT/bench_loop_ab_step_$turn.json"
+      python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches=64 \
+        --strategies=default --steps=100 --out="$OUT/bench_loop_ab_trainer_$turn.json"
+    done
+    ;;
   levers64)
     # The told step at 64 images per GPU across 2 emulated hosts x 1 GPU against an 8 MiB first
     # bucket (ready after fewer convolutions) and two all-reduces in flight; round-robin, three
@@ -235,6 +250,6 @@ case "$1" in
       --out="$OUT/bench_overlap_levers64_2x1.json"
     ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
-       "|told_half|told_half64|told_scale_trainer|cmdbuf|after|leaves|loop|levers64" >&2
+       "|told_half|told_half64|told_scale_trainer|cmdbuf|after|leaves|loop|loop_ab|levers64" >&2
      exit 2 ;;
 esac

@@ -3075,6 +3075,7 @@ def test_pointwise_as_dot_prose_quotes_the_json():
     )
     assert_quoted(read("docs/benchmarks.md"), quotes)
 
+
 def test_decode_contention_prose_quotes_the_json():
     """The trainer's step at 64 images alone and beside each half of the GPU path, two rounds."""
     rows = load("decode_contention64_1xH200.json")["results"]
@@ -3111,3 +3112,61 @@ def test_decode_contention_prose_quotes_the_json():
                for b, a, r, d in zip(both, alone, records, decode))  # more than both apart
     assert_quoted(read("docs/input_pipeline.md"), quotes)
 
+
+def test_trainer_loop_prose_quotes_the_json():
+    """The trainer against its own step across 2 emulated hosts x 1 GPU at 64 images per GPU."""
+    calls = {c["call"]: c for c in load("trainer_loop_2x1_2xH200.json")["calls"]}
+
+    def rows(doc, hosts):
+        return [r for r in doc["results"] if r["hosts"] == hosts]
+
+    def mean_rate(row):
+        return row["hosts"] * row["gpus_per_host"] * 64 / statistics.mean(row["samples_s"])
+
+    turns = calls[4]["turns"]
+    steps = [rows(t["step"], 2)[0] for t in turns]
+    trainers = [rows(t["trainer"], 2)[0] for t in turns]
+    [step_one] = rows(turns[0]["step"], 1)
+    trainer_one = [rows(t["trainer"], 1)[0] for t in turns]
+    def both(values, fmt=",.0f"):
+        return " and ".join(f"{v:{fmt}}" for v in values)
+
+    def rates(found):
+        return both(r["images_per_s"] for r in found)
+
+    kept = [t["images_per_s"] / s["images_per_s"] for t, s in zip(trainers, steps)]
+    kept_of_mean = [t["images_per_s"] / mean_rate(s) for t, s in zip(trainers, steps)]
+    quotes = [
+        f"the step ran {rates(steps)} images/s and the trainer {rates(trainers)}, "
+        f"{both(kept, '.3f')} of the step before it",
+        f"({step_one['images_per_s']:,.0f} images/s for the step, {rates(trainer_one)} for the "
+        "trainer)",
+        f"Over the mean of the same steps the step ran {both(mean_rate(s) for s in steps)} "
+        f"images/s, and the trainer kept {both(kept_of_mean, '.3f')}",
+    ]
+    launch = [ms for t in trainers for ms in t["logged_launch_ms"]]
+    quotes.append(f"`launch` {min(launch):.1f} to {max(launch):.1f} ms a step")
+    assert all(128 / t["images_per_s"] > 0.015 for t in trainers)  # "a step of about 16 ms"
+    watched, unwatched = rows(calls[2]["hosts"], 2)[:2]
+    assert unwatched["overrides"] == ["--config.distributed.watch_peers=false"]
+    [in_process] = [r for r in rows(calls[2]["hosts"], 2) if r.get("timing") == "in-process"
+                    and r["strategy"] == "overlap_cap"]
+    quotes.append(f"the trainer ran {unwatched['images_per_s']:,.0f} images/s against "
+                  f"{watched['images_per_s']:,.0f} with it on (one call, both before the "
+                  f"in-process step's {in_process['images_per_s']:,.0f})")
+    queues = rows(calls[5]["hosts"], 2)
+    many = [r for r in queues if "--config.data.decode=cpu" not in r.get("overrides", [])]
+    few = [r for r in queues if "--config.data.decode=cpu" in r.get("overrides", [])]
+    assert len(many) == len(few) == 2
+    quotes.append(f"32 queues ran {rates(many)} images/s, and with 8 ran {rates(few)}")
+    traced = rows(calls[3]["hosts"], 2)
+    [trainer] = [r for r in traced if "logged_images_per_s" in r]
+    [step] = [r for r in traced if r.get("timing") == "in-process"]
+    quotes.append(
+        f"exposed {trainer['exposed_comm_ms']:.1f} ms of NCCL time a step and left the GPU idle "
+        f"{trainer['idle_ms']:.1f} ms, against {step['exposed_comm_ms']:.1f} and "
+        f"{step['idle_ms']:.1f} for the in-process step"
+    )
+    swing = trainer["logged_images_per_s"]
+    quotes.append(f"swung from {min(swing):,.0f} to {max(swing):,.0f} images/s")
+    assert_quoted(read("docs/benchmarks.md"), quotes)

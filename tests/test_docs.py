@@ -3170,3 +3170,28 @@ def test_trainer_loop_prose_quotes_the_json():
     swing = trainer["logged_images_per_s"]
     quotes.append(f"swung from {min(swing):,.0f} to {max(swing):,.0f} images/s")
     assert_quoted(read("docs/benchmarks.md"), quotes)
+
+
+def test_told_overlap_picture_draws_the_schedule_table(tmp_path):
+    """The picture of the told default against the peer spans what the doc's schedule table
+    gives each bucket: from the convolutions before its start to those plus the ones between."""
+    from scripts.render import overlap_plot
+
+    text = read("docs/benchmarks.md")
+    assert "![Where XLA put each gradient all-reduce, told](overlap_told_2xH200.png)" in text
+    assert (REPO / "docs/overlap_told_2xH200.png").stat().st_size > 10_000
+    table = text[text.index("From `docs/benchmarks/bench_overlap_deferred_2xH200.json#schedule`"):]
+    expected: dict[str, list[tuple[int, int]]] = {}
+    for line in table.splitlines()[4:]:
+        if not line.startswith("|"):
+            break
+        variant, batch, shape, _, start, between, _ = (c.strip() for c in line.split("|")[1:-1])
+        if variant in ("overlap_cap, told emulated", "peer, told emulated") and "bf16" in shape:
+            label = f"{variant.split(',')[0]}, {batch}/GPU"
+            expected.setdefault(label, []).append((int(start), int(start) + int(between)))
+    assert len(expected) == 4
+    raw = load("bench_overlap_deferred_2xH200.json")
+    assert dict(overlap_plot.bars(raw, ("overlap_cap", "peer"))) == expected
+    with pytest.raises(ValueError, match="no 2x1 row"):
+        overlap_plot.draw(str(RAW / "bench_overlap_deferred_2xH200.json"),
+                          str(tmp_path / "x.png"), ("no_such_variant",))

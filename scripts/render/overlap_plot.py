@@ -1,8 +1,11 @@
 """Draws where XLA put each gradient all-reduce of the 2-host step, before and after the overlap.
 
   python -m scripts.render.overlap_plot docs/benchmarks/bench_overlap_2xH100.json docs/overlap_2xH100.png
+  python -m scripts.render.overlap_plot docs/benchmarks/bench_overlap_deferred_2xH200.json \
+      docs/overlap_told_2xH200.png --variants=overlap_cap,peer
 
-One row per (variant, per-GPU batch) of the raw file's 2 processes x 1 GPU rows; the horizontal
+One row per (variant, per-GPU batch) of the raw file's 2 processes x 1 GPU rows of `--variants`
+(by default no_overlap and overlap), told or not as the raw file ran them; the horizontal
 axis is the step's convolutions in XLA's schedule order (forward, then backward's data and weight
 gradients), the unit in which the raw file records each all-reduce's start and done. A bar runs
 from an all-reduce's start to its done: the convolutions under it run while it is in flight; a
@@ -11,8 +14,9 @@ tick is an all-reduce XLA waits for where it starts.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+from collections.abc import Sequence
 from typing import Any
 
 # ResNet-50's forward has 53 convolutions (stem, 16 blocks of 3, 4 projections); the 105 after
@@ -36,7 +40,8 @@ def bars(doc: dict[str, Any], variants: tuple[str, ...]) -> list[tuple[str, list
     return out
 
 
-def main(source: str, target: str) -> None:
+def draw(source: str, target: str, variants: tuple[str, ...]) -> None:
+    """Saves the picture of `source`'s 2x1 rows of `variants` to `target`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -44,7 +49,10 @@ def main(source: str, target: str) -> None:
 
     with open(source) as f:
         doc = json.load(f)
-    rows = bars(doc, ("no_overlap", "overlap"))
+    rows = bars(doc, variants)
+    if not rows:
+        raise ValueError(f"{source} has no 2x1 row with a schedule of the variants {variants}")
+    device = doc.get("environment", {}).get("device_kind", "GPU").removeprefix("NVIDIA ")
     total = max(c["convolutions"] for r in doc["results"] for c in r.get("schedule", [])[:1])
     fig, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 1.2))
     for y, (label, spans) in enumerate(rows):
@@ -58,10 +66,19 @@ def main(source: str, target: str) -> None:
     ax.set_xlim(0, total + 2)
     ax.set_ylim(-0.6, len(rows))
     ax.set_xlabel("convolutions of the step, in XLA's schedule order")
-    ax.set_title("Gradient all-reduces of 2 hosts x 1 H100 (bar: start to done)")
+    ax.set_title(f"Gradient all-reduces of 2 hosts x 1 {device} (bar: start to done)")
     fig.tight_layout()
     fig.savefig(target, dpi=110)
 
 
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("source", help="a scripts.bench.overlap raw file")
+    parser.add_argument("target", help="the PNG to write")
+    parser.add_argument("--variants", default="no_overlap,overlap", help="comma-separated")
+    args = parser.parse_args(argv)
+    draw(args.source, args.target, tuple(args.variants.split(",")))
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main()

@@ -11,6 +11,7 @@ import os
 import shutil
 import statistics
 import sys
+import typing
 
 import jax
 import pytest
@@ -1229,3 +1230,55 @@ def test_bench_gpu_decode_crop_times_the_program_per_batch(tmp_path):
     for r in rows:
         assert r["ms_per_batch"] == pytest.approx(1e3 / r["batches_per_s"])
         assert r["ms_per_batch"] > 0
+
+
+def test_harness_times_the_step_as_the_training_loop_runs_it():
+    """`time_loop`: every call gets the stop flags; step t's metrics reach the host once step
+    t + lag is dispatched, so `steps` samples take `steps + lag + 1` calls."""
+    calls = []
+
+    def step(state, batch, stop):
+        calls.append(stop)
+        return state + batch, {"loss": state}
+
+    stop = jax.numpy.zeros((2,), jax.numpy.int32)
+    state, samples = harness.time_loop(step, jax.numpy.zeros(()), 1.0, stop, steps=3, lag=2)
+    assert len(calls) == 6 and all(s is stop for s in calls)
+    assert float(state) == 6 and len(samples) == 3 and all(s >= 0 for s in samples)
+
+
+def test_bench_overlap_loop_timing_runs_the_step_with_stop_flags(monkeypatch):
+    """`--loop_timing`: the step compiled again with the stop flags (as `jia_jax.loop` calls
+    it) and timed so, its rate over the mean of its samples; the peer's step takes no stop flags
+    and is timed as before."""
+    from configs import default
+    from scripts.bench import overlap as bench_overlap
+
+    mesh = jax.make_mesh((1, 1), ("node", "gpu"), devices=jax.devices()[:1])
+    traced = []
+
+    class State(typing.NamedTuple):
+        params: jax.Array
+
+    @jax.jit
+    def step(state, batch, stop=None):
+        traced.append(stop is not None)
+        return State(state.params + batch), {"loss": state.params}
+
+    setup = {"init": lambda: State(jax.numpy.zeros(())), "batch": jax.numpy.ones(()),
+             "mesh": mesh}
+    monkeypatch.setattr(bench_overlap, "_build", lambda *a: (step, setup, default.get_config()))
+    monkeypatch.setattr(bench_overlap, "resolved_plan", lambda *a: {})
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    args = argparse.Namespace(warmup_steps=1, loop_timing=True)
+    prepared = bench_overlap._prepare(args, "overlap", 2, 1, 1)
+    assert traced == [False, True]
+    bench_overlap._time_round(prepared, 2)
+    samples = prepared["looped"]["samples"]
+    assert len(samples) == 2 and len(prepared["queued"]) == 2
+    # 1 warm-up, then 2 synced, 2 + 2 queued and 2 + METRICS_LAG + 1 looped steps of +1 each.
+    assert float(prepared["state"].params) == 1 + 2 + 4 + 5
+    row = bench_overlap._row(prepared)
+    assert row["loop_images_per_s"] == pytest.approx(2 / statistics.mean(samples))
+    peer = bench_overlap._prepare(args, "peer", 2, 1, 1)
+    assert peer["looped"] is None and traced == [False, True]  # the cached step, no stop flags

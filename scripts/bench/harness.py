@@ -5,6 +5,7 @@ this module says how it is timed, where it runs and how its record is kept:
 
   * `time_steps` / `time_train_step`: a step's seconds, synced (each step waited for) and queued
     (one step in flight ahead; the training loop keeps two), and `step_rates` from them;
+    `time_loop`: as the training loop runs the step (its stop flags, its metrics fetched late);
   * `run_children` / `worker`: cases in child processes under a wall-clock budget, a child that
     dies losing only the case it was running, its rows rewritten to a file after every case;
   * `environment`: commit, devices and versions of the run; `write_json`: the record, atomically;
@@ -75,6 +76,28 @@ def time_steps(step, state, batch, steps: int, queued: bool) -> tuple[Any, list[
                 samples.append(now - last)
             last = now
         prev = metrics
+    jax.block_until_ready(state)
+    return state, samples
+
+
+def time_loop(step, state, batch, stop, steps: int, lag: int) -> tuple[Any, list[float]]:
+    """Seconds per step timed as `jia_jax.loop` runs the step: each call passes the stop flags
+    (`train.stop_flags`), then fetches to host (`metrics.LaggedFetch`) the metrics of the step
+    `lag` calls back, so up to `lag + 1` steps are in flight; a sample is the time between two
+    such fetches. `steps` samples take `steps + lag + 1` steps."""
+    from jia_jax import metrics as metrics_lib  # pylint: disable=import-outside-toplevel
+
+    pending = metrics_lib.LaggedFetch(finite_keys=(), lag=lag)
+    samples, last = [], None
+    for t in range(steps + lag + 1):
+        state, metrics = step(state, batch, stop)
+        if pending.push(t, metrics) is None:
+            continue
+        now = time.perf_counter()
+        if last is not None:
+            samples.append(now - last)
+        last = now
+    pending.flush()
     jax.block_until_ready(state)
     return state, samples
 

@@ -27,7 +27,9 @@ psum each).
 A process compiles every variant of a batch first, then times them in turn, `--rounds` times
 (each round `--steps` synced and `--steps` queued steps of each variant, pooled): the emulated
 link drifts within a call, and rows whose samples interleave see the same drift (PGLE variants,
-whose estimator is a global JAX setting, are timed on their own).
+whose estimator is a global JAX setting, are timed on their own). With `--loop_timing` each round
+then also times `--steps` steps as `jia_jax.loop` runs them (`loop_images_per_s`): the step
+compiled with its stop flags, its metrics fetched to host two steps late.
 
 With `--tell_xla_network=NETWORK` the processes of a layout of several hosts start with XLA's
 latency estimator told their GPUs and that network's links (what `comm.tell_xla_network` sets
@@ -301,8 +303,12 @@ def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, g
 
 
 def _prepare(args, variant: str, batch: int, processes: int, gpus: int) -> dict[str, Any]:
-    """One variant's step built, compiled and warmed up, for `_time_round` and `_row`."""
+    """One variant's step built, compiled and warmed up, for `_time_round` and `_row`; with
+    `--loop_timing` (not for the peer, whose step takes no stop flags) also compiled as the
+    training loop calls it."""
     import jax
+
+    from jia_jax import train
 
     step, setup, config = _build(args, variant, batch, processes, gpus)
     state = setup["init"]()
@@ -312,16 +318,26 @@ def _prepare(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
     for _ in range(args.warmup_steps):
         state, _ = compiled(state, setup["batch"])
     jax.block_until_ready(state)
+    compile_s = time.perf_counter() - start
+    looped = None
+    if args.loop_timing and not variant.startswith("peer"):
+        # The same step with the stop flags as an argument, as `jia_jax.loop` calls it.
+        stop = train.stop_flags(setup["mesh"], False)
+        compiled_loop = step.lower(state, setup["batch"], stop).compile(
+            VARIANTS[variant].get("xla")
+        )
+        looped = {"compiled": compiled_loop, "stop": stop, "samples": []}
     return {
         "variant": variant,
         "compiled": compiled,
+        "looped": looped,
         "state": state,
         "batch": setup["batch"],
         "images": batch * processes * gpus,
         "synced": [],
         "queued": [],
         "fields": {
-            "compile_s": time.perf_counter() - start,
+            "compile_s": compile_s,
             **_plan_fields(variant, config, resolved),
         },
     }
@@ -338,10 +354,19 @@ def _plan_fields(variant: str, config: Any, resolved: dict[str, Any]) -> dict[st
 
 
 def _time_round(prepared: dict[str, Any], steps: int) -> None:
-    """`steps` synced and `steps` queued steps of a prepared variant, added to its samples."""
+    """`steps` synced and `steps` queued steps of a prepared variant, added to its samples; with
+    `--loop_timing` then `steps` as the training loop runs them."""
+    from jia_jax import loop as loop_lib
+
     compiled, batch = prepared["compiled"], prepared["batch"]
     state, synced = harness.time_steps(compiled, prepared["state"], batch, steps, queued=False)
     state, queued = harness.time_steps(compiled, state, batch, steps, queued=True)
+    looped = prepared["looped"]
+    if looped:
+        state, samples = harness.time_loop(
+            looped["compiled"], state, batch, looped["stop"], steps, loop_lib.METRICS_LAG
+        )
+        looped["samples"] += samples
     prepared.update(state=state, synced=prepared["synced"] + synced,
                     queued=prepared["queued"] + queued)
 
@@ -353,6 +378,10 @@ def _row(prepared: dict[str, Any]) -> dict[str, Any]:
 
     row = harness.step_rates(prepared["images"], prepared["synced"], prepared["queued"])
     row.update(prepared["fields"])
+    if prepared["looped"]:
+        samples = prepared["looped"]["samples"]
+        row.update(loop_samples_s=samples,
+                   loop_images_per_s=prepared["images"] / statistics.mean(samples))
     if jax.default_backend() == "gpu":
         row.update(_traced(prepared["compiled"], prepared["state"], prepared["batch"]))
         if jax.process_index() == 0:
@@ -496,6 +525,7 @@ def _layout_rows(
         if args.told_bandwidth != 1:
             told = f"{told} x{args.told_bandwidth:g} bandwidth"
     flags = [f"--{k}={getattr(args, k)}" for k in ("steps", "warmup_steps", "rounds")]
+    flags += ["--loop_timing"] * args.loop_timing
     variants = args.layout_variants.get(layout, args.variants)
     flags += [f"--batches={','.join(map(str, args.batches))}", f"--variants={','.join(variants)}"]
     flags += ["--tiny"] * args.tiny
@@ -553,6 +583,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "`--steps` synced and queued steps of each in turn; the rates pool all rounds' samples",
     )
     parser.add_argument("--warmup_steps", type=int, default=3)
+    parser.add_argument(
+        "--loop_timing", action="store_true",
+        help="each round also times the step as the training loop runs it (its stop flags, its "
+        "metrics fetched to host loop.METRICS_LAG steps late): loop_images_per_s, over the mean",
+    )
     parser.add_argument("--timeout_s", type=float, default=540, help="a layout's limit")
     parser.add_argument(
         "--budget_s",

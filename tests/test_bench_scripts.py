@@ -879,11 +879,15 @@ def test_bench_hosts_times_more_variants_in_process_told_as_the_trainer():
         {"layout": "1x1", "variant": "overlap", "per_device_batch": 64, "images_per_s": 100.0,
          "hosts": 1, "gpus_per_host": 1},
         {"layout": "2x1", "variant": "overlap_cap", "per_device_batch": 64, "images_per_s": 160.0,
-         "hosts": 2, "gpus_per_host": 1, "efficiency": 0.8, "told": "emulated"},
+         "hosts": 2, "gpus_per_host": 1, "efficiency": 0.8, "told": "emulated",
+         "mean_images_per_s": 150.0, "loop_images_per_s": 145.0, "samples_s": [0.4]},
         {"layout": "2x1", "variant": "peer", "per_device_batch": 64, "images_per_s": 140.0,
          "hosts": 2, "gpus_per_host": 1, "efficiency": 0.7, "told": "emulated"},
     ]}
     rows = bench_hosts.in_process_rows(overlap_doc)
+    # The mean and loop rates travel where the run has them; the samples do not.
+    assert (rows[0]["mean_images_per_s"], rows[0]["loop_images_per_s"]) == (150.0, 145.0)
+    assert "samples_s" not in rows[0] and "loop_images_per_s" not in rows[1]
     assert [(r["strategy"], r["told"], r["efficiency"]) for r in rows] == [
         ("overlap_cap", "emulated", 0.8), ("peer", "emulated", 0.7)]
     doc = {"results": rows, "environment": {"device_kind": "cpu", "device_count": 2,

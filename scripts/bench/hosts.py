@@ -249,14 +249,15 @@ def in_process_command(args: argparse.Namespace, out: str) -> list[str]:
 def in_process_rows(overlap_doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The rows of several processes of a `scripts.bench.overlap` run as rows of this file (the
     peer: the trainer's forward/backward and update with a plain reduction after backward), each
-    timed in-process (queued), its efficiency against the in-process one-GPU step of that run,
-    and `told` where that script told XLA the network."""
+    timed in-process (queued; also over the mean step and as the loop runs it, where that run
+    recorded them), its efficiency against the in-process one-GPU step of that run, and `told`
+    where that script told XLA the network."""
     rows = []
     for r in overlap_doc["results"]:
         if "variant" not in r or r.get("layout") == "1x1":
             continue
-        keep = ("per_device_batch", "images_per_s", "efficiency", "exposed_comm_ms", "idle_ms",
-                "told", "error")
+        keep = ("per_device_batch", "images_per_s", "mean_images_per_s", "loop_images_per_s",
+                "efficiency", "exposed_comm_ms", "idle_ms", "told", "error")
         rows.append({
             "hosts": r.get("hosts"),
             "gpus_per_host": r.get("gpus_per_host"),

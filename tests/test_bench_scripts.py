@@ -975,8 +975,11 @@ def test_bench_overlap_tells_the_hosts_xla_the_network_and_marks_their_rows(monk
     monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/d")
     seen = []
 
+    workers = []
+
     def run(module_args, processes, gpus, nccl, timeout):
         seen.append(os.environ["XLA_FLAGS"])
+        workers.append(module_args(0, 1234))
         row = {"variant": "overlap", "per_device_batch": 8, "images_per_s": 1.0}
         return [0] * processes, [bench_overlap._ROW + json.dumps(row)] * processes
 
@@ -984,7 +987,7 @@ def test_bench_overlap_tells_the_hosts_xla_the_network_and_marks_their_rows(monk
     args = argparse.Namespace(
         tell_xla_network="emulated", steps=1, warmup_steps=0, rounds=1, batches=[8],
         variants=["overlap"], layout_variants={}, tiny=False, hlo_dir="", nccl={}, timeout_s=9,
-        told_bandwidth=1.0,
+        told_bandwidth=1.0, loop_timing=False,
     )
     two = bench_overlap._layout_rows(args, "2x1", math.inf)
     one = bench_overlap._layout_rows(args, "1x1", math.inf)
@@ -998,6 +1001,11 @@ def test_bench_overlap_tells_the_hosts_xla_the_network_and_marks_their_rows(monk
     [half] = bench_overlap._layout_rows(halved, "2x1", math.inf)
     assert f"nic_speed_gbps={full / 2e9:.3f}," in seen[-1]
     assert half["told"] == "emulated x0.5 bandwidth"
+    # The workers time the step as the loop runs it only where asked.
+    assert not any("--loop_timing" in w for w in workers)
+    looped = argparse.Namespace(**{**vars(args), "loop_timing": True})
+    bench_overlap._layout_rows(looped, "2x1", math.inf)
+    assert "--loop_timing" in workers[-1]
 
 
 def test_bench_hosts_takes_the_median_after_the_compile_interval():

@@ -641,8 +641,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for r in doc["results"]:
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
                if k in ("layout", "variant", "per_device_batch", "images_per_s",
-                        "mean_images_per_s", "efficiency", "synced_efficiency", "exposed_comm_ms",
-                        "idle_ms", "compile_s", "error")})
+                        "mean_images_per_s", "loop_images_per_s", "efficiency",
+                        "synced_efficiency", "exposed_comm_ms", "idle_ms", "compile_s", "error")})
     return doc
 
 

@@ -1,6 +1,7 @@
 """Draws where XLA put each gradient all-reduce of the 2-host step, before and after the overlap.
 
-  python -m scripts.render.overlap_plot docs/benchmarks/bench_overlap_2xH100.json docs/overlap_2xH100.png
+  python -m scripts.render.overlap_plot docs/benchmarks/bench_overlap_2xH100.json \
+      docs/overlap_2xH100.png --device=H100
   python -m scripts.render.overlap_plot docs/benchmarks/bench_overlap_deferred_2xH200.json \
       docs/overlap_told_2xH200.png --variants=overlap_cap,peer
 
@@ -40,8 +41,9 @@ def bars(doc: dict[str, Any], variants: tuple[str, ...]) -> list[tuple[str, list
     return out
 
 
-def draw(source: str, target: str, variants: tuple[str, ...]) -> None:
-    """Saves the picture of `source`'s 2x1 rows of `variants` to `target`."""
+def draw(source: str, target: str, variants: tuple[str, ...], device: str = "") -> None:
+    """Saves the picture of `source`'s 2x1 rows of `variants` to `target`, titled with `device`
+    (by default the GPU the raw file's environment names)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -52,7 +54,8 @@ def draw(source: str, target: str, variants: tuple[str, ...]) -> None:
     rows = bars(doc, variants)
     if not rows:
         raise ValueError(f"{source} has no 2x1 row with a schedule of the variants {variants}")
-    device = doc.get("environment", {}).get("device_kind", "GPU").removeprefix("NVIDIA ")
+    recorded = doc.get("environment", {}).get("device_kind", "GPU")
+    device = device or recorded.removeprefix("NVIDIA ")
     total = max(c["convolutions"] for r in doc["results"] for c in r.get("schedule", [])[:1])
     fig, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 1.2))
     for y, (label, spans) in enumerate(rows):
@@ -76,8 +79,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("source", help="a scripts.bench.overlap raw file")
     parser.add_argument("target", help="the PNG to write")
     parser.add_argument("--variants", default="no_overlap,overlap", help="comma-separated")
+    parser.add_argument("--device", default="", help="the GPU's name in the title, for raw files "
+                        "that do not record it")
     args = parser.parse_args(argv)
-    draw(args.source, args.target, tuple(args.variants.split(",")))
+    draw(args.source, args.target, tuple(args.variants.split(",")), args.device)
 
 
 if __name__ == "__main__":

@@ -308,13 +308,15 @@ def _prepare(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
     training loop calls it."""
     import jax
 
+    from jia_jax import loop as loop_lib
     from jia_jax import train
 
     step, setup, config = _build(args, variant, batch, processes, gpus)
     state = setup["init"]()
     resolved = resolved_plan(config, setup, state.params)
+    options = VARIANTS[variant].get("xla")
     start = time.perf_counter()
-    compiled = step.lower(state, setup["batch"]).compile(VARIANTS[variant].get("xla"))
+    compiled = step.lower(state, setup["batch"]).compile(options)
     for _ in range(args.warmup_steps):
         state, _ = compiled(state, setup["batch"])
     jax.block_until_ready(state)
@@ -323,10 +325,12 @@ def _prepare(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
     if args.loop_timing and not variant.startswith("peer"):
         # The same step with the stop flags as an argument, as `jia_jax.loop` calls it.
         stop = train.stop_flags(setup["mesh"], False)
-        compiled_loop = step.lower(state, setup["batch"], stop).compile(
-            VARIANTS[variant].get("xla")
-        )
-        looped = {"compiled": compiled_loop, "stop": stop, "samples": []}
+        looped = {
+            "compiled": step.lower(state, setup["batch"], stop).compile(options),
+            "stop": stop,
+            "lag": loop_lib.METRICS_LAG,
+            "samples": [],
+        }
     return {
         "variant": variant,
         "compiled": compiled,
@@ -356,15 +360,13 @@ def _plan_fields(variant: str, config: Any, resolved: dict[str, Any]) -> dict[st
 def _time_round(prepared: dict[str, Any], steps: int) -> None:
     """`steps` synced and `steps` queued steps of a prepared variant, added to its samples; with
     `--loop_timing` then `steps` as the training loop runs them."""
-    from jia_jax import loop as loop_lib
-
     compiled, batch = prepared["compiled"], prepared["batch"]
     state, synced = harness.time_steps(compiled, prepared["state"], batch, steps, queued=False)
     state, queued = harness.time_steps(compiled, state, batch, steps, queued=True)
     looped = prepared["looped"]
     if looped:
         state, samples = harness.time_loop(
-            looped["compiled"], state, batch, looped["stop"], steps, loop_lib.METRICS_LAG
+            looped["compiled"], state, batch, looped["stop"], steps, looped["lag"]
         )
         looped["samples"] += samples
     prepared.update(state=state, synced=prepared["synced"] + synced,

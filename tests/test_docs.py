@@ -3169,7 +3169,33 @@ def test_trainer_loop_prose_quotes_the_json():
     )
     swing = trainer["logged_images_per_s"]
     quotes.append(f"swung from {min(swing):,.0f} to {max(swing):,.0f} images/s")
+    quotes += _loop_timed_quotes(calls[6]["turns"], rows, both)
     assert_quoted(read("docs/benchmarks.md"), quotes)
+
+
+def _loop_timed_quotes(turns, rows, both) -> list[str]:
+    """The call that also timed the step as the loop runs it: the trainer against the step's
+    mean, and both against their own one-GPU rates."""
+    steps = [rows(t["step"], 2)[0] for t in turns]
+    trainers = [rows(t["trainer"], 2)[0] for t in turns]
+    [step_one] = rows(turns[0]["step"], 1)
+    trainer_one = [rows(t["trainer"], 1)[0] for t in turns]
+    step_rates = both(s["images_per_s"] for s in steps)
+    means = both(s["mean_images_per_s"] for s in steps)
+    kept = both((t["images_per_s"] / s["mean_images_per_s"] for t, s in zip(trainers, steps)),
+                ".3f")
+    own = both((t["images_per_s"] / (2 * o["images_per_s"])
+                for t, o in zip(trainers, trainer_one)), ".3f")
+    step_own = both((s["mean_images_per_s"] / (2 * step_one["mean_images_per_s"])
+                     for s in steps), ".3f")
+    swing = [v for t in trainers for v in t["logged_images_per_s"]]
+    return [
+        f"ran the step at {step_rates} images/s over its median step and {means} over its mean, "
+        f"and the trainer at {both(t['images_per_s'] for t in trainers)}, {kept} of the mean",
+        f"the trainer kept {own} of two GPUs, the step over its mean {step_own}",
+        f"the step ran {both(s['loop_images_per_s'] for s in steps)} images/s",
+        f"swung from {min(swing):,.0f} to {max(swing):,.0f} images/s). The trainer's",
+    ]
 
 
 def test_told_overlap_picture_draws_the_schedule_table(tmp_path):

@@ -25,6 +25,8 @@
 #                                                     # trainer (the link drifts within a call)
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh levers64  # at 64 images: an 8 MiB first bucket and
 #                                                     # two all-reduces in flight, told
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh sharded   # the update sharded over the devices,
+#                                                     # against the told default and the peer
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -252,7 +254,32 @@ case "$1" in
       --steps=10 --rounds=3 --tell_xla_network=emulated --budget_s=500 \
       --out="$OUT/bench_overlap_levers64_2x1.json"
     ;;
+  sharded)
+    # The update sharded over the devices (half the gradient bytes under backward, the weights'
+    # half under the next forward) against the told default and the plain peer, across 2
+    # emulated hosts x 1 GPU, told as the trainer is; round-robin, two rounds.
+    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=64,256 \
+      --variants=overlap_cap,sharded_cap,peer --steps=20 --rounds=2 --budget_s=540 \
+      --tell_xla_network=emulated --out="$OUT/bench_overlap_sharded_2x1.json"
+    ;;
+  sharded_apart)
+    # The same with no reduce-scatters combined (the cap let XLA pair them), also with XLA's
+    # speed-of-light estimator off; each sharded step's optimized HLO kept.
+    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=64,256 \
+      --variants=overlap_cap,sharded_apart,sharded_apart_nosol --steps=20 --rounds=2 \
+      --budget_s=540 --tell_xla_network=emulated --hlo_dir="$OUT/hlo" \
+      --out="$OUT/bench_overlap_sharded_apart_2x1.json"
+    ;;
+  sharded_slow)
+    # Told half the network's bandwidth, as both steps are: whether XLA then starts the
+    # reduce-scatters earlier in backward.
+    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=64,256 \
+      --variants=overlap_cap,sharded_apart --steps=20 --rounds=2 --budget_s=500 \
+      --tell_xla_network=emulated --told_bandwidth=0.5 \
+      --out="$OUT/bench_overlap_sharded_slow_2x1.json"
+    ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
-       "|told_half|told_half64|told_scale_trainer|cmdbuf|after|leaves|loop|loop_ab|levers64" >&2
+       "|told_half|told_half64|told_scale_trainer|cmdbuf|after|leaves|loop|loop_ab|levers64" \
+       "|sharded|sharded_apart|sharded_slow" >&2
      exit 2 ;;
 esac

@@ -3221,3 +3221,87 @@ def test_told_overlap_picture_draws_the_schedule_table(tmp_path):
     with pytest.raises(ValueError, match="no 2x1 row"):
         overlap_plot.draw(str(RAW / "bench_overlap_deferred_2xH200.json"),
                           str(tmp_path / "x.png"), ("no_such_variant",))
+
+
+def test_sharded_update_prose_quotes_the_json_and_hlo():
+    """The update sharded over the devices against the told default across 2 emulated hosts:
+    efficiencies, the collectives' places in XLA's schedule, and the weight gradients' places in
+    the optimized HLO."""
+    from scripts.bench import harness
+    from scripts.bench import overlap as bench_overlap
+
+    first, apart, slow = (_overlap_rows(f"bench_overlap_sharded{n}_2x1_2xH200.json")
+                          for n in ("", "_apart", "_slow"))
+
+    def e(table, variant, batch):
+        return f"{table['2x1', variant, batch]['eff']:.3f}"
+
+    def ready(table, variant, batch, op):
+        return [c["convolutions_until_ready"] for c in table["2x1", variant, batch]["schedule"]
+                if c["op"] == op and "bf16" in c["shape"]]
+
+    def by_bucket(table, variant, batch, op):  # keyed by the bucket's (the larger) size
+        return {max(int(n) for n in re.findall(r"bf16\[(\d+)\]", c["shape"])): c
+                for c in table["2x1", variant, batch]["schedule"]
+                if c["op"] == op and "bf16" in c["shape"]}
+
+    scatters = by_bucket(apart, "sharded_apart", 64, "reduce-scatter")
+    reduces = by_bucket(apart, "overlap_cap", 64, "all-reduce")
+    # The buckets in the order backward fills them (the default's all-reduces are ready so).
+    order = sorted(reduces, key=lambda b: reduces[b]["convolutions_until_ready"])
+    fill = [reduces[b]["convolutions_until_ready"] for b in order]
+    gathers = [c["convolutions_between"] for c in
+               apart["2x1", "sharded_apart", 256]["schedule"] if c["op"] == "all-gather"]
+    assert gathers[0] == 0
+    nosol = [c for b in (64, 256) for c in apart["2x1", "sharded_apart_nosol", b]["schedule"]
+             if c["op"] == "reduce-scatter"]
+    assert all(c["sync"] or c["convolutions_before_start"] == c["convolutions"] for c in nosol)
+    quotes = [
+        f"kept {e(first, 'sharded_cap', 64)} of two GPUs at 64 images per GPU against the "
+        f"default's {e(first, 'overlap_cap', 64)} and the plain peer's {e(first, 'peer', 64)}, "
+        f"and {e(first, 'sharded_cap', 256)} at 256 against {e(first, 'overlap_cap', 256)} and "
+        f"{e(first, 'peer', 256)}",
+        f"it kept {e(apart, 'sharded_apart', 64)} at 64 and {e(apart, 'sharded_apart', 256)} at "
+        f"256, against {e(apart, 'overlap_cap', 64)} and {e(apart, 'overlap_cap', 256)} for the "
+        f"default; with XLA's speed-of-light estimator off as well, "
+        f"{e(apart, 'sharded_apart_nosol', 64)} and {e(apart, 'sharded_apart_nosol', 256)}",
+        f"({gathers[1]}, {gathers[2]} and {gathers[3]} convolutions between start and done",
+        f"are ready after {scatters[order[0]]['convolutions_until_ready']} and "
+        f"{scatters[order[1]]['convolutions_until_ready']} of the 158 convolutions, where the "
+        f"default's all-reduces of the same buckets are ready after {fill[0]} and {fill[1]} at "
+        f"64 images; the other two after {scatters[order[2]]['convolutions_until_ready']} and "
+        f"{scatters[order[3]]['convolutions_until_ready']} ({fill[2]} and {fill[3]} for the "
+        "default)",
+        "the reduce-scatters were ready after {}, {}, {} and {} convolutions at 64 images".format(
+            *ready(slow, "sharded_apart", 64, "reduce-scatter")),
+        f"the sharded step kept {e(slow, 'sharded_apart', 64)} and "
+        f"{e(slow, 'sharded_apart', 256)} against the default's {e(slow, 'overlap_cap', 64)} "
+        f"and {e(slow, 'overlap_cap', 256)}",
+    ]
+    assert_quoted(read("docs/benchmarks.md"), quotes)
+    # The first bucket's weight gradients at places 150 to 153, their layers' data gradients at
+    # 55 and 56, in the optimized HLO kept beside the raw file.
+    hlo = gzip.decompress((RAW / "hlo_2x1_sharded_apart_64_2xH200.hlo.gz").read_bytes()).decode()
+    entry = harness.entry_lines(hlo)
+    convs = [i for i, line in enumerate(entry) if bench_overlap._CONVOLUTION in line]
+    graph = bench_overlap._operand_graph(entry)
+    [start] = [n for n, (line, _) in graph.items()
+               if "reduce-scatter-start(" in entry[line] and "bf16[7565288]" in entry[line]]
+    conv_lines = set(convs)
+    seen, todo, found = set(), list(graph[start][1]), []
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in graph:
+            continue
+        seen.add(name)
+        line, operands = graph[name]
+        if line in conv_lines:
+            found.append((convs.index(line), "convBackwardFilter" in entry[line],
+                          re.search(r"ResNet\)\)/(stage4_block\d/conv\d)", entry[line])))
+        todo.extend(operands)
+    late = sorted((place, m.group(1)) for place, wgrad, m in found if wgrad and place >= 150)
+    assert [p for p, _ in late] == [150, 151, 152, 153]
+    assert {layer for _, layer in late} == {"stage4_block2/conv3", "stage4_block3/conv1",
+                                            "stage4_block3/conv2", "stage4_block3/conv3"}
+    dgrads = {m.group(1): place for place, wgrad, m in found if not wgrad and m}
+    assert (dgrads["stage4_block3/conv1"], dgrads["stage4_block2/conv3"]) == (55, 56)

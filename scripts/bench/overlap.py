@@ -20,7 +20,10 @@ with the cap (`overlap_nosol`, `overlap_nosol_cap`), the overlap and the peer wi
 profile-guided latency estimator (`overlap_pgle`, `peer_pgle`), and `peer`: the trainer's
 forward/backward and update with a plain reduction after backward (`peer_steps`'
 `peer_wire_buckets`: leaves concatenated into buckets of the config's size in its wire dtype, one
-psum each).
+psum each), and `sharded_*`: the update sharded over the devices
+(`scripts/bench/sharded_step.py`: buckets reduce-scattered in backward, weights all-gathered
+under the next forward), with combining capped at the bucket size as told (`sharded_cap`), with
+no reduce-scatter combined (`sharded_apart`), also with the estimator off (`_nosol`).
 
   efficiency = images/s on the layout / (its GPUs x images/s of 1x1 at the same batch)
 
@@ -144,6 +147,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "xla": {"comm.strategy": "xla"},
     "auto": {"comm.strategy": "auto", "comm.bucket_bytes": -1, "comm.hybrid_crossover_bytes": -1},
     "peer": {"comm.overlap": False},
+    # The update sharded over the devices (`scripts/bench/sharded_step.py`): each bucket
+    # reduce-scattered during backward, the weights all-gathered under the next forward; with
+    # combining capped as the told trainer caps it.
+    "sharded_cap": {"xla": _CAP},
+    # The cap kept XLA from pairing all-reduces, but it measures a reduce-scatter by its output
+    # (1/n of a bucket), so it paired the reduce-scatters (bench_overlap_sharded_2x1_2xH200.json):
+    # none combined; also with XLA's speed-of-light estimator off (each starts where ready).
+    "sharded_apart": {"xla": {**_CAP, "xla_gpu_reduce_scatter_combine_threshold_bytes": 0}},
+    "sharded_apart_nosol": {
+        "xla": {**_CAP, **_NO_SOL, "xla_gpu_reduce_scatter_combine_threshold_bytes": 0}
+    },
     # With JAX's profile-guided latency estimator (`jax_enable_pgle`) and XLA's latency-hiding
     # scheduler: the jitted step runs `_PGLE_RUNS` times under the profiler, then is recompiled
     # with the measured op times, so the scheduler knows how long each all-reduce takes.
@@ -272,7 +286,7 @@ def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, g
     import jax
 
     from jia_jax import train
-    from scripts.bench import peer_steps, trainer_step
+    from scripts.bench import peer_steps, sharded_step, trainer_step
 
     config = trainer_step.make_config(
         "resnet50",
@@ -297,6 +311,14 @@ def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, g
     parts = (setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"])
     if variant.startswith("peer"):
         step = peer_steps.make_peer_step("peer_wire_buckets", *parts)
+    elif variant.startswith("sharded"):
+        params = jax.eval_shape(setup["init"]).params
+        image_shape = setup["batch"]["image"].shape[1:]
+        step, shard = sharded_step.make_sharded_step(
+            setup["model"], setup["schedule"], config, setup["mesh"], params, image_shape
+        )
+        init = setup["init"]
+        setup = {**setup, "init": lambda: shard(init())}
     else:
         step = train.make_train_step(*parts)
     return step, setup, config
@@ -304,8 +326,8 @@ def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, g
 
 def _prepare(args, variant: str, batch: int, processes: int, gpus: int) -> dict[str, Any]:
     """One variant's step built, compiled and warmed up, for `_time_round` and `_row`; with
-    `--loop_timing` (not for the peer, whose step takes no stop flags) also compiled as the
-    training loop calls it."""
+    `--loop_timing` (not for the peer or the sharded step, which take no stop flags) also
+    compiled as the training loop calls it."""
     import jax
 
     from jia_jax import loop as loop_lib
@@ -313,7 +335,8 @@ def _prepare(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
 
     step, setup, config = _build(args, variant, batch, processes, gpus)
     state = setup["init"]()
-    resolved = resolved_plan(config, setup, state.params)
+    sharded = variant.startswith("sharded")  # its own plan, the config's explicit buckets
+    resolved = {} if sharded else resolved_plan(config, setup, state.params)
     options = VARIANTS[variant].get("xla")
     start = time.perf_counter()
     compiled = step.lower(state, setup["batch"]).compile(options)
@@ -322,7 +345,7 @@ def _prepare(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
     jax.block_until_ready(state)
     compile_s = time.perf_counter() - start
     looped = None
-    if args.loop_timing and not variant.startswith("peer"):
+    if args.loop_timing and not (sharded or variant.startswith("peer")):
         # The same step with the stop flags as an argument, as `jia_jax.loop` calls it.
         stop = train.stop_flags(setup["mesh"], False)
         looped = {
@@ -348,9 +371,11 @@ def _prepare(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
 
 
 def _plan_fields(variant: str, config: Any, resolved: dict[str, Any]) -> dict[str, Any]:
-    """The plan a row ran: strategy (the peer's by name), buckets, and what 'auto' resolved to."""
+    """The plan a row ran: strategy (the peer's and the sharded step's by name), buckets, and
+    what 'auto' resolved to."""
+    named = next((n for n in ("peer", "sharded") if variant.startswith(n)), None)
     return {
-        "strategy": "peer" if variant.startswith("peer") else config.comm.strategy,
+        "strategy": named or config.comm.strategy,
         "bucket_bytes": config.comm.bucket_bytes,
         "first_bucket_bytes": config.comm.first_bucket_bytes,
         **resolved,
@@ -639,11 +664,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             gpus = r["hosts"] * r["gpus_per_host"]
             r["efficiency"] = r["images_per_s"] / (gpus * one["images_per_s"])
             r["synced_efficiency"] = r["synced_images_per_s"] / (gpus * one["synced_images_per_s"])
+            # Over the mean step: the link's stalls counted, as the trainer's logged rate counts
+            # them (docs/benchmarks.md, "Does the trainer's loop cost more than its step").
+            r["mean_efficiency"] = r["mean_images_per_s"] / (gpus * one["mean_images_per_s"])
     harness.close_record(args.out, doc)
     for r in doc["results"]:
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()
                if k in ("layout", "variant", "per_device_batch", "images_per_s",
-                        "mean_images_per_s", "loop_images_per_s", "efficiency",
+                        "mean_images_per_s", "loop_images_per_s", "efficiency", "mean_efficiency",
                         "synced_efficiency", "exposed_comm_ms", "idle_ms", "compile_s", "error")})
     return doc
 

@@ -670,16 +670,22 @@ def hosts_table(doc: dict[str, Any]) -> str:
 
 
 def overlap_table(doc: dict[str, Any]) -> str:
-    """Each (layout, variant, batch) row of scripts/bench/overlap.py: rates, efficiency, trace."""
+    """Each (layout, variant, batch) row of scripts/bench/overlap.py: rates, efficiency, trace;
+    over the mean step too where the file has it (`mean_efficiency`)."""
+    rows = [r for r in doc["results"] if "images_per_s" in r]
+    means = all("mean_efficiency" in r for r in rows)
     lines = [
         f"The trainer's step timed in-process ({_where(doc)}; ResNet-50 64K config, bf16, `flat`, "
-        "synthetic data; efficiency against the 1x1 row of the same batch):",
+        "synthetic data; efficiency against the 1x1 row of the same batch"
+        + ("; images/s over the median queued step, mean images/s over the mean" if means else "")
+        + "):",
         "",
-        "| processes x GPUs | variant | per GPU | images/s | efficiency | synced images/s "
-        "| synced efficiency | exposed comm ms/step | idle ms/step |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| processes x GPUs | variant | per GPU | images/s | efficiency "
+        + ("| mean images/s | mean efficiency " if means else "")
+        + "| synced images/s | synced efficiency | exposed comm ms/step | idle ms/step |",
+        "| --- | --- | ---: | ---: | ---: |" + (" ---: | ---: |" if means else "")
+        + " ---: | ---: | ---: | ---: |",
     ]
-    rows = [r for r in doc["results"] if "images_per_s" in r]
     # Computed here, not read: a run cut short by its time limit wrote its rows but not these.
     # Against the 1x1 row of the same run where a file holds several runs of a call, else the
     # file's first of that batch.
@@ -695,9 +701,11 @@ def overlap_table(doc: dict[str, Any]) -> str:
         if base:
             efficiency = f"{r['images_per_s'] / (gpus * base['images_per_s']):.3f}"
             synced = f"{r['synced_images_per_s'] / (gpus * base['synced_images_per_s']):.3f}"
+        mean = (f"{r['mean_images_per_s']:.0f} | {r['mean_efficiency']:.3f} | "
+                if means else "")
         lines.append(
             f"| {r['layout']} | {_overlap_variant(r) if r['layout'] != '1x1' else '-'} | "
-            f"{r['per_device_batch']} | {r['images_per_s']:.0f} | {efficiency} | "
+            f"{r['per_device_batch']} | {r['images_per_s']:.0f} | {efficiency} | {mean}"
             f"{r['synced_images_per_s']:.0f} | {synced} | "
             f"{r['exposed_comm_ms']:.1f} | {r['idle_ms']:.1f} |"
         )
@@ -720,24 +728,35 @@ def overlap_schedule_table(doc: dict[str, Any]) -> str:
     rows = [r for r in doc["results"] if r.get("layout") == "2x1" and "schedule" in r]
     # Files since the bench recorded it: the convolutions up to the last one a bucket needs.
     ready = any("convolutions_until_ready" in c for r in rows for c in r["schedule"])
+    # The sharded step's buckets leave as reduce-scatters and return as all-gathers.
+    kinds = ("all-reduce", "reduce-scatter", "all-gather")
+    named = any(c["op"] != "all-reduce" for r in rows for c in r["schedule"])
     lines = [
-        "Each gradient all-reduce of the 2 processes x 1 GPU steps in XLA's schedule: the "
+        "Each gradient "
+        + ("bucket's collective" if named else "all-reduce")
+        + " of the 2 processes x 1 GPU steps in XLA's schedule: the "
         "convolutions (of all of forward and backward) scheduled "
         + ("up to the last one its bucket needs, " if ready else "")
-        + "before its start and between its start and its done:",
+        + "before its start and between its start and its done"
+        + (" (each bucket by its whole size)" if named else "")
+        + ":",
         "",
-        "| variant | per GPU | all-reduce |"
+        f"| variant | per GPU | {'collective' if named else 'all-reduce'} |"
         + (" convolutions until ready |" if ready else "")
         + " convolutions before start | convolutions between | of |",
         "| --- | ---: | --- |" + (" ---: |" if ready else "") + " ---: | ---: | ---: |",
     ]
     for r in rows:
         for c in r["schedule"]:
-            if c["op"] == "all-reduce" and "bf16" in c["shape"]:
-                shape = c["shape"].split("bf16")[-1].split("{")[0]
+            if c["op"] in kinds and "bf16" in c["shape"]:
+                sizes = [int(n) for n in re.findall(r"bf16\[(\d+)\]", c["shape"])]
+                # A synchronous reduce-scatter shows only its output, 1/n of the bucket.
+                alone = c["op"] == "reduce-scatter" and len(sizes) == 1
+                size = sizes[0] * r["hosts"] * r["gpus_per_host"] if alone else max(sizes)
+                what = f"{c['op']} bf16[{size}]" if named else f"bf16[{size}]"
                 until = f" {c['convolutions_until_ready']} |" if ready else ""
                 lines.append(
-                    f"| {_overlap_variant(r)} | {r['per_device_batch']} | bf16{shape} |{until} "
+                    f"| {_overlap_variant(r)} | {r['per_device_batch']} | {what} |{until} "
                     f"{c['convolutions_before_start']} | {c['convolutions_between']} | "
                     f"{c['convolutions']} |"
                 )

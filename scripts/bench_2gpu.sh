@@ -278,8 +278,15 @@ case "$1" in
       --tell_xla_network=emulated --told_bandwidth=0.5 \
       --out="$OUT/bench_overlap_sharded_slow_2x1.json"
     ;;
+  sharded_after2)
+    # Only the buckets after the first two sharded, at 64 images per GPU against the told
+    # default, in turns (no one-GPU row: compare the two).
+    python3 -m scripts.bench.overlap --layouts=2x1 --batches=64 \
+      --variants=overlap_cap,sharded_after2 --steps=20 --rounds=2 --budget_s=150 \
+      --tell_xla_network=emulated --out="$OUT/bench_overlap_sharded_after2_2x1.json"
+    ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
        "|told_half|told_half64|told_scale_trainer|cmdbuf|after|leaves|loop|loop_ab|levers64" \
-       "|sharded|sharded_apart|sharded_slow" >&2
+       "|sharded|sharded_apart|sharded_slow|sharded_after2" >&2
      exit 2 ;;
 esac

@@ -3223,6 +3223,12 @@ def test_told_overlap_picture_draws_the_schedule_table(tmp_path):
                           str(tmp_path / "x.png"), ("no_such_variant",))
 
 
+def _overlap_rows_without_base(name: str) -> dict:
+    """(layout, variant, per GPU) -> row of an overlap raw file with no one-GPU row."""
+    return {(r["layout"], r["variant"], r["per_device_batch"]): r
+            for r in load(name)["results"] if "images_per_s" in r}
+
+
 def test_sharded_update_prose_quotes_the_json_and_hlo():
     """The update sharded over the devices against the told default across 2 emulated hosts:
     efficiencies, the collectives' places in XLA's schedule, and the weight gradients' places in
@@ -3277,6 +3283,19 @@ def test_sharded_update_prose_quotes_the_json_and_hlo():
         f"the sharded step kept {e(slow, 'sharded_apart', 64)} and "
         f"{e(slow, 'sharded_apart', 256)} against the default's {e(slow, 'overlap_cap', 64)} "
         f"and {e(slow, 'overlap_cap', 256)}",
+    ]
+    after2 = _overlap_rows_without_base("bench_overlap_sharded_after2_2x1_2xH200.json")
+    starts = by_bucket(after2, "sharded_after2", 64, "all-reduce")
+    default = by_bucket(after2, "overlap_cap", 64, "all-reduce")
+    first_two = sorted(default, key=lambda b: default[b]["convolutions_before_start"])[:2]
+    assert set(first_two) == set(starts)  # the buckets it all-reduced are backward's first two
+    quotes += [
+        "XLA still started those all-reduces after {} and {} convolutions, where the default's "
+        "of the same buckets started after {} and {} in the same call".format(
+            *(starts[b]["convolutions_before_start"] for b in first_two),
+            *(default[b]["convolutions_before_start"] for b in first_two)),
+        f"the step trained {after2['2x1', 'sharded_after2', 64]['images_per_s']:,.0f} images/s "
+        f"against the default's {after2['2x1', 'overlap_cap', 64]['images_per_s']:,.0f}",
     ]
     assert_quoted(read("docs/benchmarks.md"), quotes)
     # The first bucket's weight gradients at places 150 to 153, their layers' data gradients at

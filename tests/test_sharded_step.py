@@ -68,9 +68,11 @@ def test_tiled_reduce_scatter_gives_each_device_its_chunk_of_every_leafs_sum():
         assert squares[i] == pytest.approx(expected, rel=64 * F32_EPS, abs=1e-30), k
 
 
-def test_two_sharded_steps_are_float64_lars_on_the_mean_gradient():
+@pytest.mark.parametrize("replicated", [0, 2])
+def test_two_sharded_steps_are_float64_lars_on_the_mean_gradient(replicated):
     """As `test_train.test_lars_step_on_the_mesh_matches_float64_algorithm1`, with the update
-    sharded: the reference's LARS in float64 on the mean of per-device fp32 gradients."""
+    sharded (all of it, or all but the first two buckets, which are all-reduced and updated
+    whole): the reference's LARS in float64 on the mean of per-device fp32 gradients."""
     config = tiny_config("flat")
     config.optimizer.name = "lars"
     config.optimizer.trust_coefficient = LARS_ETA
@@ -82,7 +84,7 @@ def test_two_sharded_steps_are_float64_lars_on_the_mean_gradient():
     _, state, _ = build(tiny_config("flat"), mesh)
     state = state.replace(opt_state=jax.device_put(tx.init(state.params)))
     step, shard = sharded_step.make_sharded_step(
-        model, LARS_LR, config, mesh, state.params, (16, 16, 1)
+        model, LARS_LR, config, mesh, state.params, (16, 16, 1), replicated
     )
     sharded_state = shard(state)
     params, stats = jax.device_get((state.params, state.batch_stats))
@@ -97,6 +99,9 @@ def test_two_sharded_steps_are_float64_lars_on_the_mean_gradient():
         ),
         mesh.devices.size,
     )
+    assert len(layout.shard_sizes) > replicated + 1  # some buckets of each kind
+    for b, weights in enumerate(sharded_state.weights):  # whole where replicated
+        assert weights.sharding.is_fully_replicated == (b < replicated)
     for t in range(2):
         sharded_state, metrics = step(sharded_state, on_mesh)
         grads, _ = device_gradients(

@@ -23,7 +23,8 @@ forward/backward and update with a plain reduction after backward (`peer_steps`'
 psum each), and `sharded_*`: the update sharded over the devices
 (`scripts/bench/sharded_step.py`: buckets reduce-scattered in backward, weights all-gathered
 under the next forward), with combining capped at the bucket size as told (`sharded_cap`), with
-no reduce-scatter combined (`sharded_apart`), also with the estimator off (`_nosol`).
+no reduce-scatter combined (`sharded_apart`), also with the estimator off (`_nosol`), and
+with only the buckets after the first two sharded (`sharded_after2`).
 
   efficiency = images/s on the layout / (its GPUs x images/s of 1x1 at the same batch)
 
@@ -158,6 +159,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "sharded_apart_nosol": {
         "xla": {**_CAP, **_NO_SOL, "xla_gpu_reduce_scatter_combine_threshold_bytes": 0}
     },
+    # XLA starts the all-reduces of the buckets backward fills first early, and those buckets
+    # have most of backward to hide under; the later ones' reduce-scatters leave where the
+    # all-reduces would, their halves returning under the next forward: the first two buckets
+    # all-reduced and updated whole ("replicated"), the other two sharded.
+    "sharded_after2": {
+        "replicated": 2,
+        "xla": {**_CAP, "xla_gpu_reduce_scatter_combine_threshold_bytes": 0},
+    },
     # With JAX's profile-guided latency estimator (`jax_enable_pgle`) and XLA's latency-hiding
     # scheduler: the jitted step runs `_PGLE_RUNS` times under the profiler, then is recompiled
     # with the measured op times, so the scheduler knows how long each all-reduce takes.
@@ -165,7 +174,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "peer_pgle": {"comm.overlap": False, "pgle": True},
 }
 _PGLE_RUNS = 3
-_NOT_CONFIG = ("xla", "pgle")
+_NOT_CONFIG = ("xla", "pgle", "replicated")
 _ROW = "OVERLAP_ROW "
 
 
@@ -315,7 +324,8 @@ def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, g
         params = jax.eval_shape(setup["init"]).params
         image_shape = setup["batch"]["image"].shape[1:]
         step, shard = sharded_step.make_sharded_step(
-            setup["model"], setup["schedule"], config, setup["mesh"], params, image_shape
+            setup["model"], setup["schedule"], config, setup["mesh"], params, image_shape,
+            VARIANTS[variant].get("replicated", 0),
         )
         init = setup["init"]
         setup = {**setup, "init": lambda: shard(init())}

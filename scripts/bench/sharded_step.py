@@ -95,14 +95,15 @@ def from_buckets(buckets: list[jax.Array], layout: ShardLayout) -> Any:
     return layout.plan.treedef.unflatten(leaves)
 
 
-def leaf_sums_of_squares(shards: list[jax.Array], layout: ShardLayout) -> jax.Array:
-    """Each leaf's sum of squares over this device's shards, fp32, in `tree_leaves` order."""
+def leaf_sums_of_squares(
+    shards: list[jax.Array], layout: ShardLayout, buckets: range | None = None
+) -> jax.Array:
+    """Each leaf's sum of squares over this device's shards (or a bucket's [devices, shard]
+    rows: all of it), fp32, in `tree_leaves` order; leaves outside `buckets` (default all) 0."""
     sums = [jnp.zeros((), jnp.float32)] * len(layout.plan.shapes)
-    for shard, bucket, offsets, chunks in zip(
-        shards, layout.plan.buckets, layout.offsets, layout.chunks
-    ):
-        for s, o, c in zip(bucket, offsets, chunks):
-            sums[s.leaf] = jnp.sum(jnp.square(shard[o:o + c].astype(jnp.float32)))
+    for b in range(len(shards)) if buckets is None else buckets:
+        for s, o, c in zip(layout.plan.buckets[b], layout.offsets[b], layout.chunks[b]):
+            sums[s.leaf] = jnp.sum(jnp.square(shards[b][..., o:o + c].astype(jnp.float32)))
     return jnp.stack(sums)
 
 
@@ -110,13 +111,14 @@ def lars_shard_update(
     w: jax.Array, v: jax.Array, g: jax.Array, ratio: jax.Array, lr: jax.Array,
     segments: tuple, offsets: tuple, chunks: tuple, apply: tuple, cfg: ml_collections.ConfigDict,
 ) -> tuple[jax.Array, jax.Array]:
-    """One bucket shard's LARS step (`jia_jax.lars.lars`): `v <- m v + lr d`, `w <- w - v`, with
-    `d = ratio (g + wd w)` where the leaf takes LARS and `d = g` where it does not."""
+    """One bucket shard's (or its [devices, shard] rows') LARS step (`jia_jax.lars.lars`):
+    `v <- m v + lr d`, `w <- w - v`, with `d = ratio (g + wd w)` where the leaf takes LARS and
+    `d = g` where it does not."""
     parts = []
     for s, o, c in zip(segments, offsets, chunks):
-        gs, ws = g[o:o + c], w[o:o + c]
+        gs, ws = g[..., o:o + c], w[..., o:o + c]
         parts.append(ratio[s.leaf] * (gs + cfg.weight_decay * ws) if apply[s.leaf] else gs)
-    new_v = cfg.momentum * v + lr * jnp.concatenate(parts)
+    new_v = cfg.momentum * v + lr * jnp.concatenate(parts, axis=-1)
     return w - new_v, new_v
 
 
@@ -129,10 +131,14 @@ def trust_ratios(w_sq: jax.Array, g_sq: jax.Array, cfg: ml_collections.ConfigDic
 
 def make_sharded_step(
     model, learning_rate: optax.Schedule, config: ml_collections.ConfigDict, mesh: Mesh,
-    params: Any, image_shape: tuple[int, ...],
+    params: Any, image_shape: tuple[int, ...], replicated: int = 0,
 ) -> tuple[Callable, Callable[[train.TrainState], ShardedState]]:
     """`(step, shard)`: the jitted `step(state, batch) -> (state, metrics)` on a `ShardedState`,
-    and `shard(trainer_state)` making one from the trainer's replicated state."""
+    and `shard(trainer_state)` making one from the trainer's replicated state.
+
+    The first `replicated` buckets (those backward fills first, with the most of backward left
+    to hide under) are all-reduced instead and updated whole on every device, as the trainer
+    does; only the later ones are sharded."""
     if precision.needs_loss_scaling(precision.compute_dtype(config.precision.compute)):
         raise ValueError("the sharded step has no loss scaling: bf16 or fp32 compute only")
     if config.optimizer.name != "lars" or config.optimizer.nesterov:
@@ -153,38 +159,49 @@ def make_sharded_step(
     opt = config.optimizer
     axes = mesh_lib.BATCH_AXES
 
+    kept = min(replicated, len(plan.buckets))
+    whole, split = range(kept), range(kept, len(plan.buckets))
+
+    def rows(xs):  # a whole bucket as its [devices, shard] rows, a shard as it is
+        return [x.reshape(devices, -1) if b in whole else x for b, x in enumerate(xs)]
+
     def per_device(count, weights, momentum, batch_stats, batch, key):
         # Forward needs the first layers first: gather the last bucket (backward's last) first.
         low = [None] * len(weights)
         for b in reversed(range(len(weights))):
-            low[b] = jax.lax.all_gather(weights[b].astype(compute), axes, tiled=True)
+            w = weights[b].astype(compute)
+            low[b] = w if b in whole else jax.lax.all_gather(w, axes, tiled=True)
         key = jax.random.fold_in(key, train.device_index(mesh))
         grads, stats, metrics = grads_fn(from_buckets(low, layout), batch_stats, 1.0, batch, key)
         summed = [
-            jax.lax.psum_scatter(g, axes, scatter_dimension=0, tiled=True)
-            for g in to_buckets(jax.tree.leaves(grads), layout, wire)
+            jax.lax.psum(g, axes) if b in whole
+            else jax.lax.psum_scatter(g, axes, scatter_dimension=0, tiled=True)
+            for b, g in enumerate(to_buckets(jax.tree.leaves(grads), layout, wire))
         ]
         # The trainer's mean: the wire's sum divided in fp32, rounded to the gradient's dtype.
-        g = [(s.astype(jnp.float32) / devices).astype(compute).astype(jnp.float32) for s in summed]
-        squares = jnp.stack([leaf_sums_of_squares(weights, layout),
-                             leaf_sums_of_squares(g, layout)])
-        w_sq, g_sq = jax.lax.psum(squares, axes)
+        g = rows([(s.astype(jnp.float32) / devices).astype(compute).astype(jnp.float32)
+                  for s in summed])
+        w, v = rows(weights), rows(momentum)
+        parts = jnp.stack([leaf_sums_of_squares(w, layout, split),
+                           leaf_sums_of_squares(g, layout, split)])
+        w_sq, g_sq = jax.lax.psum(parts, axes) + jnp.stack(
+            [leaf_sums_of_squares(w, layout, whole), leaf_sums_of_squares(g, layout, whole)])
         ratio = trust_ratios(w_sq, g_sq, opt)
         lr = jnp.asarray(learning_rate(count), jnp.float32)
         new = [
-            lars_shard_update(w, v, gb, ratio, lr, segs, offs, chs, apply, opt)
-            for w, v, gb, segs, offs, chs in zip(
-                weights, momentum, g, plan.buckets, layout.offsets, layout.chunks)
+            lars_shard_update(*wvg, ratio, lr, segs, offs, chs, apply, opt)
+            for *wvg, segs, offs, chs in zip(w, v, g, plan.buckets, layout.offsets, layout.chunks)
         ]
         stats, metrics = allreduce.pmean_packed((stats, metrics), axes)
         metrics["learning_rate"] = lr
-        return tuple(w for w, _ in new), tuple(v for _, v in new), stats, metrics
+        flat = lambda xs: tuple(x.reshape(-1) for x in xs)  # noqa: E731
+        return flat(w for w, _ in new), flat(v for _, v in new), stats, metrics
 
-    sharded = P(axes)
+    specs = tuple(P() if b in whole else P(axes) for b in range(len(plan.buckets)))
     body = jax.shard_map(
         per_device, mesh=mesh,
-        in_specs=(P(), sharded, sharded, P(), sharded, P()),
-        out_specs=(sharded, sharded, P(), P()),
+        in_specs=(P(), specs, specs, P(), P(axes), P()),
+        out_specs=(specs, specs, P(), P()),
         check_vma=False,
     )
 
@@ -197,12 +214,12 @@ def make_sharded_step(
                             momentum=momentum, batch_stats=stats)
         return new, metrics
 
-    placed = NamedSharding(mesh, sharded)
+    placed = [NamedSharding(mesh, spec) for spec in specs]
 
     def shard(state: train.TrainState) -> ShardedState:
         leaves = jax.tree.leaves(jax.device_get(state.params))
         momenta = jax.tree.leaves(jax.device_get(state.opt_state.momentum))
-        put = lambda xs: tuple(jax.device_put(x, placed) for x in xs)  # noqa: E731
+        put = lambda xs: tuple(map(jax.device_put, xs, placed))  # noqa: E731
         return ShardedState(
             step=state.step, count=state.opt_state.count,
             weights=put(to_buckets(leaves, layout, jnp.float32)),

@@ -3306,18 +3306,9 @@ def test_sharded_update_prose_quotes_the_json_and_hlo():
     graph = bench_overlap._operand_graph(entry)
     [start] = [n for n, (line, _) in graph.items()
                if "reduce-scatter-start(" in entry[line] and "bf16[7565288]" in entry[line]]
-    conv_lines = set(convs)
-    seen, todo, found = set(), list(graph[start][1]), []
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in graph:
-            continue
-        seen.add(name)
-        line, operands = graph[name]
-        if line in conv_lines:
-            found.append((convs.index(line), "convBackwardFilter" in entry[line],
-                          re.search(r"ResNet\)\)/(stage4_block\d/conv\d)", entry[line])))
-        todo.extend(operands)
+    found = [(convs.index(line), "convBackwardFilter" in entry[line],
+              re.search(r"ResNet\)\)/(stage4_block\d/conv\d)", entry[line]))
+             for line in bench_overlap.conv_ancestors(graph, start, set(convs))]
     late = sorted((place, m.group(1)) for place, wgrad, m in found if wgrad and place >= 150)
     assert [p for p, _ in late] == [150, 151, 152, 153]
     assert {layer for _, layer in late} == {"stage4_block2/conv3", "stage4_block3/conv1",

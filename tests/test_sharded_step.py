@@ -9,13 +9,12 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jia_jax import allreduce, models, optimizers
+from jia_jax import allreduce
 from jia_jax import mesh as mesh_lib
 from jia_jax.models import call_order
 from scripts.bench import sharded_step
 from tests.test_train import (
-    F32_EPS, LARS_ETA, LARS_LR, assert_leaves_close, build, device_gradients, global_batch,
-    lars_tolerances, reference_lars, tiny_config, tree_mean,
+    F32_EPS, LARS_LR, assert_lars_step, global_batch, lars_setup, tiny_config,
 )
 
 SHAPES = {"a": (7,), "b": (3, 5), "c": (64, 3), "d": (2, 2, 4, 8), "e": (33,), "f": (0,)}
@@ -73,16 +72,7 @@ def test_two_sharded_steps_are_float64_lars_on_the_mean_gradient(replicated):
     """As `test_train.test_lars_step_on_the_mesh_matches_float64_algorithm1`, with the update
     sharded (all of it, or all but the first two buckets, which are all-reduced and updated
     whole): the reference's LARS in float64 on the mean of per-device fp32 gradients."""
-    config = tiny_config("flat")
-    config.optimizer.name = "lars"
-    config.optimizer.trust_coefficient = LARS_ETA
-    mesh = mesh_lib.create_mesh(2, 4)
-    model = models.create_model(
-        "resnet18", num_classes=10, dtype=jnp.float32, width=4, small_inputs=True
-    )
-    tx = optimizers.create_optimizer(config.optimizer, LARS_LR)
-    _, state, _ = build(tiny_config("flat"), mesh)
-    state = state.replace(opt_state=jax.device_put(tx.init(state.params)))
+    config, mesh, model, _, state = lars_setup("flat")
     step, shard = sharded_step.make_sharded_step(
         model, LARS_LR, config, mesh, state.params, (16, 16, 1), replicated
     )
@@ -91,7 +81,7 @@ def test_two_sharded_steps_are_float64_lars_on_the_mean_gradient(replicated):
     batch = global_batch()
     on_mesh = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in batch.items()}
     params = jax.tree.map(lambda w: np.asarray(w, np.float64), params)
-    momentum = jax.tree.map(np.zeros_like, params)
+    reference = params, jax.tree.map(np.zeros_like, params)
     layout = sharded_step.shard_layout(
         allreduce.plan_buckets(
             state.params, config.comm.bucket_bytes, config.comm.dtype,
@@ -104,25 +94,11 @@ def test_two_sharded_steps_are_float64_lars_on_the_mean_gradient(replicated):
         assert weights.sharding.is_fully_replicated == (b < replicated)
     for t in range(2):
         sharded_state, metrics = step(sharded_state, on_mesh)
-        grads, _ = device_gradients(
-            model, jax.tree.map(np.float32, params), stats, batch, mesh.devices.size
-        )
-        new_params, momentum = reference_lars(tree_mean(grads), params, momentum, float(LARS_LR(t)))
-        tol = lars_tolerances(grads, steps_taken=t + 1)
-        ours_v = sharded_step.from_buckets(list(jax.device_get(sharded_state.momentum)), layout)
-        ours_w = sharded_step.from_buckets(list(jax.device_get(sharded_state.weights)), layout)
-        assert_leaves_close(ours_v, momentum, tol)
-        floors = jax.tree.map(lambda w, n=t + 1: n * F32_EPS * np.linalg.norm(w), new_params)
-        assert_leaves_close(
-            jax.tree.map(lambda a, b: np.asarray(a, np.float64) - b, ours_w, params),
-            jax.tree.map(lambda a, b: a - b, new_params, params),
-            tol,
-            floors,
-        )
-        params = new_params
+        got = [sharded_step.from_buckets(list(jax.device_get(x)), layout)
+               for x in (sharded_state.weights, sharded_state.momentum)]
+        reference = assert_lars_step(model, mesh, batch, stats, t, reference, got)
         assert int(sharded_state.count) == t + 1
         assert float(metrics["learning_rate"]) == pytest.approx(float(LARS_LR(t)))
-
 
 def test_the_sharded_step_refuses_what_it_does_not_compute():
     config = tiny_config("flat")  # SGD

@@ -308,10 +308,12 @@ def lars_tolerances(device_grads, steps_taken):
     )
 
 
-def test_lars_step_on_the_mesh_matches_float64_algorithm1():
-    """Two jitted SPMD steps with optimizer.name='lars' against numpy float64 LARS applied to the
-    mean of per-device fp32 gradients (recomputed at the reference's own parameters each step)."""
-    config = tiny_config("hierarchical")
+def lars_setup(strategy: str):
+    """`(config, mesh, model, tx, state)` of the LARS tests: the tiny config with LARS, the 2x4
+    mesh, the tiny ResNet-18 and the trainer's seed-0 initial state with LARS's own (zero)
+    momentum (the SGD tests' init program gives the same parameters and statistics, compiled once
+    for all of them)."""
+    config = tiny_config(strategy)
     config.optimizer.name = "lars"
     config.optimizer.trust_coefficient = LARS_ETA
     mesh = mesh_lib.create_mesh(2, 4)
@@ -319,38 +321,51 @@ def test_lars_step_on_the_mesh_matches_float64_algorithm1():
         "resnet18", num_classes=10, dtype=jnp.float32, width=4, small_inputs=True
     )
     tx = optimizers.create_optimizer(config.optimizer, LARS_LR)
-    step = train.make_train_step(model, tx, LARS_LR, config, mesh)
-    # The trainer's seed-0 initial state with LARS's own (zero) momentum: the SGD tests' init
-    # program gives the same parameters and statistics, compiled once for all of them.
-    _, state, _ = build(tiny_config("hierarchical"), mesh)
+    _, state, _ = build(tiny_config(strategy), mesh)
     opt_state = jax.device_put(tx.init(state.params), mesh_lib.replicated_sharding(mesh))
-    state = state.replace(opt_state=opt_state)
+    return config, mesh, model, tx, state.replace(opt_state=opt_state)
+
+
+def assert_lars_step(model, mesh, batch, stats, t, before, after):
+    """Step `t`'s momentum and params (`after`: trees) against float64 LARS on the mean of
+    per-device fp32 gradients at the reference's own parameters (`before`: float64 trees of
+    params and momentum); returns the reference's new `(params, momentum)`."""
+    params, momentum = before
+    # Train-mode BN uses the batch's statistics, so the running averages do not enter them.
+    grads, _ = device_gradients(
+        model, jax.tree.map(np.float32, params), stats, batch, mesh.devices.size
+    )
+    new_params, momentum = reference_lars(tree_mean(grads), params, momentum, float(LARS_LR(t)))
+    tol = lars_tolerances(grads, steps_taken=t + 1)
+    got_params, got_momentum = after
+    assert_leaves_close(got_momentum, momentum, tol)
+    # The parameters add one fp32 rounding of `w - v` (eps ||w||) per step to the update's
+    # error; kernel updates are ~1% of ||w||, so this still resolves them to ~1e-5.
+    floors = jax.tree.map(lambda w, n=t + 1: n * F32_EPS * np.linalg.norm(w), new_params)
+    assert_leaves_close(
+        jax.tree.map(lambda a, b: np.asarray(a, np.float64) - b, got_params, params),
+        jax.tree.map(lambda a, b: a - b, new_params, params),
+        tol,
+        floors,
+    )
+    return new_params, momentum
+
+
+def test_lars_step_on_the_mesh_matches_float64_algorithm1():
+    """Two jitted SPMD steps with optimizer.name='lars' against numpy float64 LARS applied to the
+    mean of per-device fp32 gradients (recomputed at the reference's own parameters each step)."""
+    config, mesh, model, tx, state = lars_setup("hierarchical")
+    step = train.make_train_step(model, tx, LARS_LR, config, mesh)
     params, stats = jax.device_get((state.params, state.batch_stats))
     batch = global_batch()
     sharded = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in batch.items()}
     params = jax.tree.map(lambda w: np.asarray(w, np.float64), params)
-    momentum = jax.tree.map(np.zeros_like, params)
-
+    reference = params, jax.tree.map(np.zeros_like, params)
     for t in range(2):
         state, metrics = step(state, sharded)
-        # The reference's gradients at its own (fp32-rounded) parameters; train-mode BN uses the
-        # batch's statistics, so the running averages do not enter them.
-        grads, _ = device_gradients(
-            model, jax.tree.map(np.float32, params), stats, batch, mesh.devices.size
+        reference = assert_lars_step(
+            model, mesh, batch, stats, t, reference, (state.params, state.opt_state.momentum)
         )
-        new_params, momentum = reference_lars(tree_mean(grads), params, momentum, float(LARS_LR(t)))
-        tol = lars_tolerances(grads, steps_taken=t + 1)
-        assert_leaves_close(state.opt_state.momentum, momentum, tol)
-        # The parameters add one fp32 rounding of `w - v` (eps ||w||) per step to the update's
-        # error; kernel updates are ~1% of ||w||, so this still resolves them to ~1e-5.
-        floors = jax.tree.map(lambda w, n=t + 1: n * F32_EPS * np.linalg.norm(w), new_params)
-        assert_leaves_close(
-            jax.tree.map(lambda a, b: np.asarray(a, np.float64) - b, state.params, params),
-            jax.tree.map(lambda a, b: a - b, new_params, params),
-            tol,
-            floors,
-        )
-        params = new_params
         assert int(state.opt_state.count) == t + 1
         assert float(metrics["learning_rate"]) == pytest.approx(float(LARS_LR(t)))
 

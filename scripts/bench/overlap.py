@@ -28,6 +28,9 @@ with only the buckets after the first two sharded (`sharded_after2`).
 
   efficiency = images/s on the layout / (its GPUs x images/s of 1x1 at the same batch)
 
+over the median queued step; `mean_efficiency` is the same over the mean step, which counts the
+steps the link stalls, as a training run's rate does.
+
 A process compiles every variant of a batch first, then times them in turn, `--rounds` times
 (each round `--steps` synced and `--steps` queued steps of each variant, pooled): the emulated
 link drifts within a call, and rows whose samples interleave see the same drift (PGLE variants,
@@ -237,9 +240,9 @@ def _operand_graph(entry: Sequence[str]) -> dict[str, tuple[int, list[str]]]:
     return graph
 
 
-def _last_conv_ancestor(graph, name: str, convs: set[int]) -> int:
-    """The line of the last convolution that `name` depends on, -1 for none."""
-    seen, todo, last = set(), list(graph[name][1]), -1
+def conv_ancestors(graph, name: str, convs: set[int]) -> list[int]:
+    """The lines of every convolution that `name` depends on (`_operand_graph`'s `graph`)."""
+    seen, todo, found = set(), list(graph[name][1]), []
     while todo:
         operand = todo.pop()
         if operand in seen or operand not in graph:
@@ -247,9 +250,14 @@ def _last_conv_ancestor(graph, name: str, convs: set[int]) -> int:
         seen.add(operand)
         line, operands = graph[operand]
         if line in convs:
-            last = max(last, line)
+            found.append(line)
         todo.extend(operands)
-    return last
+    return sorted(found)
+
+
+def _last_conv_ancestor(graph, name: str, convs: set[int]) -> int:
+    """The line of the last convolution that `name` depends on, -1 for none."""
+    return max(conv_ancestors(graph, name, convs), default=-1)
 
 
 def _collective(op, shape, start, done, sync, convs, length, ready) -> dict[str, Any]:

@@ -129,38 +129,19 @@ def trust_ratios(w_sq: jax.Array, g_sq: jax.Array, cfg: ml_collections.ConfigDic
     return jnp.where((w_norm == 0.0) | (g_norm == 0.0), 1.0, ratio)
 
 
-def make_sharded_step(
-    model, learning_rate: optax.Schedule, config: ml_collections.ConfigDict, mesh: Mesh,
-    params: Any, image_shape: tuple[int, ...], replicated: int = 0,
-) -> tuple[Callable, Callable[[train.TrainState], ShardedState]]:
-    """`(step, shard)`: the jitted `step(state, batch) -> (state, metrics)` on a `ShardedState`,
-    and `shard(trainer_state)` making one from the trainer's replicated state.
-
-    The first `replicated` buckets (those backward fills first, with the most of backward left
-    to hide under) are all-reduced instead and updated whole on every device, as the trainer
-    does; only the later ones are sharded."""
-    if precision.needs_loss_scaling(precision.compute_dtype(config.precision.compute)):
-        raise ValueError("the sharded step has no loss scaling: bf16 or fp32 compute only")
-    if config.optimizer.name != "lars" or config.optimizer.nesterov:
-        raise ValueError("the sharded step updates with LARS, without Nesterov")
+def _body(model, learning_rate, config, mesh: Mesh, layout: ShardLayout, whole: range) -> Callable:
+    """The `shard_map`ped `(count, weights, momentum, batch_stats, batch, key) -> (weights,
+    momentum, batch_stats, metrics)` of `make_sharded_step`: buckets in `whole` all-reduced and
+    updated whole on every device, the others reduce-scattered and updated as shards."""
     compute = precision.compute_dtype(config.precision.compute)
     wire = jnp.dtype(config.comm.dtype)
-    devices = mesh.devices.size
-    order = call_order.backward_leaf_order(model, image_shape)
-    plan = allreduce.plan_buckets(
-        params, config.comm.bucket_bytes, wire, order, config.comm.first_bucket_bytes
-    )
-    layout = shard_layout(plan, devices)
-    apply = tuple(len(shape) > 1 for shape in plan.shapes)  # lars.exclude_bias_and_norm
+    devices, axes, opt = mesh.devices.size, mesh_lib.BATCH_AXES, config.optimizer
+    split = range(len(whole), len(layout.shard_sizes))
+    apply = tuple(len(shape) > 1 for shape in layout.plan.shapes)  # lars.exclude_bias_and_norm
     grads_fn = train.accumulate_microbatches(
         train.local_grads_fn(model, compute, config.loss.label_smoothing),
         config.microbatch_size, devices,
     )
-    opt = config.optimizer
-    axes = mesh_lib.BATCH_AXES
-
-    kept = min(replicated, len(plan.buckets))
-    whole, split = range(kept), range(kept, len(plan.buckets))
 
     def rows(xs):  # a whole bucket as its [devices, shard] rows, a shard as it is
         return [x.reshape(devices, -1) if b in whole else x for b, x in enumerate(xs)]
@@ -190,20 +171,49 @@ def make_sharded_step(
         lr = jnp.asarray(learning_rate(count), jnp.float32)
         new = [
             lars_shard_update(*wvg, ratio, lr, segs, offs, chs, apply, opt)
-            for *wvg, segs, offs, chs in zip(w, v, g, plan.buckets, layout.offsets, layout.chunks)
+            for *wvg, segs, offs, chs in zip(
+                w, v, g, layout.plan.buckets, layout.offsets, layout.chunks)
         ]
         stats, metrics = allreduce.pmean_packed((stats, metrics), axes)
         metrics["learning_rate"] = lr
         flat = lambda xs: tuple(x.reshape(-1) for x in xs)  # noqa: E731
         return flat(w for w, _ in new), flat(v for _, v in new), stats, metrics
 
-    specs = tuple(P() if b in whole else P(axes) for b in range(len(plan.buckets)))
-    body = jax.shard_map(
+    specs = _specs(layout, whole, axes)
+    return jax.shard_map(
         per_device, mesh=mesh,
         in_specs=(P(), specs, specs, P(), P(axes), P()),
         out_specs=(specs, specs, P(), P()),
         check_vma=False,
     )
+
+
+def _specs(layout: ShardLayout, whole: range, axes) -> tuple[P, ...]:
+    """Each bucket's partition: replicated where updated whole, else split over `axes`."""
+    return tuple(P() if b in whole else P(axes) for b in range(len(layout.shard_sizes)))
+
+
+def make_sharded_step(
+    model, learning_rate: optax.Schedule, config: ml_collections.ConfigDict, mesh: Mesh,
+    params: Any, image_shape: tuple[int, ...], replicated: int = 0,
+) -> tuple[Callable, Callable[[train.TrainState], ShardedState]]:
+    """`(step, shard)`: the jitted `step(state, batch) -> (state, metrics)` on a `ShardedState`,
+    and `shard(trainer_state)` making one from the trainer's replicated state.
+
+    The first `replicated` buckets (those backward fills first, with the most of backward left
+    to hide under) are all-reduced instead and updated whole on every device, as the trainer
+    does; only the later ones are sharded."""
+    if precision.needs_loss_scaling(precision.compute_dtype(config.precision.compute)):
+        raise ValueError("the sharded step has no loss scaling: bf16 or fp32 compute only")
+    if config.optimizer.name != "lars" or config.optimizer.nesterov:
+        raise ValueError("the sharded step updates with LARS, without Nesterov")
+    plan = allreduce.plan_buckets(
+        params, config.comm.bucket_bytes, jnp.dtype(config.comm.dtype),
+        call_order.backward_leaf_order(model, image_shape), config.comm.first_bucket_bytes,
+    )
+    layout = shard_layout(plan, mesh.devices.size)
+    whole = range(min(replicated, len(plan.buckets)))
+    body = _body(model, learning_rate, config, mesh, layout, whole)
 
     def step(state: ShardedState, batch: train.Batch):
         key = jax.random.fold_in(jax.random.PRNGKey(config.seed), state.step)
@@ -214,7 +224,7 @@ def make_sharded_step(
                             momentum=momentum, batch_stats=stats)
         return new, metrics
 
-    placed = [NamedSharding(mesh, spec) for spec in specs]
+    placed = [NamedSharding(mesh, spec) for spec in _specs(layout, whole, mesh_lib.BATCH_AXES)]
 
     def shard(state: train.TrainState) -> ShardedState:
         leaves = jax.tree.leaves(jax.device_get(state.params))
@@ -228,4 +238,3 @@ def make_sharded_step(
         )
 
     return jax.jit(step, donate_argnums=0), shard
-

@@ -27,6 +27,8 @@
 #                                                     # two all-reduces in flight, told
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh sharded   # the update sharded over the devices,
 #                                                     # against the told default and the peer
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh sharded_held  # the same, its reduced buckets
+#                                                     # held behind one barrier
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -285,8 +287,16 @@ case "$1" in
       --variants=overlap_cap,sharded_after2 --steps=20 --rounds=2 --budget_s=150 \
       --tell_xla_network=emulated --out="$OUT/bench_overlap_sharded_after2_2x1.json"
     ;;
+  sharded_held)
+    # The sharded step with its reduced buckets held behind one barrier, as the trainer's are,
+    # all sharded and the first two all-reduced, against the told default; round-robin.
+    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=64,256 \
+      --variants=overlap_cap,sharded_held,sharded_after2_held --steps=20 --rounds=2 \
+      --budget_s=540 --tell_xla_network=emulated --hlo_dir="$OUT/hlo" \
+      --out="$OUT/bench_overlap_sharded_held_2x1.json"
+    ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
        "|told_half|told_half64|told_scale_trainer|cmdbuf|after|leaves|loop|loop_ab|levers64" \
-       "|sharded|sharded_apart|sharded_slow|sharded_after2" >&2
+       "|sharded|sharded_apart|sharded_slow|sharded_after2|sharded_held" >&2
      exit 2 ;;
 esac

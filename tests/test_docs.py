@@ -3289,7 +3289,12 @@ def test_sharded_update_prose_quotes_the_json_and_hlo():
     default = by_bucket(after2, "overlap_cap", 64, "all-reduce")
     first_two = sorted(default, key=lambda b: default[b]["convolutions_before_start"])[:2]
     assert set(first_two) == set(starts)  # the buckets it all-reduced are backward's first two
+    [stats] = [c for c in after2["2x1", "sharded_after2", 64]["schedule"] if "f32" in c["shape"]]
+    assert stats["convolutions_before_start"] < min(
+        starts[b]["convolutions_before_start"] for b in first_two)
     quotes += [
+        "the norms and BatchNorm statistics, which XLA placed after "
+        f"{stats['convolutions_before_start']} convolutions, before them",
         "XLA still started those all-reduces after {} and {} convolutions, where the default's "
         "of the same buckets started after {} and {} in the same call".format(
             *(starts[b]["convolutions_before_start"] for b in first_two),

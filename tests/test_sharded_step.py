@@ -67,14 +67,15 @@ def test_tiled_reduce_scatter_gives_each_device_its_chunk_of_every_leafs_sum():
         assert squares[i] == pytest.approx(expected, rel=64 * F32_EPS, abs=1e-30), k
 
 
-@pytest.mark.parametrize("replicated", [0, 2])
-def test_two_sharded_steps_are_float64_lars_on_the_mean_gradient(replicated):
+@pytest.mark.parametrize("replicated,hold", [(0, False), (2, True)])
+def test_two_sharded_steps_are_float64_lars_on_the_mean_gradient(replicated, hold):
     """As `test_train.test_lars_step_on_the_mesh_matches_float64_algorithm1`, with the update
     sharded (all of it, or all but the first two buckets, which are all-reduced and updated
-    whole): the reference's LARS in float64 on the mean of per-device fp32 gradients."""
+    whole, those behind the trainer's barrier): the reference's LARS in float64 on the mean of
+    per-device fp32 gradients."""
     config, mesh, model, _, state = lars_setup("flat")
     step, shard = sharded_step.make_sharded_step(
-        model, LARS_LR, config, mesh, state.params, (16, 16, 1), replicated
+        model, LARS_LR, config, mesh, state.params, (16, 16, 1), replicated, hold
     )
     sharded_state = shard(state)
     params, stats = jax.device_get((state.params, state.batch_stats))

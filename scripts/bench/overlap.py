@@ -24,7 +24,8 @@ psum each), and `sharded_*`: the update sharded over the devices
 (`scripts/bench/sharded_step.py`: buckets reduce-scattered in backward, weights all-gathered
 under the next forward), with combining capped at the bucket size as told (`sharded_cap`), with
 no reduce-scatter combined (`sharded_apart`), also with the estimator off (`_nosol`), and
-with only the buckets after the first two sharded (`sharded_after2`).
+with only the buckets after the first two sharded (`sharded_after2`), and the last two with
+the reduced buckets held behind one barrier as the trainer's are (`_held`).
 
   efficiency = images/s on the layout / (its GPUs x images/s of 1x1 at the same batch)
 
@@ -170,6 +171,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "replicated": 2,
         "xla": {**_CAP, "xla_gpu_reduce_scatter_combine_threshold_bytes": 0},
     },
+    # Without the trainer's barrier over the reduced buckets, XLA placed each bucket's
+    # collective by where its readers were scheduled: the two all-reduces of `sharded_after2`,
+    # read after the norms' all-reduce, went last (bench_overlap_sharded_after2_2x1_2xH200.json).
+    # The same two with the reduced buckets held behind one barrier, as the trainer's are.
+    "sharded_held": {
+        "hold": True,
+        "xla": {**_CAP, "xla_gpu_reduce_scatter_combine_threshold_bytes": 0},
+    },
+    "sharded_after2_held": {
+        "replicated": 2, "hold": True,
+        "xla": {**_CAP, "xla_gpu_reduce_scatter_combine_threshold_bytes": 0},
+    },
     # With JAX's profile-guided latency estimator (`jax_enable_pgle`) and XLA's latency-hiding
     # scheduler: the jitted step runs `_PGLE_RUNS` times under the profiler, then is recompiled
     # with the measured op times, so the scheduler knows how long each all-reduce takes.
@@ -177,7 +190,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "peer_pgle": {"comm.overlap": False, "pgle": True},
 }
 _PGLE_RUNS = 3
-_NOT_CONFIG = ("xla", "pgle", "replicated")
+_NOT_CONFIG = ("xla", "pgle", "replicated", "hold")
 _ROW = "OVERLAP_ROW "
 
 
@@ -333,7 +346,7 @@ def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, g
         image_shape = setup["batch"]["image"].shape[1:]
         step, shard = sharded_step.make_sharded_step(
             setup["model"], setup["schedule"], config, setup["mesh"], params, image_shape,
-            VARIANTS[variant].get("replicated", 0),
+            VARIANTS[variant].get("replicated", 0), VARIANTS[variant].get("hold", False),
         )
         init = setup["init"]
         setup = {**setup, "init": lambda: shard(init())}

@@ -129,10 +129,13 @@ def trust_ratios(w_sq: jax.Array, g_sq: jax.Array, cfg: ml_collections.ConfigDic
     return jnp.where((w_norm == 0.0) | (g_norm == 0.0), 1.0, ratio)
 
 
-def _body(model, learning_rate, config, mesh: Mesh, layout: ShardLayout, whole: range) -> Callable:
+def _body(
+    model, learning_rate, config, mesh: Mesh, layout: ShardLayout, whole: range, hold: bool
+) -> Callable:
     """The `shard_map`ped `(count, weights, momentum, batch_stats, batch, key) -> (weights,
     momentum, batch_stats, metrics)` of `make_sharded_step`: buckets in `whole` all-reduced and
-    updated whole on every device, the others reduce-scattered and updated as shards."""
+    updated whole on every device, the others reduce-scattered and updated as shards; with
+    `hold`, every reduced bucket behind one barrier (`allreduce.hold_until_all_reduced`)."""
     compute = precision.compute_dtype(config.precision.compute)
     wire = jnp.dtype(config.comm.dtype)
     devices, axes, opt = mesh.devices.size, mesh_lib.BATCH_AXES, config.optimizer
@@ -159,6 +162,8 @@ def _body(model, learning_rate, config, mesh: Mesh, layout: ShardLayout, whole: 
             else jax.lax.psum_scatter(g, axes, scatter_dimension=0, tiled=True)
             for b, g in enumerate(to_buckets(jax.tree.leaves(grads), layout, wire))
         ]
+        if hold:
+            summed = allreduce.hold_until_all_reduced(summed)
         # The trainer's mean: the wire's sum divided in fp32, rounded to the gradient's dtype.
         g = rows([(s.astype(jnp.float32) / devices).astype(compute).astype(jnp.float32)
                   for s in summed])
@@ -195,14 +200,16 @@ def _specs(layout: ShardLayout, whole: range, axes) -> tuple[P, ...]:
 
 def make_sharded_step(
     model, learning_rate: optax.Schedule, config: ml_collections.ConfigDict, mesh: Mesh,
-    params: Any, image_shape: tuple[int, ...], replicated: int = 0,
+    params: Any, image_shape: tuple[int, ...], replicated: int = 0, hold: bool = False,
 ) -> tuple[Callable, Callable[[train.TrainState], ShardedState]]:
     """`(step, shard)`: the jitted `step(state, batch) -> (state, metrics)` on a `ShardedState`,
     and `shard(trainer_state)` making one from the trainer's replicated state.
 
     The first `replicated` buckets (those backward fills first, with the most of backward left
     to hide under) are all-reduced instead and updated whole on every device, as the trainer
-    does; only the later ones are sharded."""
+    does; only the later ones are sharded. With `hold`, the reduced buckets pass one barrier
+    before anything reads them, as the trainer's do (`comm.overlap`): XLA then orders their
+    collectives by when backward fills them, not by where their readers are scheduled."""
     if precision.needs_loss_scaling(precision.compute_dtype(config.precision.compute)):
         raise ValueError("the sharded step has no loss scaling: bf16 or fp32 compute only")
     if config.optimizer.name != "lars" or config.optimizer.nesterov:
@@ -213,7 +220,7 @@ def make_sharded_step(
     )
     layout = shard_layout(plan, mesh.devices.size)
     whole = range(min(replicated, len(plan.buckets)))
-    body = _body(model, learning_rate, config, mesh, layout, whole)
+    body = _body(model, learning_rate, config, mesh, layout, whole, hold)
 
     def step(state: ShardedState, batch: train.Batch):
         key = jax.random.fold_in(jax.random.PRNGKey(config.seed), state.step)

@@ -13,6 +13,7 @@ from jia_jax import allreduce
 from jia_jax import mesh as mesh_lib
 from jia_jax.models import call_order
 from scripts.bench import sharded_step
+from tests.test_overlap import _instructions
 from tests.test_train import (
     F32_EPS, LARS_LR, assert_lars_step, global_batch, lars_setup, tiny_config,
 )
@@ -106,3 +107,27 @@ def test_the_sharded_step_refuses_what_it_does_not_compute():
     mesh = mesh_lib.create_mesh(2, 4)
     with pytest.raises(ValueError, match="LARS"):
         sharded_step.make_sharded_step(None, optax.constant_schedule(0.1), config, mesh, {}, ())
+
+
+def test_held_buckets_are_read_only_behind_one_barrier():
+    # With `hold`, every reduced gradient bucket (the reduce-scatters and the first buckets'
+    # all-reduces) goes into one barrier, as the trainer's do, so nothing reads a bucket before
+    # all are reduced; without it no barrier exists (the test can fail).
+    config, mesh, model, _, state = lars_setup("flat")
+    batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in global_batch().items()}
+
+    def lowered(hold: bool) -> str:
+        step, shard = sharded_step.make_sharded_step(
+            model, LARS_LR, config, mesh, state.params, (16, 16, 1), 2, hold
+        )
+        return step.lower(shard(state), batch).as_text(dialect="hlo")
+
+    ins = _instructions(lowered(True))
+    barriers = [n for n, (op, _) in ins.items() if op == "opt-barrier"]
+    assert len(barriers) == 1, barriers
+    held = {o for t in ins[barriers[0]][1] for o in ins[t][1]} | set(ins[barriers[0]][1])
+    scatters = {n for n, (op, _) in ins.items() if op == "reduce-scatter"}
+    reduces = {n for n, (op, _) in ins.items() if op == "all-reduce"}
+    assert scatters and scatters <= held
+    assert len(held & reduces) == 2  # the two buckets updated whole; not the norms, not the stats
+    assert "opt-barrier" not in lowered(False)

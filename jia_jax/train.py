@@ -291,6 +291,20 @@ def resolve_comm(
     return resolved
 
 
+def check_comm_sizes(comm: ml_collections.ConfigDict) -> None:
+    """Raises a ValueError naming the field where a `comm` size is neither a byte count nor,
+    where the communication model may choose it, -1."""
+    for field, auto in (
+        ("bucket_bytes", True), ("hybrid_crossover_bytes", True), ("first_bucket_bytes", False)
+    ):
+        value = comm.get(field, 0)
+        if value < 0 and not (auto and value == comm_model.AUTO_BYTES):
+            choose = f", or {comm_model.AUTO_BYTES} for the communication model's choice"
+            raise ValueError(
+                f"comm.{field}={value!r} must be a number of bytes >= 0{choose if auto else ''}."
+            )
+
+
 def schedule_count(state: TrainState) -> jax.Array:
     """The count the learning-rate schedule reads: updates applied so far.
 
@@ -372,6 +386,7 @@ def make_train_step(
         raise ValueError(f"comm.strategy={config.comm.strategy!r} is not one of {known}.")
     comm_model.network_model(config.comm.get("network", ""))  # a bad name fails here, not later
     packs_after_backward(config.comm, mesh)  # so does a bad pack_after_backward
+    check_comm_sizes(config.comm)  # and a bad size, whether or not the strategy reads it
     update = update_fn(tx, learning_rate, config)
     built = {}  # per image shape: (comm, shard_mapped step); shapes are known when tracing
 

@@ -407,6 +407,27 @@ def test_two_processes_match_one_process(tmp_path):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("field,value,says", [
+    ("bucket_bytes", -5, "or -1"), ("hybrid_crossover_bytes", -2, "or -1"),
+    ("first_bucket_bytes", -1, ">= 0."),
+])
+def test_a_bad_comm_size_names_its_field_whatever_the_strategy(field, value, says):
+    # Caught when the step is built, before it compiles, even for 'xla', which reads no bucket
+    # size (a typo there would otherwise surface only once the strategy changes); the message
+    # says -1 is allowed where the communication model may choose the size.
+    for strategy in ("xla", "flat"):
+        config = tiny_config(strategy)
+        config.comm[field] = value
+        with pytest.raises(ValueError, match=rf"comm\.{field}={value}.*{re.escape(says)}"):
+            build_step(config, mesh_lib.create_mesh(2, 4))
+
+
+def test_the_communication_models_sizes_are_accepted():
+    config = tiny_config("auto")
+    config.comm.bucket_bytes = config.comm.hybrid_crossover_bytes = -1
+    build_step(config, mesh_lib.create_mesh(2, 4))  # raises nothing: -1 is the model's choice
+
+
 def test_mesh_batch_mismatch_names_the_field():
     with pytest.raises(ValueError, match="mesh.node"):
         mesh_lib.create_mesh(3, 4)

@@ -79,6 +79,8 @@ def create_input(
     """
     sharding = mesh_lib.batch_sharding(mesh)
     _check_data_config(data, global_batch, eval_batch, mesh.devices.size)
+    if seed < 0:  # else a numpy error that names no field
+        raise ValueError(f"seed={seed} must be >= 0.")
     if data.name in ("synthetic", "digits") and data.decode == "gpu":
         # Asked for by name, so say that it does nothing here rather than drop it silently.
         logging.warning(

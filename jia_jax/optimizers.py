@@ -18,7 +18,16 @@ def create_optimizer(
     Args:
       opt: the `optimizer` config block.
       learning_rate: the global schedule (warmup + decay), indexed by step.
+
+    Raises:
+      ValueError: naming the field, for an unknown name or a value outside its range.
     """
+    if not 0.0 <= opt.momentum < 1.0:
+        raise ValueError(f"optimizer.momentum={opt.momentum} must be in [0, 1).")
+    if opt.weight_decay < 0:
+        raise ValueError(f"optimizer.weight_decay={opt.weight_decay} must be >= 0.")
+    if opt.name == "lars" and opt.trust_coefficient <= 0:
+        raise ValueError(f"optimizer.trust_coefficient={opt.trust_coefficient} must be > 0.")
     if opt.name == "sgd":
         return optax.chain(
             optax.add_decayed_weights(opt.weight_decay, mask=exclude_bias_and_norm),

@@ -400,3 +400,16 @@ def test_lars_with_no_masked_leaves_or_only_empty_ones():
         out, _ = jax.jit(tx.update)(grads, tx.init(params), params)
         for k in params:
             np.testing.assert_array_equal(out[k], grads[k])
+
+
+def test_create_optimizer_refuses_a_lars_trust_coefficient_of_zero():
+    # eta = 0 would make every LARS layer's step 0: the kernels would never train.
+    from configs import resnet50_64k
+    from jia_jax import optimizers
+
+    opt = resnet50_64k.get_config().optimizer
+    assert opt.name == "lars"
+    optimizers.create_optimizer(opt, optax.constant_schedule(0.1))  # the config's own: accepted
+    opt.trust_coefficient = 0.0
+    with pytest.raises(ValueError, match=r"optimizer\.trust_coefficient=0\.0"):
+        optimizers.create_optimizer(opt, optax.constant_schedule(0.1))

@@ -81,6 +81,12 @@ def test_resnet50_64k_config_runs_on_cpu_with_small_overrides(resnet50_64k_run):
         ("eval_every_steps", 0),
         ("microbatch_size", -2),
         ("data.image_size", 0),
+        ("seed", -3),
+        ("optimizer.momentum", -0.1),
+        ("optimizer.momentum", 1.0),
+        ("optimizer.weight_decay", -1e-4),
+        ("loss.label_smoothing", 1.5),
+        ("comm.bucket_bytes", -5),
     ],
 )
 def test_bad_config_fails_naming_the_field(tmp_path, field, value):

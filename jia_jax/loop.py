@@ -83,6 +83,10 @@ def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
     """`total_steps`, or `num_epochs` worth of steps when it is -1."""
     if config.total_steps > 0:
         return config.total_steps
+    if config.total_steps != -1:  # else 0 trained num_epochs' worth, silently
+        raise ValueError(
+            f"total_steps={config.total_steps} must be > 0, or -1 for num_epochs' worth of steps."
+        )
     if config.num_epochs <= 0:
         raise ValueError("Set total_steps > 0 or num_epochs > 0.")
     return max(1, math.ceil(config.num_epochs * num_train / config.global_batch_size))

@@ -87,6 +87,7 @@ def test_resnet50_64k_config_runs_on_cpu_with_small_overrides(resnet50_64k_run):
         ("optimizer.weight_decay", -1e-4),
         ("loss.label_smoothing", 1.5),
         ("comm.bucket_bytes", -5),
+        ("total_steps", 0),
     ],
 )
 def test_bad_config_fails_naming_the_field(tmp_path, field, value):

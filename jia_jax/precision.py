@@ -72,6 +72,17 @@ class LossScaleState(NamedTuple):
     good_steps: jax.Array
 
 
+def check_loss_scale(cfg: Any) -> None:
+    """Raises a ValueError naming the `precision.loss_scale` field (a ConfigDict or a mapping)
+    whose value keeps the dynamic scale from working: a scale that never moves (factor 1) or
+    starts or ends at 0."""
+    limits = {"initial": (0.0, "> 0"), "minimum": (0.0, "> 0"), "factor": (1.0, "> 1"),
+              "growth_interval": (0, ">= 1")}
+    for field, (bound, says) in limits.items():
+        if cfg[field] <= bound:
+            raise ValueError(f"precision.loss_scale.{field}={cfg[field]} must be {says}.")
+
+
 def init_loss_scale(initial: float = 2.0**15, *, dynamic: bool = True) -> LossScaleState:
     """Initial state: scale `initial` if `dynamic`, else 1 (a no-op for bf16/fp32)."""
     return LossScaleState(

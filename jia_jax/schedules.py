@@ -73,7 +73,14 @@ def create_learning_rate_schedule(
     if decay not in _DECAYS:
         raise ValueError(f"optimizer.decay must be one of {_DECAYS}, got {decay!r}")
     if peak_lr <= 0:
-        raise ValueError(f"optimizer.learning_rate must be positive, got {peak_lr}")
+        raise ValueError(
+            f"optimizer.learning_rate must be positive, got {peak_lr} (by default "
+            "optimizer.base_learning_rate x global_batch_size / 256: set either)"
+        )
+    if end_lr < 0:
+        raise ValueError(f"optimizer.end_learning_rate must be >= 0, got {end_lr}")
+    if decay == "poly" and power <= 0:
+        raise ValueError(f"optimizer.power must be positive for the 'poly' decay, got {power}")
     if total_steps <= 0:
         raise ValueError(f"total_steps must be positive, got {total_steps}")
     if not 0 <= warmup_steps < total_steps:

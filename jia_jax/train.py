@@ -387,6 +387,8 @@ def make_train_step(
     comm_model.network_model(config.comm.get("network", ""))  # a bad name fails here, not later
     packs_after_backward(config.comm, mesh)  # so does a bad pack_after_backward
     check_comm_sizes(config.comm)  # and a bad size, whether or not the strategy reads it
+    if precision.needs_loss_scaling(precision.compute_dtype(config.precision.compute)):
+        precision.check_loss_scale(config.precision.loss_scale)
     if not 0.0 <= config.loss.label_smoothing < 1.0:
         raise ValueError(
             f"loss.label_smoothing={config.loss.label_smoothing} must be in [0, 1)."

@@ -8,6 +8,7 @@ import pytest
 from jia_jax.precision import (
     LossScaleState,
     all_finite,
+    check_loss_scale,
     compute_dtype,
     init_loss_scale,
     needs_loss_scaling,
@@ -111,3 +112,13 @@ def test_select_tree_keeps_old_values_when_false():
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             assert a.dtype == b.dtype
             np.testing.assert_array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64))
+
+
+@pytest.mark.parametrize(
+    "field,value", [("initial", 0.0), ("minimum", 0.0), ("factor", 1.0), ("growth_interval", 0)]
+)
+def test_a_loss_scale_that_cannot_move_names_its_field(field, value):
+    cfg = {"initial": 2.0**15, "growth_interval": 2000, "factor": 2.0, "minimum": 1.0}
+    check_loss_scale(cfg)  # the config's defaults: accepted
+    with pytest.raises(ValueError, match=rf"precision\.loss_scale\.{field}="):
+        check_loss_scale({**cfg, field: value})

@@ -74,6 +74,8 @@ def test_schedule_from_config_converts_warmup_epochs():
         ({"warmup_epochs": -1.0}, 100, "optimizer.warmup_epochs"),
         ({"decay": "step"}, 100, "optimizer.decay"),
         ({"learning_rate": 0.0}, 100, "optimizer.learning_rate"),
+        ({"end_learning_rate": -1e-4}, 100, "optimizer.end_learning_rate"),
+        ({"power": 0.0}, 100, "optimizer.power"),
         ({}, 0, "total_steps"),
     ],
 )

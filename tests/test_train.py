@@ -422,6 +422,16 @@ def test_a_bad_comm_size_names_its_field_whatever_the_strategy(field, value, say
             build_step(config, mesh_lib.create_mesh(2, 4))
 
 
+def test_a_float16_step_refuses_a_loss_scale_that_cannot_move():
+    # Checked where float16 needs the scale, not for float32, which never reads it.
+    config = tiny_config("flat")
+    config.precision.loss_scale.factor = 1.0
+    build_step(config, mesh_lib.create_mesh(2, 4))
+    config.precision.compute = "float16"
+    with pytest.raises(ValueError, match=r"precision\.loss_scale\.factor=1\.0"):
+        build_step(config, mesh_lib.create_mesh(2, 4))
+
+
 def test_the_communication_models_sizes_are_accepted():
     config = tiny_config("auto")
     config.comm.bucket_bytes = config.comm.hybrid_crossover_bytes = -1

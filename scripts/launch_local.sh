@@ -36,6 +36,12 @@ if [ $# -lt 4 ]; then
 fi
 procs=$1 devices=$2 config=$3 workdir=$4
 shift 4
+for count in "PROCESSES=$procs" "DEVICES_PER_PROCESS=$devices"; do
+  if ! [[ ${count#*=} =~ ^[1-9][0-9]*$ ]]; then
+    echo "$0: $count must be a whole number >= 1." >&2
+    exit 2
+  fi
+done
 platform=${JIA_JAX_PLATFORM:-}
 # The GPUs to share out: those the caller's CUDA_VISIBLE_DEVICES lists (ordinals or UUIDs) if it
 # is set, else all of the machine's.

@@ -181,6 +181,21 @@ def test_too_few_visible_gpus_for_a_gpu_launch_is_one_line(tmp_path):
     )
 
 
+@pytest.mark.parametrize("counts,says", [
+    (("0", "1"), "PROCESSES=0"), (("2", "x"), "DEVICES_PER_PROCESS=x"),
+    (("2", "-1"), "DEVICES_PER_PROCESS=-1"),
+])
+def test_a_bad_count_is_one_line_naming_it(tmp_path, counts, says):
+    # 0 processes launched nothing and exited 0; a word died on bash's "unbound variable".
+    env = stand_in_env(tmp_path, _STAND_IN)
+    result = subprocess.run(
+        ["bash", "scripts/launch_local.sh", *counts, "configs/digits.py", "/tmp/w"],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+    )
+    assert result.returncode == 2 and not list((tmp_path / "records").iterdir())
+    assert result.stderr == f"scripts/launch_local.sh: {says} must be a whole number >= 1.\n"
+
+
 def test_cpu_processes_simulate_their_devices_over_gloo(tmp_path):
     started = launch(
         tmp_path, "2", "4", "configs/digits.py", "/tmp/w", env={"JIA_JAX_PLATFORM": "cpu"}

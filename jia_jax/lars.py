@@ -59,6 +59,23 @@ def _full_mask(mask: MaskOrFn, params: optax.Params) -> Any:
     return jax.tree.map(lambda m, sub: jax.tree.map(lambda _: bool(m), sub), mask_tree, params)
 
 
+def trust_ratio(
+    w_norm: jax.Array,
+    g_norm: jax.Array,
+    weight_decay: float,
+    trust_coefficient: float,
+    eps: float = 0.0,
+) -> jax.Array:
+    """LARS' local learning rate `trust_coefficient * ||w|| / (||g|| + weight_decay * ||w|| +
+    eps)` from the norms (any shape: one per leaf), 1 where a norm is 0.
+
+    Shared by `lars` and code whose norms are summed over shards of the leaves.
+    """
+    ratio = trust_coefficient * w_norm / (g_norm + weight_decay * w_norm + eps)
+    # A zero norm would give 0 (frozen layer) or 0/0; such leaves take the plain step instead.
+    return jnp.where((w_norm == 0.0) | (g_norm == 0.0), 1.0, ratio)
+
+
 def _lars_direction(
     grad: jax.Array,
     param: jax.Array,
@@ -72,11 +89,9 @@ def _lars_direction(
     if not apply:
         return g
     w = jnp.asarray(param, jnp.float32)
-    w_norm = jnp.linalg.norm(w)
-    g_norm = jnp.linalg.norm(g)
-    ratio = trust_coefficient * w_norm / (g_norm + weight_decay * w_norm + eps)
-    # A zero norm would give 0 (frozen layer) or 0/0; such leaves take the plain step instead.
-    ratio = jnp.where((w_norm == 0.0) | (g_norm == 0.0), 1.0, ratio)
+    ratio = trust_ratio(
+        jnp.linalg.norm(w), jnp.linalg.norm(g), weight_decay, trust_coefficient, eps
+    )
     return ratio * (g + weight_decay * w)
 
 

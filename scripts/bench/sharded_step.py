@@ -35,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 
 from jia_jax import allreduce, precision, train
 from jia_jax import mesh as mesh_lib
+from jia_jax.lars import trust_ratio
 from jia_jax.models import call_order
 
 
@@ -122,13 +123,6 @@ def lars_shard_update(
     return w - new_v, new_v
 
 
-def trust_ratios(w_sq: jax.Array, g_sq: jax.Array, cfg: ml_collections.ConfigDict) -> jax.Array:
-    """LARS' trust ratio of every leaf from its summed squares (`jia_jax.lars._lars_direction`)."""
-    w_norm, g_norm = jnp.sqrt(w_sq), jnp.sqrt(g_sq)
-    ratio = cfg.trust_coefficient * w_norm / (g_norm + cfg.weight_decay * w_norm)
-    return jnp.where((w_norm == 0.0) | (g_norm == 0.0), 1.0, ratio)
-
-
 def _body(
     model, learning_rate, config, mesh: Mesh, layout: ShardLayout, whole: range, hold: bool
 ) -> Callable:
@@ -172,7 +166,9 @@ def _body(
                            leaf_sums_of_squares(g, layout, split)])
         w_sq, g_sq = jax.lax.psum(parts, axes) + jnp.stack(
             [leaf_sums_of_squares(w, layout, whole), leaf_sums_of_squares(g, layout, whole)])
-        ratio = trust_ratios(w_sq, g_sq, opt)
+        ratio = trust_ratio(
+            jnp.sqrt(w_sq), jnp.sqrt(g_sq), opt.weight_decay, opt.trust_coefficient
+        )
         lr = jnp.asarray(learning_rate(count), jnp.float32)
         new = [
             lars_shard_update(*wvg, ratio, lr, segs, offs, chs, apply, opt)

@@ -85,6 +85,9 @@ _CAP = {  # XLA combines collectives no further than the config's 16 MiB buckets
 }
 _NO_SOL = {"xla_gpu_enable_analytical_sol_latency_estimator": False}
 _OVERLAP_4 = {"xla_gpu_experimental_parallel_collective_overlap_limit": 4}
+# The cap, and no reduce-scatter combined at all: XLA measures a reduce-scatter against the cap
+# by its output, 1/n of a bucket, so the cap alone let it pair them.
+_APART = {**_CAP, "xla_gpu_reduce_scatter_combine_threshold_bytes": 0}
 # name -> config overrides, XLA options for the step's compilation under "xla", and "pgle" (the
 # peer's reduction is chosen by name: `peer*`).
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -156,33 +159,21 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # reduce-scattered during backward, the weights all-gathered under the next forward; with
     # combining capped as the told trainer caps it.
     "sharded_cap": {"xla": _CAP},
-    # The cap kept XLA from pairing all-reduces, but it measures a reduce-scatter by its output
-    # (1/n of a bucket), so it paired the reduce-scatters (bench_overlap_sharded_2x1_2xH200.json):
-    # none combined; also with XLA's speed-of-light estimator off (each starts where ready).
-    "sharded_apart": {"xla": {**_CAP, "xla_gpu_reduce_scatter_combine_threshold_bytes": 0}},
-    "sharded_apart_nosol": {
-        "xla": {**_CAP, **_NO_SOL, "xla_gpu_reduce_scatter_combine_threshold_bytes": 0}
-    },
+    # The cap let XLA pair the reduce-scatters (bench_overlap_sharded_2x1_2xH200.json): none
+    # combined (`_APART`); also with XLA's speed-of-light estimator off (each starts where ready).
+    "sharded_apart": {"xla": _APART},
+    "sharded_apart_nosol": {"xla": {**_APART, **_NO_SOL}},
     # XLA starts the all-reduces of the buckets backward fills first early, and those buckets
     # have most of backward to hide under; the later ones' reduce-scatters leave where the
     # all-reduces would, their halves returning under the next forward: the first two buckets
     # all-reduced and updated whole ("replicated"), the other two sharded.
-    "sharded_after2": {
-        "replicated": 2,
-        "xla": {**_CAP, "xla_gpu_reduce_scatter_combine_threshold_bytes": 0},
-    },
+    "sharded_after2": {"replicated": 2, "xla": _APART},
     # Without the trainer's barrier over the reduced buckets, XLA placed each bucket's
     # collective by where its readers were scheduled: the two all-reduces of `sharded_after2`,
     # read after the norms' all-reduce, went last (bench_overlap_sharded_after2_2x1_2xH200.json).
     # The same two with the reduced buckets held behind one barrier, as the trainer's are.
-    "sharded_held": {
-        "hold": True,
-        "xla": {**_CAP, "xla_gpu_reduce_scatter_combine_threshold_bytes": 0},
-    },
-    "sharded_after2_held": {
-        "replicated": 2, "hold": True,
-        "xla": {**_CAP, "xla_gpu_reduce_scatter_combine_threshold_bytes": 0},
-    },
+    "sharded_held": {"hold": True, "xla": _APART},
+    "sharded_after2_held": {"replicated": 2, "hold": True, "xla": _APART},
     # With JAX's profile-guided latency estimator (`jax_enable_pgle`) and XLA's latency-hiding
     # scheduler: the jitted step runs `_PGLE_RUNS` times under the profiler, then is recompiled
     # with the measured op times, so the scheduler knows how long each all-reduce takes.

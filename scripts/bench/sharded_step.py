@@ -85,14 +85,18 @@ def to_buckets(leaves: list[jax.Array], layout: ShardLayout, dtype: Any) -> list
 
 def from_buckets(buckets: list[jax.Array], layout: ShardLayout) -> Any:
     """The inverse of `to_buckets`: the tree with each leaf's shape (dtype of the buckets)."""
-    # Zero-size leaves are in no bucket.
-    leaves = [jnp.zeros(shape, buckets[0].dtype) for shape in layout.plan.shapes]
-    for full, bucket, offsets, chunks, size in zip(
-        buckets, layout.plan.buckets, layout.offsets, layout.chunks, layout.shard_sizes
+    leaves: list[Any] = [None] * len(layout.plan.shapes)
+    for full, bucket, offsets, chunks in zip(
+        buckets, layout.plan.buckets, layout.offsets, layout.chunks
     ):
+        rows = full.reshape(layout.devices, -1)  # row d: device d's shard
         for s, o, c in zip(bucket, offsets, chunks):
-            parts = [full[d * size + o:d * size + o + c] for d in range(layout.devices)]
-            leaves[s.leaf] = jnp.concatenate(parts)[: s.size].reshape(layout.plan.shapes[s.leaf])
+            flat = rows[:, o:o + c].reshape(-1)[: s.size]  # the leaf's chunks, padding cut
+            leaves[s.leaf] = flat.reshape(layout.plan.shapes[s.leaf])
+    # Zero-size leaves are in no bucket.
+    dtype = buckets[0].dtype
+    leaves = [jnp.zeros(shape, dtype) if x is None else x
+              for x, shape in zip(leaves, layout.plan.shapes)]
     return layout.plan.treedef.unflatten(leaves)
 
 

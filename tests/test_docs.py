@@ -1098,17 +1098,17 @@ def test_render_names_the_machine_without_its_pool_label(tmp_path):
 
 
 def _overlap_rows(name: str) -> dict:
-    """(layout, variant, per GPU) -> row of an overlap raw file, with its efficiencies."""
+    """(layout, variant, per GPU) -> row of an overlap raw file, with its efficiencies where the
+    file has a one-GPU row of that batch."""
     data = [r for r in load(name)["results"] if "images_per_s" in r]
     one = {r["per_device_batch"]: r for r in data if r["layout"] == "1x1"}
     out = {}
     for r in data:
-        base, gpus = one[r["per_device_batch"]], r["hosts"] * r["gpus_per_host"]
-        out[r["layout"], r["variant"], r["per_device_batch"]] = {
-            **r,
-            "eff": r["images_per_s"] / (gpus * base["images_per_s"]),
-            "synced_eff": r["synced_images_per_s"] / (gpus * base["synced_images_per_s"]),
-        }
+        row = out[r["layout"], r["variant"], r["per_device_batch"]] = dict(r)
+        base, gpus = one.get(r["per_device_batch"]), r["hosts"] * r["gpus_per_host"]
+        if base:
+            row["eff"] = r["images_per_s"] / (gpus * base["images_per_s"])
+            row["synced_eff"] = r["synced_images_per_s"] / (gpus * base["synced_images_per_s"])
     return out
 
 
@@ -3223,12 +3223,6 @@ def test_told_overlap_picture_draws_the_schedule_table(tmp_path):
                           str(tmp_path / "x.png"), ("no_such_variant",))
 
 
-def _overlap_rows_without_base(name: str) -> dict:
-    """(layout, variant, per GPU) -> row of an overlap raw file with no one-GPU row."""
-    return {(r["layout"], r["variant"], r["per_device_batch"]): r
-            for r in load(name)["results"] if "images_per_s" in r}
-
-
 def test_sharded_update_prose_quotes_the_json_and_hlo():
     """The update sharded over the devices against the told default across 2 emulated hosts:
     efficiencies, the collectives' places in XLA's schedule, and the weight gradients' places in
@@ -3284,7 +3278,7 @@ def test_sharded_update_prose_quotes_the_json_and_hlo():
         f"{e(slow, 'sharded_apart', 256)} against the default's {e(slow, 'overlap_cap', 64)} "
         f"and {e(slow, 'overlap_cap', 256)}",
     ]
-    after2 = _overlap_rows_without_base("bench_overlap_sharded_after2_2x1_2xH200.json")
+    after2 = _overlap_rows("bench_overlap_sharded_after2_2x1_2xH200.json")
     starts = by_bucket(after2, "sharded_after2", 64, "all-reduce")
     default = by_bucket(after2, "overlap_cap", 64, "all-reduce")
     first_two = sorted(default, key=lambda b: default[b]["convolutions_before_start"])[:2]

@@ -46,6 +46,15 @@ told_runs() {  # told_runs BATCHES HLO SCALE_RUN...: the told step (overlap_cap)
     layouts=2x1
   done
 }
+sharded_runs() {  # sharded_runs NAME VARIANTS [FLAG...]: the told default and sharded steps
+  # (scripts/bench/sharded_step.py) on one GPU and across 2 emulated hosts x 1 GPU at 64 and
+  # 256 images per GPU, told as the trainer is; round-robin, two rounds; the FLAGs last.
+  local name=$1 variants=$2
+  shift 2
+  python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=64,256 --variants="$variants" \
+    --steps=20 --rounds=2 --tell_xla_network=emulated "$@" \
+    --out="$OUT/bench_overlap_${name}_2x1.json"
+}
 case "$1" in
   steps)
     python3 -m scripts.bench.step --models=resnet50 --meshes=1x1,1xn \
@@ -258,42 +267,31 @@ case "$1" in
     ;;
   sharded)
     # The update sharded over the devices (half the gradient bytes under backward, the weights'
-    # half under the next forward) against the told default and the plain peer, across 2
-    # emulated hosts x 1 GPU, told as the trainer is; round-robin, two rounds.
-    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=64,256 \
-      --variants=overlap_cap,sharded_cap,peer --steps=20 --rounds=2 --budget_s=540 \
-      --tell_xla_network=emulated --out="$OUT/bench_overlap_sharded_2x1.json"
+    # half under the next forward) against the told default and the plain peer.
+    sharded_runs sharded overlap_cap,sharded_cap,peer --budget_s=540
     ;;
   sharded_apart)
     # The same with no reduce-scatters combined (the cap let XLA pair them), also with XLA's
     # speed-of-light estimator off; each sharded step's optimized HLO kept.
-    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=64,256 \
-      --variants=overlap_cap,sharded_apart,sharded_apart_nosol --steps=20 --rounds=2 \
-      --budget_s=540 --tell_xla_network=emulated --hlo_dir="$OUT/hlo" \
-      --out="$OUT/bench_overlap_sharded_apart_2x1.json"
+    sharded_runs sharded_apart overlap_cap,sharded_apart,sharded_apart_nosol --budget_s=540 \
+      --hlo_dir="$OUT/hlo"
     ;;
   sharded_slow)
     # Told half the network's bandwidth, as both steps are: whether XLA then starts the
     # reduce-scatters earlier in backward.
-    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=64,256 \
-      --variants=overlap_cap,sharded_apart --steps=20 --rounds=2 --budget_s=500 \
-      --tell_xla_network=emulated --told_bandwidth=0.5 \
-      --out="$OUT/bench_overlap_sharded_slow_2x1.json"
+    sharded_runs sharded_slow overlap_cap,sharded_apart --budget_s=500 --told_bandwidth=0.5
     ;;
   sharded_after2)
     # Only the buckets after the first two sharded, at 64 images per GPU against the told
-    # default, in turns (no one-GPU row: compare the two).
-    python3 -m scripts.bench.overlap --layouts=2x1 --batches=64 \
-      --variants=overlap_cap,sharded_after2 --steps=20 --rounds=2 --budget_s=150 \
-      --tell_xla_network=emulated --out="$OUT/bench_overlap_sharded_after2_2x1.json"
+    # default, in turns (no one-GPU row: compare the two; the later flags win).
+    sharded_runs sharded_after2 overlap_cap,sharded_after2 --layouts=2x1 --batches=64 \
+      --budget_s=150
     ;;
   sharded_held)
     # The sharded step with its reduced buckets held behind one barrier, as the trainer's are,
-    # all sharded and the first two all-reduced, against the told default; round-robin.
-    python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=64,256 \
-      --variants=overlap_cap,sharded_held,sharded_after2_held --steps=20 --rounds=2 \
-      --budget_s=540 --tell_xla_network=emulated --hlo_dir="$OUT/hlo" \
-      --out="$OUT/bench_overlap_sharded_held_2x1.json"
+    # all sharded and the first two all-reduced, against the told default.
+    sharded_runs sharded_held overlap_cap,sharded_held,sharded_after2_held --budget_s=540 \
+      --hlo_dir="$OUT/hlo"
     ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
        "|told_half|told_half64|told_scale_trainer|cmdbuf|after|leaves|loop|loop_ab|levers64" \

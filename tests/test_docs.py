@@ -1098,8 +1098,9 @@ def test_render_names_the_machine_without_its_pool_label(tmp_path):
 
 
 def _overlap_rows(name: str) -> dict:
-    """(layout, variant, per GPU) -> row of an overlap raw file, with its efficiencies where the
-    file has a one-GPU row of that batch."""
+    """(layout, variant, per GPU) -> row of an overlap raw file, with its efficiencies (over the
+    median step, synced, and over the mean step where timed) where the file has a one-GPU row of
+    that batch."""
     data = [r for r in load(name)["results"] if "images_per_s" in r]
     one = {r["per_device_batch"]: r for r in data if r["layout"] == "1x1"}
     out = {}
@@ -1109,6 +1110,8 @@ def _overlap_rows(name: str) -> dict:
         if base:
             row["eff"] = r["images_per_s"] / (gpus * base["images_per_s"])
             row["synced_eff"] = r["synced_images_per_s"] / (gpus * base["synced_images_per_s"])
+            if "mean_images_per_s" in r:
+                row["mean_eff"] = r["mean_images_per_s"] / (gpus * base["mean_images_per_s"])
     return out
 
 
@@ -3295,6 +3298,38 @@ def test_sharded_update_prose_quotes_the_json_and_hlo():
             *(default[b]["convolutions_before_start"] for b in first_two)),
         f"the step trained {after2['2x1', 'sharded_after2', 64]['images_per_s']:,.0f} images/s "
         f"against the default's {after2['2x1', 'overlap_cap', 64]['images_per_s']:,.0f}",
+    ]
+    held = _overlap_rows("bench_overlap_sharded_held_2x1_2xH200.json")
+    h_scatters = by_bucket(held, "sharded_held", 64, "reduce-scatter")
+    h_starts = by_bucket(held, "sharded_after2_held", 64, "all-reduce")
+    h_default = by_bucket(held, "overlap_cap", 64, "all-reduce")
+    assert set(h_starts) == set(first_two)
+    h_gathers = [c["convolutions_between"] for c in held["2x1", "sharded_held", 64]["schedule"]
+                 if c["op"] == "all-gather"]
+
+    def m(variant, batch):
+        return f"{held['2x1', variant, batch]['mean_eff']:.3f}"
+
+    gain = held["2x1", "sharded_after2_held", 64]["eff"] / held["2x1", "overlap_cap", 64]["eff"]
+    quotes += [
+        "were ready after {} and {} convolutions at 64 images ({} and {} unheld)".format(
+            *(h_scatters[b]["convolutions_until_ready"] for b in order[:2]),
+            *(scatters[b]["convolutions_until_ready"] for b in order[:2])),
+        "started the all-reduces of those buckets after {} and {} convolutions, where the "
+        "default started them after {} and {}".format(
+            *(h_starts[b]["convolutions_before_start"] for b in first_two),
+            *(h_default[b]["convolutions_before_start"] for b in first_two)),
+        f"the sharded step kept {e(held, 'sharded_held', 64)} of two GPUs at 64 images per GPU "
+        f"and {e(held, 'sharded_held', 256)} at 256 against the default's "
+        f"{e(held, 'overlap_cap', 64)} and {e(held, 'overlap_cap', 256)} (over the mean step "
+        f"{m('sharded_held', 64)} and {m('sharded_held', 256)} against "
+        f"{m('overlap_cap', 64)} and {m('overlap_cap', 256)}); at 64 images "
+        f"{['no', 'one', 'two', 'three'][h_gathers.count(0)]} of its four all-gathers had no",
+        f"it kept {e(held, 'sharded_after2_held', 64)} at 64 images "
+        f"({m('sharded_after2_held', 64)} over the mean step), {100 * (gain - 1):.1f}% above "
+        f"the default's, less than the default moved between the calls above "
+        f"({e(slow, 'overlap_cap', 64)} to {e(first, 'overlap_cap', 64)}), and "
+        f"{e(held, 'sharded_after2_held', 256)} at 256",
     ]
     assert_quoted(read("docs/benchmarks.md"), quotes)
     # The first bucket's weight gradients at places 150 to 153, their layers' data gradients at

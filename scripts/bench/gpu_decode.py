@@ -779,11 +779,12 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         # Records written before train_input's --processes ran one process.
         key = (run["gpus"], run["args"]["per_gpu"], run.get("processes", 1))
         overrides, workers = run["args"].get("override", []), run["args"].get("num_workers")
-        setting = (*decode_setting(overrides), workers)
+        # Processes bound to their own cores (train_input --bind; records before it: unbound).
+        setting = (*decode_setting(overrides), workers, run["args"].get("bind", False))
         for r in run["results"]:
             # Synthetic runs decode nothing: one baseline for every setting. A setting run again
             # is its next round.
-            slot = (*key, *(setting if r["variant"] == "gpu" else (0, "", None)))
+            slot = (*key, *(setting if r["variant"] == "gpu" else (0, "", None, False)))
             rounds[slot, r["variant"]] += 1
             entry = configs.setdefault((*slot, rounds[slot, r["variant"]]), {})
             entry[r["variant"]] = {**r, "cores": run["cores"]}
@@ -816,17 +817,17 @@ def decode_setting(overrides: Sequence[str]) -> tuple[int, str]:
 
 
 def _report_row(
-    key: tuple[int, int, int, int, str, int | None, int], configs: dict[tuple, dict],
+    key: tuple[int, int, int, int, str, int | None, bool, int], configs: dict[tuple, dict],
     decode_rate: float | None,
 ) -> dict[str, Any]:
     """The GPU path's row of one (GPUs, images per GPU, processes, decode depth, crop kernel,
-    input workers, round). Its synthetic baseline is the run of as many processes, else of one:
-    the step's own speed in the trainer's fastest form; of the same round where there is one,
-    else the first."""
-    gpus, per_gpu, processes, depth, kernel, workers, round_ = key
+    input workers, processes bound to their cores, round). Its synthetic baseline is the
+    unbound run of as many processes, else of one: the step's own speed in the trainer's fastest
+    form; of the same round where there is one, else the first."""
+    gpus, per_gpu, processes, depth, kernel, workers, bound, round_ = key
 
     def baseline(p: int) -> dict:
-        runs = [configs.get((gpus, per_gpu, p, 0, "", None, r), {}) for r in (round_, 1)]
+        runs = [configs.get((gpus, per_gpu, p, 0, "", None, False, r), {}) for r in (round_, 1)]
         return next((c["synthetic"] for c in runs if "synthetic" in c), {})
 
     synthetic_processes = next((p for p in (processes, 1) if baseline(p)), processes)
@@ -840,6 +841,7 @@ def _report_row(
         "depth": depth,
         "crop_kernel": kernel,
         "workers": workers,
+        "bound": bound,
         "round": round_,
         "decode": "gpu",
         "images_per_s": gpu.get("images_per_s"),

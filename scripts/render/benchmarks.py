@@ -277,7 +277,8 @@ def _gpu_decode_columns(
     """(header, shown, cell) of each column of `gpu_decode_table`, in order. A processes column
     where some row ran several (records without the field ran one), decode depth and round
     columns where some row's differ from the defaults, crop kernel and input workers columns
-    where the rows' differ (records without the field do not say); the share of time the GPU
+    where the rows' differ (records without the field do not say), a cores-bound column where
+    some row's processes ran on cores of their own; the share of time the GPU
     path's train loop waited for input where the runs logged it, its input thread's waits a
     batch (read, decode) and the launch a step where they logged those."""
 
@@ -310,6 +311,8 @@ def _gpu_decode_columns(
          lambda r: r.get("crop_kernel", "-")),
         ("input workers", len({r.get("workers") for r in results}) > 1,
          lambda r: str(r.get("workers", "-"))),
+        ("cores bound", some(lambda r: r.get("bound", False)),
+         lambda r: "yes" if r.get("bound") else "no"),
         ("round", some(lambda r: r.get("round", 1) > 1), lambda r: str(r.get("round", 1))),
         ("images/s, decode=gpu", True, number("images_per_s", ",.0f")),
         ("images/s, synthetic", True, synthetic),

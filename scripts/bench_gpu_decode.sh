@@ -5,8 +5,6 @@
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh one    # 1 GPU, 256 and 64 images; PROFILE=0:
 #                                                        # without the profiled run
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh two    # 2 GPUs: one process, one per GPU
-#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh bind   # 2 GPUs, one process per GPU: each on
-#                                  # its own half of the cores against both on all, 2 rounds
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh depth  # data.gpu_decode_depth 1 against 2
 #   OUT=/tmp/out BATCH=64 bash scripts/bench_gpu_decode.sh kernels  # data.gpu_crop_kernel
 #                                  # pallas against xla, alternating, 2 rounds, at BATCH per GPU
@@ -33,8 +31,8 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 mode=${1:-}
 case "$mode" in
-  one|two|bind|depth|kernels|workers|trace) ;;
-  *) echo "usage: OUT=<folder> $0 one|two|bind|depth|kernels|workers|trace" >&2; exit 2 ;;
+  one|two|depth|kernels|workers|trace) ;;
+  *) echo "usage: OUT=<folder> $0 one|two|depth|kernels|workers|trace" >&2; exit 2 ;;
 esac
 export PYTHONUNBUFFERED=1
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -54,17 +52,11 @@ first="0-$((half - 1))" both="0-$((2 * half - 1))"
 CUDA_VISIBLE_DEVICES=0 python3 -m scripts.bench.gpu_decode smoke --data_dir="$data" \
   --out="$OUT/gpu_decode_smoke.json" >"$runs/smoke.log" 2>&1 ||
   { echo "smoke failed: the GPU path is broken, nothing else is worth timing"; tail -n 30 "$runs/smoke.log"; exit 1; }
-depths=1 stage_batches="256 64"
+depths=1
 if [[ "$mode" == depth ]]; then depths="1 2"; fi
-if [[ "$mode" == bind ]]; then
-  stage_batches=256  # its runs train at 256 only
-  { lscpu; nvidia-smi topo -m; } >"$OUT/topology.txt" 2>&1  # which cores sit near which GPU
-fi
 if [[ "$mode" != trace ]]; then
-python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu $stage_batches \
-  --depth $depths --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
-fi
-if [[ "$mode" != trace && "$mode" != bind ]]; then
+python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 --depth $depths \
+  --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
 # The host half alone (records read by the trainer's 8 workers on the first GPU's cores): where a
 # run waits for input, whether reading or decoding falls behind.
 taskset -c "$first" python3 -m scripts.bench.gpu_decode records --data_dir="$data" \
@@ -103,16 +95,6 @@ case "$mode" in
     # input threads no longer feed both GPUs.
     train 0,1 "$both" 256 300 50 synthetic,gpu "$half" 2gpu_256
     train 0,1 "$both" 256 300 50 gpu "$half" 2gpu_256_2proc --processes=2
-    PROFILE=0 ;;
-  bind)
-    # 2 GPUs, 32 cores: the synthetic run in one process, then the GPU path as 2 processes of 1
-    # GPU, both free to run on all 32 cores and each on its own 16 (launch_local.sh --bind) in
-    # turn, two rounds (8 record-reading workers a process in all).
-    train 0,1 "$both" 256 300 50 synthetic "$half" 2gpu_256
-    for round in 1 2; do
-      train 0,1 "$both" 256 300 50 gpu "$half" "2gpu_256_2proc_$round" --processes=2
-      train 0,1 "$both" 256 300 50 gpu "$half" "2gpu_256_2proc_bound_$round" --processes=2 --bind
-    done
     PROFILE=0 ;;
   depth)
     # 1 GPU: the synthetic baseline, then one decoder a GPU (the default) and two taking the

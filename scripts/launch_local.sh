@@ -22,25 +22,16 @@
 # such a machine, not a real network's. Without --hosts the processes are one host to the
 # trainers too (JIA_JAX_LOCAL_PROCESSES): XLA is told of no network.
 #
-# --bind: each process runs on a core set of its own, an equal contiguous share of the cores
-# the launcher may run on (its affinity: all of the machine's unless under taskset), in process
-# order: process i of P on share i of P. Shares do not follow where each GPU attaches: on a host
-# whose GPUs hang off several sockets, give each process its GPUs' cores yourself (numactl).
-#
 # SIGTERM or SIGINT (Ctrl-C) to the launcher reaches every trainer once: each saves a checkpoint
 # and exits 0, and the launcher exits when all have. The trainers run in process groups of their
 # own (set -m), so a signal to the launcher's group (Ctrl-C in a terminal) is not delivered to
 # them a second time, which would stop them at once without saving.
 set -euo pipefail
 set -m
-hosts=0 bind=0
-while [ "${1:-}" = --hosts ] || [ "${1:-}" = --bind ]; do
-  if [ "$1" = --hosts ]; then hosts=1; else bind=1; fi
-  shift
-done
+hosts=0
+if [ "${1:-}" = --hosts ]; then hosts=1; shift; fi
 if [ $# -lt 4 ]; then
-  echo "usage: $0 [--hosts] [--bind] PROCESSES DEVICES_PER_PROCESS CONFIG WORKDIR" \
-    "[--config.x=y ...]" >&2
+  echo "usage: $0 [--hosts] PROCESSES DEVICES_PER_PROCESS CONFIG WORKDIR [--config.x=y ...]" >&2
   exit 2
 fi
 procs=$1 devices=$2 config=$3 workdir=$4
@@ -71,16 +62,6 @@ if [ "$platform" = gpu ] && [ "${#listed[@]}" -lt $((procs * devices)) ]; then
     "of $devices need $((procs * devices)): list more, or unset it to use all." >&2
   exit 2
 fi
-cores=() share=0
-if [ "$bind" = 1 ]; then
-  read -r -a cores <<<"$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
-  share=$((${#cores[@]} / procs))
-  if [ "$share" -lt 1 ]; then
-    echo "$0: --bind gives each process a core of its own at least; $procs processes, but" \
-      "this launcher may run on ${#cores[@]} core(s)." >&2
-    exit 2
-  fi
-fi
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 network=()
 links=()
@@ -109,10 +90,7 @@ for ((i = 0; i < procs; i++)); do
   # The job's processes on this "host", for what the trainer tells XLA (jia_jax/xla_network.py).
   env_vars+=(JIA_JAX_LOCAL_PROCESSES="$([ "$hosts" = 1 ] && echo 1 || echo "$procs")")
   if [ "$hosts" = 1 ]; then env_vars+=(NCCL_HOSTID="jia_jax_host_$i" "${network[@]}"); fi
-  pin=()
-  if [ "$bind" = 1 ]; then pin=(taskset -c "$(IFS=,; echo "${cores[*]:$((i * share)):$share}")"); fi
-  env "${env_vars[@]}" ${pin[@]+"${pin[@]}"} python3 -m jia_jax.main \
-    --config="$config" --workdir="$workdir" \
+  env "${env_vars[@]}" python3 -m jia_jax.main --config="$config" --workdir="$workdir" \
     --config.distributed.coordinator_address="127.0.0.1:${port}" \
     --config.distributed.num_processes="$procs" --config.distributed.process_id="$i" \
     --config.mesh.node="$procs" --config.mesh.gpu="$devices" ${links[@]+"${links[@]}"} "$@" &

@@ -425,15 +425,11 @@ def test_bench_train_input_command_of_several_processes():
     and its share of the workers; the launcher alone sets the mesh and the distributed flags."""
     args = argparse.Namespace(
         config="configs/resnet50_64k.py", per_gpu=256, steps=100, log_every=20, override=[],
-        data_dir="/data", num_workers=16, processes=2, bind=False,
+        data_dir="/data", num_workers=16, processes=2,
     )
     cmd = bench_train_input.command("gpu", args, 4, "/w")
     assert cmd[:6] == ["bash", "scripts/launch_local.sh", "2", "2", "configs/resnet50_64k.py", "/w"]
     assert cmd[6:] == bench_train_input.config_flags("gpu", args, 4)
-    args.bind = True  # each process on its own share of the cores
-    assert bench_train_input.command("gpu", args, 4, "/w")[:4] == [
-        "bash", "scripts/launch_local.sh", "--bind", "2"]
-    args.bind = False
     assert "--config.global_batch_size=1024" in cmd and "--config.data.num_workers=8" in cmd
     assert not [a for a in cmd if a.startswith(("--config.mesh.", "--config.distributed."))]
     args.processes = 1
@@ -578,7 +574,8 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     assert "| GPUs | processes | CPU cores |" in table
     assert "| 8 | 1 | 2 | 2 | 980 | 1,000 | 0.980 |" in table
     assert "| 8 | 2 | 2 | 2 | 1,200 | 1,000 (1 process) | 1.200 |" in table
-    # The 2 processes each on cores of its own (train_input --bind): a row of its own, against
+    # The 2 processes each on cores of its own (train_input --bind of commit 1cd1af4, which
+    # docs/benchmarks/bench_gpu_decode_bind_2xH200.json records): a row of its own, against
     # the same synthetic run, and a column saying which rows' processes were bound.
     bound = json.loads(open(runs[-1]).read())
     bound["args"]["bind"] = True

@@ -752,6 +752,26 @@ def test_gpu_decode_on_two_gpus_today_prose_quotes_the_json():
     ])
 
 
+def test_cores_of_their_own_prose_quotes_the_json():
+    """The GPU path as two processes, free on all cores and each bound to half, in turns."""
+    record = load("bench_gpu_decode_bind_2xH200.json")
+    rows = {(r["bound"], r["round"]): r for r in record["results"]}
+    assert len(rows) == 4 and {r["processes"] for r in rows.values()} == {2}
+    for r in rows.values():
+        assert r["ratio"] == pytest.approx(r["images_per_s"] / r["synthetic_images_per_s"])
+        assert r["synthetic_processes"] == 1 and r["input_wait"] == 0
+    [topology] = [d for d in [record["provenance"]["device"]] if "one NUMA node" in d]
+    assert "CPU affinity 0-31" in topology
+    ratio = {k: f"{r['ratio']:.3f}" for k, r in rows.items()}
+    launch = sorted(r["launch_ms"] for r in rows.values())
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"kept {ratio[False, 1]} and {ratio[False, 2]} of the one-process synthetic speed free "
+        f"to run on all 32 cores, and {ratio[True, 1]} and {ratio[True, 2]} with each process "
+        "held to its own 16",
+        f"each process's launch taking {launch[0]} to {launch[-1]} ms a step in all four",
+    ])
+
+
 def test_min_shm_size_on_the_gpu_host_prose_quotes_the_json():
     """One shared-memory segment a batch against grain's default, GPU path at 64 images."""
     runs = load("gpu_decode_min_shm_ab64_1xH200.json")["runs"]

@@ -22,7 +22,7 @@ from jia_jax import xla_network
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _STAND_IN = """#!/usr/bin/env bash
 if [ "$1" = -m ]; then
-  exec "{python}" -c 'import json, os, sys; json.dump({{"argv": sys.argv[1:], "env": dict(os.environ), "cpus": sorted(os.sched_getaffinity(0))}}, open(os.path.join(os.environ["RECORD_DIR"], str(os.getpid())), "w"))' "$@"
+  exec "{python}" -c 'import json, os, sys; json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, open(os.path.join(os.environ["RECORD_DIR"], str(os.getpid())), "w"))' "$@"
 fi
 exec "{python}" "$@"
 """
@@ -178,39 +178,6 @@ def test_too_few_visible_gpus_for_a_gpu_launch_is_one_line(tmp_path):
     assert result.stderr == (
         "CUDA_VISIBLE_DEVICES=3 lists 1 GPU(s); 2 processes of 1 need 2: list more, or unset it "
         "to use all.\n"
-    )
-
-
-def test_bind_gives_each_process_its_share_of_the_launchers_cores(tmp_path):
-    cores = sorted(os.sched_getaffinity(0))  # the launcher inherits this process's
-    share = len(cores) // 2
-    env = {"JIA_JAX_PLATFORM": "gpu"}
-    bound = launch(tmp_path, "--bind", "2", "1", "configs/digits.py", "/tmp/w", env=env)
-    assert [r["cpus"] for r in bound] == [cores[:share], cores[share:2 * share]]
-    assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in bound] == ["0", "1"]
-    # --hosts and --bind in either order; without --bind every process may run anywhere.
-    (tmp_path / "b").mkdir()
-    (tmp_path / "c").mkdir()
-    both = launch(tmp_path / "b", "--bind", "--hosts", "2", "1", "configs/digits.py", "/tmp/w",
-                  env=env)
-    assert [r["cpus"] for r in both] == [cores[:share], cores[share:2 * share]]
-    assert len({r["env"]["NCCL_HOSTID"] for r in both}) == 2
-    free = launch(tmp_path / "c", "2", "1", "configs/digits.py", "/tmp/w", env=env)
-    assert [r["cpus"] for r in free] == [cores, cores]
-
-
-def test_bind_with_more_processes_than_cores_is_one_line(tmp_path):
-    cores = len(os.sched_getaffinity(0))
-    env = stand_in_env(tmp_path, _STAND_IN, {"JIA_JAX_PLATFORM": "cpu"})
-    result = subprocess.run(
-        ["bash", "scripts/launch_local.sh", "--bind", str(cores + 1), "1", "configs/digits.py",
-         "/tmp/w"],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-    )
-    assert result.returncode == 2 and not list((tmp_path / "records").iterdir())
-    assert result.stderr == (
-        "scripts/launch_local.sh: --bind gives each process a core of its own at least; "
-        f"{cores + 1} processes, but this launcher may run on {cores} core(s).\n"
     )
 
 

@@ -779,7 +779,8 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         # Records written before train_input's --processes ran one process.
         key = (run["gpus"], run["args"]["per_gpu"], run.get("processes", 1))
         overrides, workers = run["args"].get("override", []), run["args"].get("num_workers")
-        # Processes bound to their own cores (train_input --bind; records before it: unbound).
+        # Processes bound to their own cores (train_input --bind of commit 1cd1af4, removed
+        # since: it gained nothing; other records: unbound).
         setting = (*decode_setting(overrides), workers, run["args"].get("bind", False))
         for r in run["results"]:
             # Synthetic runs decode nothing: one baseline for every setting. A setting run again

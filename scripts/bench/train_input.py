@@ -54,9 +54,7 @@ def command(variant: str, args: argparse.Namespace, gpus: int, workdir: str) -> 
         trainer = ["-m", "jia_jax.main", f"--config={args.config}", f"--workdir={workdir}"]
         return [sys.executable, *trainer, *flags]
     per_process = str(gpus // args.processes)
-    bind = ["--bind"] if args.bind else []
-    launcher = ["scripts/launch_local.sh", *bind, str(args.processes), per_process, args.config,
-                workdir]
+    launcher = ["scripts/launch_local.sh", str(args.processes), per_process, args.config, workdir]
     return ["bash", *launcher, *flags]
 
 
@@ -156,12 +154,6 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="training processes (scripts/launch_local.sh), of GPUs / processes each",
-    )
-    parser.add_argument(
-        "--bind",
-        action="store_true",
-        help="with --processes > 1: each training process on its own share of the cores "
-        "(scripts/launch_local.sh --bind)",
     )
     parser.add_argument("--per_gpu", type=int, default=256)
     parser.add_argument("--steps", type=int, default=240)

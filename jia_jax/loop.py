@@ -28,6 +28,7 @@ from jia_jax import preemption as preemption_lib
 from jia_jax import recipe
 from jia_jax import schedules
 from jia_jax import train
+from jia_jax import workdir_lock
 
 # Steps dispatched after step t before the loop waits for t's metrics: the host then has that many
 # steps' time to hand the device the next one while other threads take the CPU (measured at 64
@@ -417,15 +418,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     train_step = train.make_train_step(trainer.model, trainer.tx, trainer.schedule, config, mesh)
     eval_step = train.make_eval_step(trainer.model, config, mesh) if trainer.data.eval else None
 
-    ckpt = open_checkpointer(workdir, config)
-    writer = metrics_lib.MetricsWriter(workdir)
-    preemption = preemption_lib.PreemptionHandler()
-    # If another process dies, `peers` ends this one with a line naming the newest checkpoint.
-    resume_step = functools.partial(liveness.newest_checkpoint, ckpt.directory)
-    with peers.reporting(resume_step), ckpt, writer, preemption:
-        start_step, state = _resume_or_start(ckpt, trainer, config, mesh.devices.size)
-        run = _TrainRun(config, mesh, trainer, ckpt, writer, overflow, eval_step, start_step, state)
-        profile_dir = os.path.join(workdir, "profile", f"process_{jax.process_index()}")
-        if run.run_steps(train_step, peers, preemption, profile_dir):
-            run.final_eval()
+    # Held from before the workdir's first write to the run's end: a second run stops here.
+    with workdir_lock.held(workdir, primary=jax.process_index() == 0):
+        ckpt = open_checkpointer(workdir, config)
+        writer = metrics_lib.MetricsWriter(workdir)
+        preemption = preemption_lib.PreemptionHandler()
+        # If another process dies, `peers` ends this one with a line naming the newest checkpoint.
+        resume_step = functools.partial(liveness.newest_checkpoint, ckpt.directory)
+        with peers.reporting(resume_step), ckpt, writer, preemption:
+            start_step, state = _resume_or_start(ckpt, trainer, config, mesh.devices.size)
+            run = _TrainRun(
+                config, mesh, trainer, ckpt, writer, overflow, eval_step, start_step, state
+            )
+            profile_dir = os.path.join(workdir, "profile", f"process_{jax.process_index()}")
+            if run.run_steps(train_step, peers, preemption, profile_dir):
+                run.final_eval()
     return run.results

@@ -14,6 +14,7 @@ import pytest
 
 from configs import digits, resnet50_64k
 from jia_jax import loop
+from jia_jax import workdir_lock
 from tests.main_util import run_main
 from tests.test_metrics import read_scalars
 
@@ -217,6 +218,20 @@ def test_workdir_that_is_a_file_is_one_line_and_the_file_is_kept(tmp_path):
     result = run_main(*DIGITS, f"--workdir={workdir}", timeout=120)
     assert_one_clear_line(result, rf"^NotADirectoryError: --workdir={workdir} is a file")
     assert workdir.read_text() == "mine"
+
+
+def test_a_second_run_on_a_workdir_in_training_is_one_line_and_touches_nothing(tmp_path):
+    # Before the lock the second run trained into the first's checkpoints, each deleting the
+    # other's past checkpoint_keep.
+    workdir = tmp_path / "run"
+    with workdir_lock.held(str(workdir)):  # as the first run's process holds it
+        result = run_main(*DIGITS, f"--workdir={workdir}", "--config.total_steps=2",
+                          "--config.optimizer.warmup_epochs=0", timeout=120)
+    assert_one_clear_line(
+        result, rf"^WorkdirInUseError: --workdir={workdir} is in use by another training run "
+        rf"\(process {os.getpid()} on .*\): stop that run, or give this one another --workdir\.$"
+    )
+    assert sorted(p.name for p in workdir.iterdir()) == [workdir_lock.LOCK_NAME]
 
 
 def test_missing_dataset_names_the_directory_tfds_looked_in(tmp_path):

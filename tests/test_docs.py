@@ -772,6 +772,34 @@ def test_cores_of_their_own_prose_quotes_the_json():
     ])
 
 
+def test_two_processes_against_their_own_synthetic_speed_prose_quotes_the_json():
+    """The GPU path as two processes against two-process and one-process synthetic runs."""
+    record = load("bench_gpu_decode_processes_2xH200.json")
+    runs = {r["name"]: r for r in record["runs"]}
+    assert [r["name"] for r in record["runs"]] == ["syn1_a", "syn2_a", "gpu2_a", "syn2_b",
+                                                   "gpu2_b"]  # the order they ran in
+    full = record["train_input"]["results"][0]  # the one run whose JSON came back
+    assert full["images_per_s"] == runs["gpu2_a"]["images_per_s"]
+    one = runs["syn1_a"]["images_per_s"]
+    pairs = [(runs["gpu2_a"], runs["syn2_a"]), (runs["gpu2_b"], runs["syn2_b"])]
+    for row, (gpu, synthetic) in zip(record["results"], pairs, strict=True):
+        assert (row["images_per_s"], row["synthetic_images_per_s"]) == (
+            gpu["images_per_s"], synthetic["images_per_s"])
+        assert row["ratio"] == pytest.approx(gpu["images_per_s"] / synthetic["images_per_s"])
+    (g1, s1), (g2, s2) = ((g["images_per_s"], s["images_per_s"]) for g, s in pairs)
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"trained {s1:,.0f} and {s2:,.0f} images/s against {one:,.0f} as one process driving both "
+        f"({s1 / one:.3f} and {s2 / one:.3f} of it), and the GPU path as two processes "
+        f"{g1:,.0f} and {g2:,.0f}",
+        f"{g1 / s1:.3f} and {g2 / s2:.3f} of the two-process synthetic speed, {g1 / one:.3f} and "
+        f"{g2 / one:.3f} of the one-process one, the loop waiting for input "
+        f"{runs['gpu2_a']['input_wait']:.0%} of the time",
+    ])
+    assert_quoted(read("README.md"), [
+        f"two processes of one GPU ({g1 / s1:.3f} of the synthetic speed of two such processes)",
+    ])
+
+
 def test_min_shm_size_on_the_gpu_host_prose_quotes_the_json():
     """One shared-memory segment a batch against grain's default, GPU path at 64 images."""
     runs = load("gpu_decode_min_shm_ab64_1xH200.json")["runs"]

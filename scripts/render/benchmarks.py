@@ -280,7 +280,8 @@ def _gpu_decode_columns(
     where the rows' differ (records without the field do not say), a cores-bound column where
     some row's processes ran on cores of their own; the share of time the GPU
     path's train loop waited for input where the runs logged it, its input thread's waits a
-    batch (read, decode) and the launch a step where they logged those."""
+    batch (read, decode) and the launch a step where they logged those; the decode stage's rate
+    where its call timed it."""
 
     def some(test: Callable[[dict[str, Any]], bool]) -> bool:
         return any(test(r) for r in results)
@@ -317,7 +318,8 @@ def _gpu_decode_columns(
         ("images/s, decode=gpu", True, number("images_per_s", ",.0f")),
         ("images/s, synthetic", True, synthetic),
         ("ratio", True, number("ratio", ".3f")),
-        ("decode stage images/s per GPU", True, number("decode_images_per_s", ",.0f")),
+        ("decode stage images/s per GPU", some(lambda r: r.get("decode_images_per_s") is not None),
+         number("decode_images_per_s", ",.0f")),
         ("input wait, decode=gpu", some(lambda r: "input_wait" in r), wait),
         ("input thread waits a batch, ms", some(lambda r: "input_stages_ms" in r),
          lambda r: stage_clock.describe(r.get("input_stages_ms", {})) or "-"),

@@ -145,8 +145,8 @@ def get_config() -> ml_collections.ConfigDict:
     # it (`allreduce.hold_until_all_reduced`; docs/benchmarks.md, "Across hosts"). Same mean.
     config.comm.overlap = True
     # Explicit strategies: pack the buckets only once backward has produced every gradient
-    # ("always"), or as it produces them ("never"), or "always" where the mesh has one node
-    # ("auto"). Packed during backward, BatchNorm's backward was fused worse by XLA (ReLU's mask
+    # ("always"), or as it produces them ("never"), or "always" where the mesh has one node or
+    # its nodes are processes of one host ("auto"; 3% on 2 H200s as 2 processes). Packed during backward, BatchNorm's backward was fused worse by XLA (ReLU's mask
     # written out): on two H200s in one process, after backward was 4.2% faster at 256 images per
     # GPU (docs/benchmarks.md, "One GPU"); across hosts the buckets must leave during backward
     # to hide the wire time. Same mean.

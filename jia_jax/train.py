@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax
@@ -166,13 +166,17 @@ def device_index(mesh: Mesh) -> jax.Array:
 PACK_AFTER_BACKWARD = ("auto", "always", "never")
 
 
-def packs_after_backward(comm: ml_collections.ConfigDict, mesh: Mesh) -> bool:
+def packs_after_backward(
+    comm: ml_collections.ConfigDict, mesh: Mesh, environ: Mapping[str, str] = os.environ
+) -> bool:
     """Whether the buckets are packed once backward has ended (`comm.pack_after_backward`).
 
-    "auto" does where the mesh has one node: over one host's links the all-reduce after backward
-    is short, and packing during backward made XLA fuse BatchNorm's backward worse
-    (`allreduce.hold_until_backward_ends`). Across nodes the buckets leave during backward, where
-    the network's wire time hides under it.
+    "auto" does where the mesh has one node, or where its nodes are processes of one host (as
+    `environ`'s launcher variables say, `xla_network.one_host`): over one host's links the
+    all-reduce after backward is short, and packing during backward made XLA fuse BatchNorm's
+    backward worse (`allreduce.hold_until_backward_ends`). Across hosts the buckets leave during
+    backward, where the network's wire time hides under it. One process's mesh of several nodes
+    (emulating them) packs during backward.
     """
     choice = comm.get("pack_after_backward", "auto")
     if choice not in PACK_AFTER_BACKWARD:
@@ -180,7 +184,10 @@ def packs_after_backward(comm: ml_collections.ConfigDict, mesh: Mesh) -> bool:
             f"comm.pack_after_backward={choice!r} is not one of {PACK_AFTER_BACKWARD}."
         )
     if choice == "auto":
-        return mesh.shape[mesh_lib.NODE_AXIS] == 1
+        processes = jax.process_count()
+        return mesh.shape[mesh_lib.NODE_AXIS] == 1 or (
+            processes > 1 and xla_network.one_host(processes, environ)
+        )
     return choice == "always"
 
 

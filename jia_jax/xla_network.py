@@ -91,6 +91,12 @@ def local_processes(environ: Mapping[str, str]) -> int:
     return 1
 
 
+def one_host(processes: int, environ: Mapping[str, str]) -> bool:
+    """Whether a job of `processes` processes runs on one host: one process, or as many on this
+    host as its launcher says (`local_processes`)."""
+    return processes == 1 or local_processes(environ) >= processes
+
+
 def visible_gpus(environ: Mapping[str, str]) -> int:
     """The GPUs a process started with `environ` sees: CUDA_VISIBLE_DEVICES' entries where set
     (up to the first invalid one, as CUDA reads it), else the machine's NVIDIA device files."""
@@ -137,11 +143,11 @@ def environment(comm: Any, dist: Any, environ: Mapping[str, str]) -> dict[str, s
         return {}
     # A bad name or scale fails in one process too.
     link = told_link(comm.network, comm.get("told_bandwidth_scale", 1.0))
-    processes, local = mesh.process_count(dist, environ), local_processes(environ)
-    if processes == 1 or local >= processes:
-        return {}  # one host: no network
+    processes = mesh.process_count(dist, environ)
+    if one_host(processes, environ):
+        return {}  # no network
     flags = environ.get("XLA_FLAGS", "")
-    gpus = visible_gpus(environ) * local
+    gpus = visible_gpus(environ) * local_processes(environ)
     if gpus < 1:
         return {}
     told = with_estimator(flags, gpus, link)

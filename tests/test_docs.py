@@ -796,7 +796,24 @@ def test_two_processes_against_their_own_synthetic_speed_prose_quotes_the_json()
         f"{runs['gpu2_a']['input_wait']:.0%} of the time",
     ])
     assert_quoted(read("README.md"), [
-        f"two processes of one GPU ({g1 / s1:.3f} of the synthetic speed of two such processes)",
+        f"two processes of one GPU ({g1 / s1:.3f} of the synthetic speed of two such processes, "
+        "measured before two processes on one host trained as fast as one)",
+    ])
+
+
+def test_processes_of_one_host_pack_after_backward_prose_quotes_the_json():
+    """One process against two of one host, packing the gradients after and during backward."""
+    rows = {r["name"]: r for r in load("bench_processes_pack_2xH200.json")["results"]}
+    one, after, during = (rows[n]["images_per_s"] for n in ("syn1", "syn2_auto", "syn2_never"))
+    assert (rows["syn1"]["processes"], rows["syn2_auto"]["processes"]) == (1, 2)
+    assert "--processes" not in rows["syn1"]["command"] and "never" in rows["syn2_never"]["command"]
+    for r in rows.values():
+        assert r["ratio_vs_one_process"] == pytest.approx(r["images_per_s"] / one)
+    assert_quoted(read("docs/benchmarks.md"), [
+        f"they lost {round(100 * (1 - during / one))}%",
+        f"one process trained {one:,.0f} images/s, two processes packing after backward "
+        f"{after:,.0f} ({after / one:.3f} of it), and two packing during backward {during:,.0f} "
+        f"({during / one:.3f})",
     ])
 
 

@@ -184,3 +184,18 @@ def test_this_xla_accepts_the_flag():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "2"
+
+
+@pytest.mark.parametrize(
+    "processes, environ, one",
+    [
+        (1, {}, True),
+        (2, {"JIA_JAX_LOCAL_PROCESSES": "2"}, True),  # launch_local.sh without --hosts
+        (2, {"JIA_JAX_LOCAL_PROCESSES": "1"}, False),  # with --hosts: each process a host
+        (2, {}, False),  # no launcher's count: a process per host
+        (8, {"SLURM_NTASKS_PER_NODE": "4(x2)"}, False),  # 2 nodes of 4 tasks
+        (4, {"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, True),
+    ],
+)
+def test_one_host_is_where_the_launcher_counts_every_process_here(processes, environ, one):
+    assert xla_network.one_host(processes, environ) is one

@@ -215,6 +215,26 @@ def multiprocess_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def processes_pack_table(doc: dict[str, Any]) -> str:
+    """The trainer as one process and as processes of one host, by where the gradients are packed
+    (`comm.pack_after_backward`), synthetic data."""
+    lines = [
+        (
+            f"The trainer on synthetic data ({_environment(doc)}; ResNet-50 64K config, bf16, 256 "
+            "images per GPU; median of the logged intervals after the first):"
+        ),
+        "",
+        "| processes | gradients packed | images/s | vs one process | launch ms a step |",
+        "| ---: | --- | ---: | ---: | ---: |",
+    ]
+    for r in doc["results"]:
+        lines.append(
+            f"| {r['processes']} | {r['pack_after_backward']} | {r['images_per_s']:,.0f} | "
+            f"{r['ratio_vs_one_process']:.3f} | {r['launch_ms']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
 def train_input_table(doc: dict[str, Any]) -> str:
     """`jia_jax.main` images/s on generated JPEGs against synthetic data (scripts/bench/train_input.py)."""
     env = doc["environment"]
@@ -824,6 +844,8 @@ def table(path: str) -> str:
         return decode_loaded_table(doc)
     if "synthetic_images_per_s" in first:
         return gpu_decode_table(doc)
+    if "pack_after_backward" in first:
+        return processes_pack_table(doc)
     if "hosts" in first:
         return hosts_table(doc)
     if "settings" in first:

@@ -269,8 +269,8 @@ def resolve_comm(
 
     The communication model (`jia_jax.comm_model`, calibrated on this repo's benchmarks) picks
     the plan with the least predicted exposed reduction time for this mesh, gradient tree and
-    wire dtype, over the links `comm.network` names (one process: NVLink only); the choice is
-    logged. Explicit values are kept.
+    wire dtype, over the links `comm.network` names (processes of one host,
+    `xla_network.one_host`: NVLink only); the choice is logged. Explicit values are kept.
     """
     automatic = (
         comm.strategy == comm_model.AUTO
@@ -287,7 +287,8 @@ def resolve_comm(
         gpu=mesh.shape[mesh_lib.GPU_AXIS],
         leaf_sizes=[math.prod(leaves[i].shape) for i in order],
         model=comm_model.network_model(
-            comm.get("network", ""), single_host=jax.process_count() == 1
+            comm.get("network", ""),
+            single_host=xla_network.one_host(jax.process_count(), os.environ),
         ),
     )
     logging.info("%s", plan.summary())

@@ -206,7 +206,7 @@ def test_auto_communication_plan_trains_like_an_explicit_one():
 
 def test_resolve_comm_plans_for_the_network_the_config_names(monkeypatch):
     # resolve_comm hands `comm_model.resolve` the links of `comm.network` when the run spans
-    # processes (here pretended), NVLink only in one process; an unknown name fails clearly.
+    # hosts (here pretended), NVLink only on one host; an unknown name fails clearly.
     from jia_jax import comm_model
 
     mesh = mesh_lib.create_mesh(2, 4)
@@ -235,6 +235,12 @@ def test_resolve_comm_plans_for_the_network_the_config_names(monkeypatch):
         assert seen[-1] == want, (processes, network)
         assert comm.network == network and comm.strategy in allreduce.STRATEGIES
     assert comm_model.load_emulated_hosts() != comm_model.load_model()  # the cases differ
+    # Processes that the launcher says share this host (launch_local.sh without --hosts): NVLink.
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setenv("JIA_JAX_LOCAL_PROCESSES", "2")
+    config.comm.network = "emulated"
+    train.resolve_comm(config.comm, model, mesh, state.params, (16, 16, 1))
+    assert seen[-1] == comm_model.load_model(single_host=True)
     config.comm.network = "carrier_pigeon"
     with pytest.raises(ValueError, match="comm.network='carrier_pigeon' is not one of"):
         train.resolve_comm(config.comm, model, mesh, state.params, (16, 16, 1))

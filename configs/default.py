@@ -146,10 +146,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.comm.overlap = True
     # Explicit strategies: pack the buckets only once backward has produced every gradient
     # ("always"), or as it produces them ("never"), or "always" where the mesh has one node or
-    # its nodes are processes of one host ("auto"; 3% on 2 H200s as 2 processes). Packed during backward, BatchNorm's backward was fused worse by XLA (ReLU's mask
-    # written out): on two H200s in one process, after backward was 4.2% faster at 256 images per
-    # GPU (docs/benchmarks.md, "One GPU"); across hosts the buckets must leave during backward
-    # to hide the wire time. Same mean.
+    # its nodes are processes of one host ("auto"). Packed during backward, BatchNorm's backward
+    # was fused worse by XLA (ReLU's mask written out): on two H200s after backward was 4.2%
+    # faster at 256 images per GPU in one process, 3.7% as two (docs/benchmarks.md); across
+    # hosts the buckets must leave during backward to hide the wire time. Same mean.
     config.comm.pack_after_backward = "auto"
     # Explicit strategies: copy each bucket's gradients into one array for its all-reduce (True),
     # or send the leaves themselves, whose all-reduces XLA's combiner merges (False: no copy, and

@@ -815,6 +815,10 @@ def test_processes_of_one_host_pack_after_backward_prose_quotes_the_json():
         f"{after:,.0f} ({after / one:.3f} of it), and two packing during backward {during:,.0f} "
         f"({during / one:.3f})",
     ])
+    # and the config's comment on the choice
+    assert_quoted(read("configs/default.py").replace("#", ""), [
+        f"{100 * (after / during - 1):.1f}% as two (docs/benchmarks.md)",
+    ])
 
 
 def test_min_shm_size_on_the_gpu_host_prose_quotes_the_json():

@@ -215,24 +215,25 @@ def multiprocess_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _table(caption: str, header: str, align: str, rows: list[str]) -> str:
+    """A caption line, then a markdown table of `header`, `align` and the `rows`."""
+    return "\n".join([caption, "", header, align, *rows])
+
+
 def processes_pack_table(doc: dict[str, Any]) -> str:
     """The trainer as one process and as processes of one host, by where the gradients are packed
     (`comm.pack_after_backward`), synthetic data."""
-    lines = [
-        (
-            f"The trainer on synthetic data ({_environment(doc)}; ResNet-50 64K config, bf16, 256 "
-            "images per GPU; median of the logged intervals after the first):"
-        ),
-        "",
+    return _table(
+        f"The trainer on synthetic data ({_environment(doc)}; ResNet-50 64K config, bf16, 256 "
+        "images per GPU; median of the logged intervals after the first):",
         "| processes | gradients packed | images/s | vs one process | launch ms a step |",
         "| ---: | --- | ---: | ---: | ---: |",
-    ]
-    for r in doc["results"]:
-        lines.append(
+        [
             f"| {r['processes']} | {r['pack_after_backward']} | {r['images_per_s']:,.0f} | "
             f"{r['ratio_vs_one_process']:.3f} | {r['launch_ms']:.1f} |"
-        )
-    return "\n".join(lines)
+            for r in doc["results"]
+        ],
+    )
 
 
 def train_input_table(doc: dict[str, Any]) -> str:
@@ -797,19 +798,17 @@ def repro_table(doc: dict[str, Any]) -> str:
         if "steps" in args
         else f"{args['seconds']} s by each process's own clock"
     )
-    lines = [
+    return _table(
         f"2 emulated hosts x {args['gpus_per_host']} GPUs, {length} of a data-parallel loop "
         f"({_where(doc)}):",
-        "",
         "| recoverable mode | get_live_nodes thread | exit statuses | steps | heap crash |",
         "| --- | --- | --- | --- | --- |",
-    ]
-    for r in doc["results"]:
-        lines.append(
+        [
             f"| {r['recoverable']} | {r['poll_get_live_nodes']} | {r['returncodes']} | "
             f"{r['steps']} | {r['crashed']} |"
-        )
-    return "\n".join(lines)
+            for r in doc["results"]
+        ],
+    )
 
 
 def killed_table(path: str, doc: dict[str, Any]) -> str:

@@ -74,10 +74,7 @@ def open_checkpointer(workdir: str, config: ml_collections.ConfigDict) -> checkp
             save_every_steps=config.checkpoint_every_steps,
         )
     except OSError as error:
-        raise OSError(
-            f"--workdir={workdir}: cannot create {directory} ({error.strerror or error}); give a "
-            "directory you can write to (it is created if missing)."
-        ) from error
+        raise workdir_lock.cannot_create(workdir, directory, error) from error
 
 
 def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:

@@ -26,6 +26,14 @@ class WorkdirInUseError(OSError):
     """Another training run holds the workdir's lock."""
 
 
+def cannot_create(workdir: str, path: str, error: OSError) -> OSError:
+    """The one-line error for `path` under --workdir that the system refused to create."""
+    return OSError(
+        f"--workdir={workdir}: cannot create {path} ({error.strerror or error}); give a "
+        "directory you can write to (it is created if missing)."
+    )
+
+
 @contextlib.contextmanager
 def held(workdir: str, primary: bool = True) -> Iterator[None]:
     """Holds `workdir`'s lock while the block runs (creating the directory if missing); only
@@ -43,10 +51,7 @@ def held(workdir: str, primary: bool = True) -> Iterator[None]:
         os.makedirs(workdir, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as error:
-        raise OSError(
-            f"--workdir={workdir}: cannot create {path} ({error.strerror or error}); give a "
-            "directory you can write to (it is created if missing)."
-        ) from error
+        raise cannot_create(workdir, path, error) from error
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

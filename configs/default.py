@@ -93,6 +93,11 @@ def get_config() -> ml_collections.ConfigDict:
             # False: no watch (JAX's own coordination service aborts the survivors after
             # heartbeat_timeout_s instead, with a dump of every thread).
             "watch_peers": True,
+            # "auto": a single training process on a machine of several GPUs that would decode
+            # JPEGs on them starts one process per GPU instead (0.971 of the synthetic speed on
+            # two H200s against 0.745 as one; jia_jax/process_per_gpu.py). "always" for any
+            # data, "never" trains in one process.
+            "process_per_gpu": "auto",
         }
     )
 

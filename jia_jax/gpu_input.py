@@ -351,9 +351,10 @@ class GpuStreams:
             # Measured: one process's decode stage did not scale past one GPU.
             logging.warning(
                 "Decoding on %d GPUs from one process: one process per GPU keeps up far better "
-                "(docs/input_pipeline.md, \"How fast it is\"); e.g. scripts/launch_local.sh %d 1 "
-                "<config> <workdir> on one machine, one task per GPU under SLURM.",
-                len(devices), len(devices),
+                "(docs/input_pipeline.md). python -m jia_jax.main trains so by itself on one "
+                "machine where distributed.process_per_gpu is 'auto' or 'always' and the mesh is "
+                "left to infer; under SLURM, start one task per GPU.",
+                len(devices),
             )
         fancy = bool(data.gpu_fancy_upsampling)
         decoders = tuple(device_decoders(devices, fancy, ring) for _ in range(depth))

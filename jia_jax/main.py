@@ -27,6 +27,7 @@ from jia_jax import export
 from jia_jax import gpu_decode
 from jia_jax import loop
 from jia_jax import os_thread_names
+from jia_jax import process_per_gpu
 from jia_jax import xla_network
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -153,6 +154,21 @@ def set_xla_environment(config: ml_collections.ConfigDict) -> None:
         logging.info("%s%s", xla_network.TOLD_LOG, xla_network.told(added["XLA_FLAGS"]))
 
 
+def train_as_processes(config: ml_collections.ConfigDict, count: int) -> int:
+    """Trains `config` as `count` processes of one GPU each, started from this process's
+    command line (jia_jax/process_per_gpu.py); returns the exit status."""
+    logging.info(
+        "Training as %d processes of one GPU each (distributed.process_per_gpu=%r): one process "
+        "decoding for several GPUs does not keep up (docs/input_pipeline.md).",
+        count, config.distributed.process_per_gpu,
+    )
+    port = process_per_gpu.free_port()
+    commands = process_per_gpu.trainer_commands(
+        sys.argv, count, config.data.num_workers, port, os.environ
+    )
+    return process_per_gpu.run_trainers(commands)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         sys.exit(
@@ -164,9 +180,12 @@ def main(argv: list[str]) -> None:
     # Before JAX starts CUDA and XLA, which read these once (every mode may decode on the GPU).
     os.environ.update(gpu_decode.cuda_environment(_CONFIG.value.data.decode, os.environ))
     try:
-        set_xla_environment(_CONFIG.value)
         check_mode_flags(_MODE.value, _STEP.value, _EXPORT_PATH.value)
         check_workdir(_WORKDIR.value)
+        count = process_per_gpu.split_count(_CONFIG.value, _MODE.value, os.environ)
+        if count > 1:
+            sys.exit(train_as_processes(_CONFIG.value, count))
+        set_xla_environment(_CONFIG.value)
         if _MODE.value == "train":
             loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
         elif _MODE.value == "eval":

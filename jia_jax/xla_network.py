@@ -74,8 +74,9 @@ def told(xla_flags: str) -> str:
 
 # Launchers' counts of a job's processes on this host: jia_jax's own (scripts/launch_local.sh),
 # Open MPI's, SLURM's (tasks per node, e.g. "4" or "4(x2)").
+LOCAL_PROCESSES = "JIA_JAX_LOCAL_PROCESSES"
 _LOCAL_PROCESSES_VARS = (
-    "JIA_JAX_LOCAL_PROCESSES",
+    LOCAL_PROCESSES,
     "OMPI_COMM_WORLD_LOCAL_SIZE",
     "SLURM_NTASKS_PER_NODE",
 )
@@ -97,18 +98,19 @@ def one_host(processes: int, environ: Mapping[str, str]) -> bool:
     return processes == 1 or local_processes(environ) >= processes
 
 
-def visible_gpus(environ: Mapping[str, str]) -> int:
-    """The GPUs a process started with `environ` sees: CUDA_VISIBLE_DEVICES' entries where set
-    (up to the first invalid one, as CUDA reads it), else the machine's NVIDIA device files."""
+def visible_gpus(environ: Mapping[str, str]) -> list[str]:
+    """The GPUs a process started with `environ` sees, as CUDA_VISIBLE_DEVICES names them: its
+    entries where set (up to the first invalid one, as CUDA reads it), else the ordinals of the
+    machine's NVIDIA device files."""
     listed = environ.get("CUDA_VISIBLE_DEVICES")
     if listed is None:
-        return len(glob.glob("/dev/nvidia[0-9]*"))
-    count = 0
+        return [str(i) for i in range(len(glob.glob("/dev/nvidia[0-9]*")))]
+    gpus = []
     for entry in listed.split(","):
         if not re.fullmatch(r"\s*(\d+|GPU-[0-9a-fA-F-]+|MIG-[\w/-]+)\s*", entry):
             break
-        count += 1
-    return count
+        gpus.append(entry.strip())
+    return gpus
 
 
 def told_link(network: str, scale: float = 1.0) -> comm_model.Link:
@@ -147,7 +149,7 @@ def environment(comm: Any, dist: Any, environ: Mapping[str, str]) -> dict[str, s
     if one_host(processes, environ):
         return {}  # no network
     flags = environ.get("XLA_FLAGS", "")
-    gpus = visible_gpus(environ) * local_processes(environ)
+    gpus = len(visible_gpus(environ)) * local_processes(environ)
     if gpus < 1:
         return {}
     told = with_estimator(flags, gpus, link)

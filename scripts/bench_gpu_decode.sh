@@ -5,6 +5,8 @@
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh one    # 1 GPU, 256 and 64 images; PROFILE=0:
 #                                                        # without the profiled run
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh two    # 2 GPUs: one process, one per GPU
+#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh split  # 2 GPUs: a process per GPU started by
+#                                  # jia_jax.main itself against launch_local.sh's, 2 rounds
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh depth  # data.gpu_decode_depth 1 against 2
 #   OUT=/tmp/out BATCH=64 bash scripts/bench_gpu_decode.sh kernels  # data.gpu_crop_kernel
 #                                  # pallas against xla, alternating, 2 rounds, at BATCH per GPU
@@ -31,8 +33,8 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 mode=${1:-}
 case "$mode" in
-  one|two|depth|kernels|workers|trace) ;;
-  *) echo "usage: OUT=<folder> $0 one|two|depth|kernels|workers|trace" >&2; exit 2 ;;
+  one|two|split|depth|kernels|workers|trace) ;;
+  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|trace" >&2; exit 2 ;;
 esac
 export PYTHONUNBUFFERED=1
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -95,6 +97,18 @@ case "$mode" in
     # input threads no longer feed both GPUs.
     train 0,1 "$both" 256 300 50 synthetic,gpu "$half" 2gpu_256
     train 0,1 "$both" 256 300 50 gpu "$half" 2gpu_256_2proc --processes=2
+    PROFILE=0 ;;
+  split)
+    # 2 GPUs, 32 cores: the one-process synthetic baseline, then the GPU path as
+    # `python -m jia_jax.main` runs it by default on a machine of several GPUs (it starts a
+    # process per GPU itself, distributed.process_per_gpu=auto) and as launch_local.sh starts
+    # the same processes, in turns, two rounds.
+    train 0,1 "$both" 256 300 50 synthetic "$half" 2gpu_256_synthetic
+    for round in 1 2; do
+      train 0,1 "$both" 256 300 50 gpu "$half" "2gpu_256_main_$round" --processes=2 \
+        --launcher=main
+      train 0,1 "$both" 256 300 50 gpu "$half" "2gpu_256_2proc_$round" --processes=2
+    done
     PROFILE=0 ;;
   depth)
     # 1 GPU: the synthetic baseline, then one decoder a GPU (the default) and two taking the

@@ -422,19 +422,39 @@ def test_bench_train_input_compares_real_jpegs_with_synthetic_data(tmp_path, mon
 
 def test_bench_train_input_command_of_several_processes():
     """With --processes the local launcher starts the trainers, each GPUs / processes of them
-    and its share of the workers; the launcher alone sets the mesh and the distributed flags."""
+    and its share of the workers; the launcher alone sets the mesh and the distributed flags.
+    With --launcher=main, main starts them and shares out the workers; one process is one."""
     args = argparse.Namespace(
         config="configs/resnet50_64k.py", per_gpu=256, steps=100, log_every=20, override=[],
-        data_dir="/data", num_workers=16, processes=2,
+        data_dir="/data", num_workers=16, processes=2, launcher="launch_local",
     )
     cmd = bench_train_input.command("gpu", args, 4, "/w")
     assert cmd[:6] == ["bash", "scripts/launch_local.sh", "2", "2", "configs/resnet50_64k.py", "/w"]
     assert cmd[6:] == bench_train_input.config_flags("gpu", args, 4)
     assert "--config.global_batch_size=1024" in cmd and "--config.data.num_workers=8" in cmd
     assert not [a for a in cmd if a.startswith(("--config.mesh.", "--config.distributed."))]
+    args.launcher = "main"
+    by_main = bench_train_input.command("gpu", args, 2, "/w")
+    assert by_main[1:3] == ["-m", "jia_jax.main"] and "--config.data.num_workers=16" in by_main
+    assert not [a for a in by_main if a.startswith(("--config.mesh.", "--config.distributed."))]
     args.processes = 1
     one = bench_train_input.command("gpu", args, 4, "/w")
     assert one[1:3] == ["-m", "jia_jax.main"] and "--config.data.num_workers=16" in one
+    assert "--config.distributed.process_per_gpu=never" in one  # one process, on any data
+
+
+def test_bench_train_input_records_the_processes_main_started(tmp_path, monkeypatch):
+    logs = iter(["Training as 2 processes of one GPU each (distributed.process_per_gpu='auto')",
+                 "no split"])
+    monkeypatch.setattr(harness, "run_logged", lambda cmd, env, **_: (0, next(logs)))
+    monkeypatch.setattr(bench_train_input, "_visible_gpus", lambda: 2)
+    doc = bench_train_input.main(["--variants=gpu,gpu", "--processes=2", "--launcher=main",
+                                  f"--out={tmp_path / 'o.json'}"])
+    assert [r["started"] for r in doc["results"]] == [2, 1]
+    assert doc["launcher"] == "main"
+    monkeypatch.setattr(bench_train_input, "_visible_gpus", lambda: 4)
+    with pytest.raises(SystemExit, match="give --processes=4"):
+        bench_train_input.main(["--processes=2", "--launcher=main"])
 
 
 def test_bench_train_input_xla_flags_reach_only_the_trainers(tmp_path, monkeypatch):
@@ -590,6 +610,25 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     assert "| GPUs | processes | CPU cores | images per GPU | cores bound |" in table
     assert "| 8 | 2 | 2 | 2 | yes | 1,250 | 1,000 (1 process) | 1.250 |" in table
     assert "| 8 | 2 | 2 | 2 | no | 1,200 | 1,000 (1 process) | 1.200 |" in table
+    # The 2 processes started by jia_jax.main itself (train_input --launcher=main): a row of
+    # its own, saying so where main started them all; a run where it did not says that.
+    by_main = [train_input_run(tmp_path / f"gpu_main_{n}.json", {"gpu": rate}, processes=2,
+                               launcher="main") for n, rate in ((2, 1190.0), (1, 900.0))]
+    for path, started in zip(by_main, (2, 1)):
+        record = json.loads(open(path).read())
+        record["results"][0]["started"] = started
+        open(path, "w").write(json.dumps(record))
+    doc = bench_gpu_decode.main(["report", f"--stage={stage_path}", "--runs", *runs, *by_main,
+                                 f"--out={out}"])
+    assert [(r["processes"], r.get("launcher"), r.get("started"), r["round"])
+            for r in doc["results"]] == [(1, None, None, 1), (2, "launch_local", None, 1),
+                                         (2, "main", 2, 1), (2, "main", 1, 2)]
+    table = render_benchmarks.table(str(out))
+    assert "| GPUs | processes | processes started by | CPU cores |" in table
+    assert "| 8 | 1 | - | 2 | 2 | 1 | 980 |" in table
+    assert "| 8 | 2 | launch_local.sh | 2 | 2 | 1 | 1,200 | 1,000 (1 process) |" in table
+    assert "| 8 | 2 | jia_jax.main | 2 | 2 | 1 | 1,190 | 1,000 (1 process) |" in table
+    assert "| 8 | 2 | jia_jax.main: did not | 2 | 2 | 2 | 900 |" in table
     # A one-process synthetic run with no GPU-path run beside it is only that row's baseline.
     only = [runs[0], runs[-1]]
     doc = bench_gpu_decode.main(["report", f"--stage={stage_path}", "--runs", *only, f"--out={out}"])

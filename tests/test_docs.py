@@ -756,6 +756,15 @@ def test_gpu_decode_on_two_gpus_today_prose_quotes_the_json():
         f"as two processes of one GPU (`scripts/launch_local.sh 2 1`), {two[2]['ratio']:.3f} at "
         "256 against one process's synthetic speed",
     ])
+    # and where the code gives them as its reason for a process per GPU
+    assert_quoted(read("configs/default.py").replace("#", ""), [
+        f"({two[2]['ratio']:.3f} of the synthetic speed on two H200s against "
+        f"{two[1]['ratio']:.3f} as one;",
+    ])
+    assert_quoted(read("jia_jax/process_per_gpu.py"), [
+        f"on two H200s it trained {two[1]['ratio']:.3f} of the synthetic-data speed where one "
+        f"process per GPU trained {two[2]['ratio']:.3f}",
+    ])
 
 
 def test_gpu_decode_on_one_gpu_today_prose_quotes_the_json():

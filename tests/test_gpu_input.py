@@ -179,7 +179,7 @@ def test_refused_images_are_the_cpu_paths_examples(
     assert any("decoded with Pillow on the CPU" in r.getMessage() for r in caplog.records)
     # 8 devices in this one process: the advice to run one process per GPU.
     assert "Decoding on 8 GPUs from one process" in caplog.text
-    assert "scripts/launch_local.sh 8 1" in caplog.text
+    assert "python -m jia_jax.main trains so by itself" in caplog.text
     # The default backends decoded no whole image but the progressive one (27 x 42), beside
     # the start-up checks' probe (150 x 200).
     whole = {region for backend, region in fake_gpu.decoded if backend == "default"}

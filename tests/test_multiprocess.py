@@ -208,6 +208,35 @@ def test_launch_local_reaches_the_accuracy_of_one_process(launched, tmp_path):
     assert two_processes > 0.2
 
 
+def test_main_trains_as_a_process_per_gpu_by_itself_as_launch_local_does(
+    env, launched, tmp_path
+):
+    """`distributed.process_per_gpu=always` where CUDA_VISIBLE_DEVICES lists two "GPUs": main
+    starts the job of launch_local.sh 2 2 itself (each process here simulates 2 CPU devices)
+    and trains it to the same parameters."""
+    reference, reference_log = launched
+    split_env = {
+        **env,
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "XLA_FLAGS": f"{env['XLA_FLAGS']} --xla_force_host_platform_device_count={DEVICES}",
+        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "jia_jax.main", "--config=configs/digits.py",
+         f"--workdir={tmp_path}", "--config.distributed.process_per_gpu=always", *FLAGS,
+         "--config.mesh.node=-1", "--config.mesh.gpu=-1"],  # digits.py sets 2 x 4: infer it
+        check=False, cwd=REPO_ROOT, env=split_env, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stdout
+    log = result.stdout
+    assert log.count("Training as 2 processes of one GPU each") == 1, log
+    assert log.count("mesh {'node': 2, 'gpu': 2} over 4 cpu devices, 2 processes") == PROCESSES
+    assert final_top1(log) == final_top1(reference_log)
+    assert checkpoint_steps(tmp_path)[-1] == TOTAL_STEPS
+    assert_bitwise_equal(read_state(tmp_path, TOTAL_STEPS), read_state(reference, TOTAL_STEPS))
+
+
 def test_dead_process_stops_the_survivor_with_one_line_and_restart_resumes_bitwise(
     env, launched, tmp_path
 ):

@@ -60,18 +60,25 @@ def test_flag_refuses_no_gpus_or_no_bandwidth(gpus, beta):
 
 
 @pytest.mark.parametrize(
-    "listed, count",
-    [("0,1", 2), ("3", 1), ("", 0), ("0,x,2", 1), ("GPU-8f1c2a3b-0000-1111,1", 2), ("-1", 0)],
+    "listed, gpus",
+    [
+        ("0,1", ["0", "1"]),
+        ("3", ["3"]),
+        ("", []),
+        ("0,x,2", ["0"]),
+        ("GPU-8f1c2a3b-0000-1111, 1", ["GPU-8f1c2a3b-0000-1111", "1"]),
+        ("-1", []),
+    ],
 )
-def test_visible_gpus_counts_cuda_visible_devices_up_to_the_first_invalid_entry(listed, count):
-    assert xla_network.visible_gpus({"CUDA_VISIBLE_DEVICES": listed}) == count
+def test_visible_gpus_are_cuda_visible_devices_up_to_the_first_invalid_entry(listed, gpus):
+    assert xla_network.visible_gpus({"CUDA_VISIBLE_DEVICES": listed}) == gpus
 
 
-def test_visible_gpus_without_cuda_visible_devices_counts_the_device_files(monkeypatch):
+def test_visible_gpus_without_cuda_visible_devices_are_the_device_files_ordinals(monkeypatch):
     monkeypatch.setattr(
         xla_network.glob, "glob", lambda pattern: ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia2"]
     )
-    assert xla_network.visible_gpus({}) == 3
+    assert xla_network.visible_gpus({}) == ["0", "1", "2"]
 
 
 def test_environment_appends_the_named_networks_links_to_the_users_flags():

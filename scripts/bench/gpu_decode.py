@@ -781,11 +781,15 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         overrides, workers = run["args"].get("override", []), run["args"].get("num_workers")
         # Processes bound to their own cores (train_input --bind of commit 1cd1af4, removed
         # since: it gained nothing; other records: unbound).
-        setting = (*decode_setting(overrides), workers, run["args"].get("bind", False))
+        bound = run["args"].get("bind", False)
+        # What started several processes: launch_local.sh ("launch_local"; records from before
+        # train_input's --launcher say nothing) or jia_jax.main itself ("main").
+        launcher = run.get("launcher") or ("launch_local" if key[2] > 1 else "")
+        setting = (*decode_setting(overrides), workers, bound, launcher)
         for r in run["results"]:
             # Synthetic runs decode nothing: one baseline for every setting. A setting run again
             # is its next round.
-            slot = (*key, *(setting if r["variant"] == "gpu" else (0, "", None, False)))
+            slot = (*key, *(setting if r["variant"] == "gpu" else _SYNTHETIC_SETTING))
             rounds[slot, r["variant"]] += 1
             entry = configs.setdefault((*slot, rounds[slot, r["variant"]]), {})
             entry[r["variant"]] = {**r, "cores": run["cores"]}
@@ -804,6 +808,10 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# The decode setting (depth, crop kernel, workers, bound, launcher) of every synthetic run's slot.
+_SYNTHETIC_SETTING = (0, "", None, False, "")
+
+
 def decode_setting(overrides: Sequence[str]) -> tuple[int, str]:
     """`data.gpu_decode_depth` and `data.gpu_crop_kernel` as a run's `--config` overrides set
     them (the last wins), else their defaults."""
@@ -818,17 +826,17 @@ def decode_setting(overrides: Sequence[str]) -> tuple[int, str]:
 
 
 def _report_row(
-    key: tuple[int, int, int, int, str, int | None, bool, int], configs: dict[tuple, dict],
+    key: tuple[int, int, int, int, str, int | None, bool, str, int], configs: dict[tuple, dict],
     decode_rate: float | None,
 ) -> dict[str, Any]:
     """The GPU path's row of one (GPUs, images per GPU, processes, decode depth, crop kernel,
-    input workers, processes bound to their cores, round). Its synthetic baseline is the
-    unbound run of as many processes, else of one: the step's own speed in the trainer's fastest
-    form; of the same round where there is one, else the first."""
-    gpus, per_gpu, processes, depth, kernel, workers, bound, round_ = key
+    input workers, processes bound to their cores, what started them, round). Its synthetic
+    baseline is the unbound run of as many processes, else of one: the step's own speed in the
+    trainer's fastest form; of the same round where there is one, else the first."""
+    gpus, per_gpu, processes, depth, kernel, workers, bound, launcher, round_ = key
 
     def baseline(p: int) -> dict:
-        runs = [configs.get((gpus, per_gpu, p, 0, "", None, False, r), {}) for r in (round_, 1)]
+        runs = [configs.get((gpus, per_gpu, p, *_SYNTHETIC_SETTING, r), {}) for r in (round_, 1)]
         return next((c["synthetic"] for c in runs if "synthetic" in c), {})
 
     synthetic_processes = next((p for p in (processes, 1) if baseline(p)), processes)
@@ -850,6 +858,10 @@ def _report_row(
         "synthetic_processes": synthetic_processes,
         "decode_images_per_s": decode_rate,
     }
+    if launcher:
+        row["launcher"] = launcher
+    if "started" in gpu:  # the processes jia_jax.main started (1: it trained alone)
+        row["started"] = gpu["started"]
     if gpu.get("input_wait") is not None:  # runs logged since the trainer measures it
         row["input_wait"] = gpu["input_wait"]
     if "input_stages_ms" in gpu:  # runs logged since the trainer says where its input waits

@@ -3,7 +3,10 @@ r"""Images/s of `python -m jia_jax.main` on real JPEGs against the same run on s
 Each variant is one training run of the ResNet-50 64K config (bf16, `per_gpu` images per GPU, all
 visible GPUs), with checkpoints and mid-run evals off, in one child process or, with
 `--processes=P`, in P of them started by `scripts/launch_local.sh` (GPUs / P each, the host's
-first GPUs, joined by jax.distributed; NCCL between them, over NVLink where the GPUs have it):
+first GPUs, joined by jax.distributed; NCCL between them, over NVLink where the GPUs have it) or,
+with `--launcher=main` and P the visible GPUs, by `python -m jia_jax.main` itself where its
+`distributed.process_per_gpu` (the config's, "auto" by default; "never" in one process) says so,
+the processes it started recorded as `started` (1: it trained alone):
   * `synthetic`: images made on the device (no input cost): the step's own speed;
   * `host`: the tfds dataset written by `scripts/bench/input.py` (ArrayRecord, 500x375 JPEGs),
     decoded and augmented by `data.num_workers` worker processes, uint8 to the device;
@@ -25,6 +28,8 @@ to the trainers' XLA_FLAGS only. Writes JSON with each run's command, log tail a
       --num_workers=4 --out=/tmp/bench_train_input_gpu.json    # needs pip install -e ".[gpu]"
   python -m scripts.bench.train_input --data_dir=/tmp/jia_bench_data --variants=gpu \
       --processes=2 --num_workers=16 --out=/tmp/bench_train_input_gpu_2proc.json  # 2 GPUs
+  python -m scripts.bench.train_input --data_dir=/tmp/jia_bench_data --variants=gpu \
+      --processes=2 --launcher=main --num_workers=16 --out=/tmp/bench_train_input_gpu_main.json
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -48,9 +54,9 @@ DECODE = {"host": "cpu", "gpu": "gpu"}
 def command(variant: str, args: argparse.Namespace, gpus: int, workdir: str) -> list[str]:
     """The trainer's command line of one variant on `gpus` GPUs: `jia_jax.main`, or with
     `args.processes` > 1 the local launcher of that many (it sets the mesh and the processes'
-    distributed flags itself)."""
+    distributed flags itself) unless `args.launcher` is "main" (main starts them)."""
     flags = config_flags(variant, args, gpus)
-    if args.processes == 1:
+    if args.processes == 1 or args.launcher == "main":
         trainer = ["-m", "jia_jax.main", f"--config={args.config}", f"--workdir={workdir}"]
         return [sys.executable, *trainer, *flags]
     per_process = str(gpus // args.processes)
@@ -60,6 +66,7 @@ def command(variant: str, args: argparse.Namespace, gpus: int, workdir: str) -> 
 
 def config_flags(variant: str, args: argparse.Namespace, gpus: int) -> list[str]:
     """The `--config.*` flags of one variant on `gpus` GPUs in all."""
+    workers_split = 1 if args.launcher == "main" else args.processes  # main shares them out
     cmd = [
         f"--config.global_batch_size={args.per_gpu * gpus}",
         f"--config.microbatch_size={args.per_gpu}",
@@ -69,6 +76,8 @@ def config_flags(variant: str, args: argparse.Namespace, gpus: int) -> list[str]
         "--config.checkpoint_every_steps=1000000",
         "--config.eval_every_steps=1000000",
     ]
+    if args.processes == 1:  # one process, as the record says, wherever the data is decoded
+        cmd.append("--config.distributed.process_per_gpu=never")
     cmd += args.override
     if variant == "synthetic":
         return [*cmd, "--config.data.name=synthetic"]
@@ -77,7 +86,7 @@ def config_flags(variant: str, args: argparse.Namespace, gpus: int) -> list[str]
         "--config.data.name=jia_bench_jpeg",
         f"--config.data.decode={DECODE[variant]}",
         f"--config.data.data_dir={os.path.join(args.data_dir, 'array_record')}",
-        f"--config.data.num_workers={args.num_workers // args.processes}",
+        f"--config.data.num_workers={args.num_workers // workers_split}",
         # The generated dataset has one split; the final eval reads a slice of it.
         "--config.data.eval_split=train[:10%]",
         f"--config.eval_batch_size={args.per_gpu * gpus}",
@@ -103,6 +112,9 @@ def run(variant: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
         "returncode": returncode,
     }
     row["log_tail"] = log.splitlines()[-12:]
+    if args.launcher == "main" and args.processes > 1:
+        started = re.search(r"Training as (\d+) processes of one GPU each", log)
+        row["started"] = int(started.group(1)) if started else 1
     progress = harness.trainer_progress(log)
     row["intervals"] = [(p["step"], p["images_per_s"]) for p in progress]
     if returncode or len(progress) < 2:
@@ -154,6 +166,13 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="training processes (scripts/launch_local.sh), of GPUs / processes each",
+    )
+    parser.add_argument(
+        "--launcher",
+        choices=("launch_local", "main"),
+        default="launch_local",
+        help="what starts --processes > 1: scripts/launch_local.sh, or python -m jia_jax.main "
+        "itself (a process per GPU: --processes must be the visible GPUs)",
     )
     parser.add_argument("--per_gpu", type=int, default=256)
     parser.add_argument("--steps", type=int, default=240)
@@ -216,6 +235,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     gpus = _visible_gpus()
     if args.processes < 1 or gpus % args.processes:
         sys.exit(f"--processes={args.processes}: must divide the {gpus} visible GPUs")
+    if args.launcher == "main" and args.processes not in (1, gpus):
+        sys.exit(f"--launcher=main starts a process per GPU: give --processes={gpus}")
     environment = {**harness.environment(), "cpu_count": os.cpu_count()}
     # The cores this process (and so its children) may run on: fewer than the host's under taskset.
     cores = len(os.sched_getaffinity(0))
@@ -230,6 +251,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "command": " ".join(sys.argv),
         "gpus": gpus,
         "processes": args.processes,
+        "launcher": args.launcher if args.processes > 1 else None,
         "cores": cores,
         "args": {k: v for k, v in vars(args).items() if k != "child_env"},
         "results": rows,

@@ -296,7 +296,9 @@ def _gpu_decode_columns(
     results: list[dict[str, Any]],
 ) -> list[tuple[str, bool, Callable[[dict[str, Any]], str]]]:
     """(header, shown, cell) of each column of `gpu_decode_table`, in order. A processes column
-    where some row ran several (records without the field ran one), decode depth and round
+    where some row ran several (records without the field ran one) and who started them where
+    jia_jax.main did for some row (its rows say so only if it started them all), decode depth
+    and round
     columns where some row's differ from the defaults, crop kernel and input workers columns
     where the rows' differ (records without the field do not say), a cores-bound column where
     some row's processes ran on cores of their own; the share of time the GPU
@@ -323,9 +325,17 @@ def _gpu_decode_columns(
     def wait(r: dict[str, Any]) -> str:
         return "-" if r.get("input_wait") is None else f"{r['input_wait']:.0%}"
 
+    def started_by(r: dict[str, Any]) -> str:
+        if r.get("processes", 1) == 1:
+            return "-"
+        if r.get("launcher") != "main":
+            return "launch_local.sh"
+        return "jia_jax.main" if r.get("started") == r["processes"] else "jia_jax.main: did not"
+
     return [
         ("GPUs", True, lambda r: str(r["gpus"])),
         ("processes", some(lambda r: r.get("processes", 1) > 1), lambda r: str(r["processes"])),
+        ("processes started by", some(lambda r: r.get("launcher") == "main"), started_by),
         ("CPU cores", True, lambda r: str(r["cores"])),
         ("images per GPU", True, lambda r: str(r["per_gpu"])),
         ("decode depth", some(lambda r: r.get("depth", 1) > 1), lambda r: str(r.get("depth", 1))),

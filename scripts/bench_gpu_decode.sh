@@ -56,7 +56,8 @@ CUDA_VISIBLE_DEVICES=0 python3 -m scripts.bench.gpu_decode smoke --data_dir="$da
   { echo "smoke failed: the GPU path is broken, nothing else is worth timing"; tail -n 30 "$runs/smoke.log"; exit 1; }
 depths=1
 if [[ "$mode" == depth ]]; then depths="1 2"; fi
-if [[ "$mode" != trace ]]; then
+# (`split` compares ways of starting the same trainers: the stages alone are not its question.)
+if [[ "$mode" != trace && "$mode" != split ]]; then
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 --depth $depths \
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
 # The host half alone (records read by the trainer's 8 workers on the first GPU's cores): where a

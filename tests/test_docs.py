@@ -753,8 +753,8 @@ def test_gpu_decode_on_two_gpus_today_prose_quotes_the_json():
         "one-process synthetic speed",
     ])
     assert_quoted(read("README.md"), [
-        f"as two processes of one GPU (`scripts/launch_local.sh 2 1`), {two[2]['ratio']:.3f} at "
-        "256 against one process's synthetic speed",
+        f"on two H200s {two[2]['ratio']:.3f} at 256 against one process's synthetic speed as two "
+        "processes of one GPU",
     ])
     # and where the code gives them as its reason for a process per GPU
     assert_quoted(read("configs/default.py").replace("#", ""), [
@@ -764,6 +764,33 @@ def test_gpu_decode_on_two_gpus_today_prose_quotes_the_json():
     assert_quoted(read("jia_jax/process_per_gpu.py"), [
         f"on two H200s it trained {two[1]['ratio']:.3f} of the synthetic-data speed where one "
         f"process per GPU trained {two[2]['ratio']:.3f}",
+    ])
+
+
+def test_processes_started_by_main_prose_quotes_the_json():
+    """The GPU path as two processes started by jia_jax.main itself and by launch_local.sh, in
+    turns, against the one-process synthetic run (`bench_gpu_decode.sh split`)."""
+    record = load("bench_gpu_decode_split_2xH200.json")
+    rows = {(r["launcher"], r["round"]): r for r in record["results"]}
+    assert sorted(rows) == [("launch_local", 1), ("launch_local", 2), ("main", 1), ("main", 2)]
+    for r in rows.values():
+        assert (r["gpus"], r["processes"], r["synthetic_processes"]) == (2, 2, 1)
+        assert r["ratio"] == pytest.approx(r["images_per_s"] / r["synthetic_images_per_s"])
+    assert [rows["main", n]["started"] for n in (1, 2)] == [2, 2]  # main did start two
+    for run in record["runs"]:  # and the one-process runs were one process
+        if run["processes"] == 1:
+            assert all("process_per_gpu=never" in r["command"] for r in run["results"])
+    ratio = {k: f"{r['ratio']:.3f}" for k, r in rows.items()}
+    waits = {r["input_wait"] for r in rows.values()}
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"the GPU path as two processes kept {ratio['main', 1]} and {ratio['main', 2]} of the "
+        "one-process synthetic speed in two rounds, and as `scripts/launch_local.sh 2 1` started "
+        f"them {ratio['launch_local', 1]} and {ratio['launch_local', 2]}, in turns, the loop "
+        f"waiting for input {waits.pop():.0%} of the time in all four",
+    ])
+    assert not waits
+    assert_quoted(read("README.md"), [
+        f"starts by itself there ({ratio['main', 1]} and {ratio['main', 2]} so started)",
     ])
 
 

@@ -12,13 +12,15 @@ checkpoint and exits 0), and exits with the first failing status. `"never"` trai
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
+import os
 import pkgutil
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import ml_collections
 
@@ -27,6 +29,8 @@ from jia_jax import mesh
 from jia_jax import xla_network
 
 CHOICES = ("auto", "always", "never")
+# prctl(2)'s option: the signal a process gets when its parent ends.
+_PR_SET_PDEATHSIG = 1
 # Datasets with no JPEGs to decode (jia_jax/input_pipeline.py).
 _NOTHING_TO_DECODE = ("synthetic", "digits")
 
@@ -125,23 +129,44 @@ def trainer_commands(
     ]
 
 
+def _stop_with(parent: int) -> Callable[[], None] | None:
+    """What a trainer runs before its program (Linux; elsewhere nothing): SIGTERM to it when
+    the launching process `parent` ends, however it ends, so that a launcher killed outright
+    leaves no trainer running on; the SIGTERM makes each save a checkpoint and exit."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def stop_with_parent() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # it ended before the line above took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return stop_with_parent
+
+
 def run_trainers(commands: Sequence[tuple[list[str], dict[str, str]]]) -> int:
     """Runs `commands` (`trainer_commands`) to their end; returns the first failing exit status
     (128 + N for a trainer killed by signal N), else 0.
 
     SIGINT and SIGTERM to this process reach each trainer once. The trainers run in sessions of
     their own, so Ctrl-C in a terminal, which signals the terminal's whole process group, is
-    not delivered to them a second time (that would stop them before they save).
+    not delivered to them a second time (that would stop them before they save). If this
+    process ends first, however it ends, each trainer gets SIGTERM (`_stop_with`).
     """
-    trainers = [subprocess.Popen(c, env=e, start_new_session=True) for c, e in commands]
+    trainers: list[subprocess.Popen] = []
 
     def forward(signum, frame):  # pylint: disable=unused-argument
         for trainer in trainers:
             if trainer.poll() is None:
                 trainer.send_signal(signum)
 
+    # Forwarding from before the first start: a signal meanwhile reaches those started.
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        for command, env in commands:
+            trainers.append(subprocess.Popen(
+                command, env=env, start_new_session=True, preexec_fn=_stop_with(os.getpid())
+            ))
         codes = [trainer.wait() for trainer in trainers]
     finally:
         for s, handler in previous.items():

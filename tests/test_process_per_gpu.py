@@ -176,3 +176,27 @@ sys.exit(process_per_gpu.run_trainers(pickle.loads({_pickled(tmp_path)!r})))
 
 def _pickled(tmp_path: Path) -> bytes:
     return pickle.dumps(_trainers(tmp_path, ["time.sleep(60)"] * 2))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl's parent-death signal")
+def test_a_launcher_killed_outright_stops_its_trainers_with_sigterm(tmp_path):
+    """SIGKILL to the launcher, which it cannot pass on: each trainer still gets one SIGTERM
+    (and so saves and exits) instead of training on without it."""
+    launcher = f"""
+import pickle, sys
+from jia_jax import process_per_gpu
+sys.exit(process_per_gpu.run_trainers(pickle.loads({_pickled(tmp_path)!r})))
+"""
+    job = subprocess.Popen([sys.executable, "-c", launcher], cwd=REPO_ROOT)
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"ready_{i}").exists() for i in range(2)):
+        assert time.monotonic() < deadline and job.poll() is None
+        time.sleep(0.05)
+    job.kill()
+    job.wait(timeout=60)
+    while not all((tmp_path / f"signals_{i}").exists() for i in range(2)):
+        assert time.monotonic() < deadline, "a trainer outlived its launcher without a signal"
+        time.sleep(0.05)
+    time.sleep(0.6)  # the handler's own wait: a second signal would be recorded by now
+    for i in range(2):
+        assert (tmp_path / f"signals_{i}").read_text() == "SIGTERM\n"

@@ -135,9 +135,10 @@ def _stop_with(parent: int) -> Callable[[], None] | None:
     leaves no trainer running on; the SIGTERM makes each save a checkpoint and exit."""
     if not sys.platform.startswith("linux"):
         return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork, not in the child
 
     def stop_with_parent() -> None:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # it ended before the line above took effect
             os.kill(os.getpid(), signal.SIGTERM)
 

@@ -142,29 +142,40 @@ exec(sys.argv[3])
             for i, code in enumerate(codes)]
 
 
+def _launch(tmp_path: Path, codes: list[str], **popen) -> subprocess.Popen:
+    """`run_trainers` of `_trainers(tmp_path, codes)` in a process of its own, whose exit status
+    is what it returns (as jia_jax.main's is): a fresh interpreter, not this one, whose JAX
+    threads make a fork unsafe."""
+    trainers = pickle.dumps(_trainers(tmp_path, codes))
+    launcher = f"""
+import pickle, sys
+from jia_jax import process_per_gpu
+sys.exit(process_per_gpu.run_trainers(pickle.loads({trainers!r})))
+"""
+    return subprocess.Popen([sys.executable, "-c", launcher], cwd=REPO_ROOT, **popen)
+
+
+def _wait_ready(tmp_path: Path, job: subprocess.Popen, deadline: float) -> None:
+    """Until both stand-in trainers have written `ready_i`."""
+    while not all((tmp_path / f"ready_{i}").exists() for i in range(2)):
+        assert time.monotonic() < deadline and job.poll() is None
+        time.sleep(0.05)
+
+
 def test_the_first_failing_status_is_the_jobs(tmp_path):
     codes = ["sys.exit(0)", "sys.exit(3)", "sys.exit(5)"]
-    assert process_per_gpu.run_trainers(_trainers(tmp_path, codes)) == 3
-    assert process_per_gpu.run_trainers(_trainers(tmp_path, ["sys.exit(0)"] * 2)) == 0
+    assert _launch(tmp_path, codes).wait(timeout=60) == 3
+    assert _launch(tmp_path, ["sys.exit(0)"] * 2).wait(timeout=60) == 0
     killed = ["sys.exit(0)", "os.kill(os.getpid(), signal.SIGKILL)"]
-    assert process_per_gpu.run_trainers(_trainers(tmp_path, killed)) == 128 + signal.SIGKILL
+    assert _launch(tmp_path, killed).wait(timeout=60) == 128 + signal.SIGKILL
 
 
 @pytest.mark.parametrize("send", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_reaches_each_trainer_once(tmp_path, send):
     """Sent to the launching process's whole process group, as Ctrl-C in a terminal sends it:
     each trainer gets it once, from the launcher, and the job exits 0."""
-    launcher = f"""
-import pickle, sys
-from jia_jax import process_per_gpu
-sys.exit(process_per_gpu.run_trainers(pickle.loads({_pickled(tmp_path)!r})))
-"""
-    job = subprocess.Popen([sys.executable, "-c", launcher], cwd=REPO_ROOT,
-                           start_new_session=True)
-    deadline = time.monotonic() + 60
-    while not all((tmp_path / f"ready_{i}").exists() for i in range(2)):
-        assert time.monotonic() < deadline and job.poll() is None
-        time.sleep(0.05)
+    job = _launch(tmp_path, ["time.sleep(60)"] * 2, start_new_session=True)
+    _wait_ready(tmp_path, job, time.monotonic() + 60)
     # Outside the launcher's group, which the terminal signals: a second delivery, which a
     # trainer's handler may not see apart from the first, would stop it before it saves.
     assert [(tmp_path / f"ready_{i}").read_text() for i in range(2)] == ["True"] * 2
@@ -174,24 +185,13 @@ sys.exit(process_per_gpu.run_trainers(pickle.loads({_pickled(tmp_path)!r})))
         assert (tmp_path / f"signals_{i}").read_text() == f"{send.name}\n"
 
 
-def _pickled(tmp_path: Path) -> bytes:
-    return pickle.dumps(_trainers(tmp_path, ["time.sleep(60)"] * 2))
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl's parent-death signal")
 def test_a_launcher_killed_outright_stops_its_trainers_with_sigterm(tmp_path):
     """SIGKILL to the launcher, which it cannot pass on: each trainer still gets one SIGTERM
     (and so saves and exits) instead of training on without it."""
-    launcher = f"""
-import pickle, sys
-from jia_jax import process_per_gpu
-sys.exit(process_per_gpu.run_trainers(pickle.loads({_pickled(tmp_path)!r})))
-"""
-    job = subprocess.Popen([sys.executable, "-c", launcher], cwd=REPO_ROOT)
     deadline = time.monotonic() + 60
-    while not all((tmp_path / f"ready_{i}").exists() for i in range(2)):
-        assert time.monotonic() < deadline and job.poll() is None
-        time.sleep(0.05)
+    job = _launch(tmp_path, ["time.sleep(60)"] * 2)
+    _wait_ready(tmp_path, job, deadline)
     job.kill()
     job.wait(timeout=60)
     while not all((tmp_path / f"signals_{i}").exists() for i in range(2)):

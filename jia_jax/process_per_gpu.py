@@ -29,6 +29,8 @@ from jia_jax import mesh
 from jia_jax import xla_network
 
 CHOICES = ("auto", "always", "never")
+# absl's flag for a trainer after the first: warnings and errors only.
+_QUIET = ("--verbosity=-1",)
 # prctl(2)'s option: the signal a process gets when its parent ends.
 _PR_SET_PDEATHSIG = 1
 # Datasets with no JPEGs to decode (jia_jax/input_pipeline.py).
@@ -111,7 +113,9 @@ def trainer_commands(
 ) -> list[tuple[list[str], dict[str, str]]]:
     """The command line and environment of each of `count` trainers that replace the process
     started with `argv` (sys.argv): trainer i sees the i-th visible GPU and is process i of the
-    job, and `num_workers` (`data.num_workers`, sized for the machine) is shared among them."""
+    job, and `num_workers` (`data.num_workers`, sized for the machine) is shared among them.
+    Trainers after the first log warnings and errors only: their progress lines would repeat
+    the first's (each logs the job's global rate)."""
     gpus = xla_network.visible_gpus(environ)
     shared = [
         f"--config.distributed.coordinator_address=127.0.0.1:{port}",
@@ -121,7 +125,7 @@ def trainer_commands(
     return [
         (
             [sys.executable, "-m", "jia_jax.main", *argv[1:], *shared,
-             f"--config.distributed.process_id={i}"],
+             f"--config.distributed.process_id={i}", *([] if i == 0 else _QUIET)],
             {**environ, "CUDA_VISIBLE_DEVICES": gpus[i],
              xla_network.LOCAL_PROCESSES: str(count)},
         )

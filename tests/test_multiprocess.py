@@ -231,8 +231,10 @@ def test_main_trains_as_a_process_per_gpu_by_itself_as_launch_local_does(
     assert result.returncode == 0, result.stdout
     log = result.stdout
     assert log.count("Training as 2 processes of one GPU each") == 1, log
-    assert log.count("mesh {'node': 2, 'gpu': 2} over 4 cpu devices, 2 processes") == PROCESSES
-    assert final_top1(log) == final_top1(reference_log)
+    # The first process's progress alone: the second logs warnings and errors only.
+    assert log.count("mesh {'node': 2, 'gpu': 2} over 4 cpu devices, 2 processes") == 1, log
+    assert "jax.distributed: process 0 of 2" in log and "process 1 of 2" not in log
+    assert final_top1(log) == final_top1(reference_log)[:1]
     assert checkpoint_steps(tmp_path)[-1] == TOTAL_STEPS
     assert_bitwise_equal(read_state(tmp_path, TOTAL_STEPS), read_state(reference, TOTAL_STEPS))
 

@@ -16,6 +16,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from jia_jax.process_per_gpu import free_port  # the coordinator's port, as main picks it
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 # Prepended to the snippet unless `initialize=False`. The snippet can read the same environment
@@ -30,13 +32,6 @@ jax.distributed.initialize(
     process_id=int(os.environ["MP_PROCESS_ID"]),
 )
 """
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def has_ipv6_loopback() -> bool:

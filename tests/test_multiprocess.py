@@ -29,7 +29,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import digits
-from jia_jax import input_pipeline, liveness, peer_watch
+from jia_jax import input_pipeline, liveness, peer_watch, process_per_gpu
 from tests import mp_util
 from tests.main_util import run_main
 from tests.test_metrics import read_scalars
@@ -171,7 +171,7 @@ def launched(env, tmp_path_factory):
     launcher-signal tests still run with that one).
     """
     workdir = tmp_path_factory.mktemp("launched")
-    ipv6 = [f"--config.distributed.coordinator_address=[::1]:{mp_util.free_port()}"]
+    ipv6 = [f"--config.distributed.coordinator_address=[::1]:{process_per_gpu.free_port()}"]
     log = launch_local(env, workdir, *(ipv6 if IPV6 else []))
     assert log.count("mesh {'node': 2, 'gpu': 2} over 4 cpu devices, 2 processes") == PROCESSES
     assert checkpoint_steps(workdir)[-1] == TOTAL_STEPS
@@ -245,7 +245,7 @@ def test_dead_process_stops_the_survivor_with_one_line_and_restart_resumes_bitwi
     reference, _ = launched
     workdir, logs = tmp_path / "run", tmp_path / "logs"
     logs.mkdir()
-    address = f"127.0.0.1:{mp_util.free_port()}"
+    address = f"127.0.0.1:{process_per_gpu.free_port()}"
     started = [start_process(env, workdir, i, address, logs) for i in range(PROCESSES)]
     (survivor, survivor_log), (victim, _) = started
     try:
@@ -325,7 +325,7 @@ def test_sigterm_to_one_process_saves_every_process_at_the_same_step(env, launch
         wait_for_log(started, re.escape(resumed))
         started[1][0].send_signal(signal.SIGTERM)
 
-    address = f"127.0.0.1:{mp_util.free_port()}"
+    address = f"127.0.0.1:{process_per_gpu.free_port()}"
     # A few steps and a save are left: a process that waits longer hangs in a collective.
     statuses, stderr = run_job(env, workdir, address, logs, STOP_TIMEOUT_S, stop_one)
     assert statuses == [0, 0], stderr

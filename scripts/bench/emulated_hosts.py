@@ -7,12 +7,12 @@ processes (`link`, `overlap`).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 
+from jia_jax import process_per_gpu
 from scripts.bench import harness
 
 # NCCL's socket transport on loopback, as `scripts/launch_local.sh --hosts` sets it.
@@ -37,9 +37,7 @@ def run(
     Returns:
       Each process's exit status (None if killed `timeout` seconds after the start) and output.
     """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = process_per_gpu.free_port()
     base = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
     base.update({k: v for k, v in os.environ.items() if k == "NCCL_NVLS_ENABLE"})
     procs = []

@@ -41,6 +41,8 @@ Batch = dict[str, jax.Array]
 
 DIGITS_TEST_SIZE = 360
 DECODE_CHOICES = ("auto", "cpu", "gpu")
+# The datasets made in memory: no JPEGs to decode, whatever `data.decode` says.
+NO_JPEGS = ("synthetic", "digits")
 # Mean/std of the digits pixel values (0..16) over the whole set; fixed so the split does not leak.
 _DIGITS_MEAN, _DIGITS_STD = 4.88, 6.02
 
@@ -81,7 +83,7 @@ def create_input(
     _check_data_config(data, global_batch, eval_batch, mesh.devices.size)
     if seed < 0:  # else a numpy error that names no field
         raise ValueError(f"seed={seed} must be >= 0.")
-    if data.name in ("synthetic", "digits") and data.decode == "gpu":
+    if data.name in NO_JPEGS and data.decode == "gpu":
         # Asked for by name, so say that it does nothing here rather than drop it silently.
         logging.warning(
             "data.decode='gpu' is ignored: data.name=%r has no JPEGs to decode (it applies to "

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 import ml_collections
 
 from jia_jax import gpu_decode
+from jia_jax import input_pipeline
 from jia_jax import mesh
 from jia_jax import xla_network
 
@@ -33,8 +34,6 @@ CHOICES = ("auto", "always", "never")
 _QUIET = ("--verbosity=-1",)
 # prctl(2)'s option: the signal a process gets when its parent ends.
 _PR_SET_PDEATHSIG = 1
-# Datasets with no JPEGs to decode (jia_jax/input_pipeline.py).
-_NOTHING_TO_DECODE = ("synthetic", "digits")
 
 
 def _jax_runs_on_cuda(environ: Mapping[str, str]) -> bool:
@@ -53,7 +52,7 @@ def _jax_runs_on_cuda(environ: Mapping[str, str]) -> bool:
 def _would_decode_on_gpu(data: ml_collections.ConfigDict, environ: Mapping[str, str]) -> bool:
     """Whether `data.decode` would take the GPU path here (as `input_pipeline.resolve_decode`
     decides, from what is known before JAX starts)."""
-    if data.name in _NOTHING_TO_DECODE or data.decode == "cpu":
+    if data.name in input_pipeline.NO_JPEGS or data.decode == "cpu":
         return False
     if not gpu_decode.library_installed():
         return False

@@ -22,6 +22,7 @@ takes the per-pixel arithmetic off the host CPU; any float dtype normalises here
 """
 
 import functools
+import gc
 import io
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -380,7 +381,17 @@ def host_iterator(
         options = grain.experimental.DatasetOptions(min_shm_size=SHARED_MEMORY_MIN_BYTES)
         dataset = grain.experimental.WithOptionsIterDataset(dataset, options)
         dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
-    return iter(dataset)
+    return _collected_at_end(iter(dataset))
+
+
+def _collected_at_end(items: Iterator[T]) -> Iterator[T]:
+    """`items`, then a garbage collection once they end. grain's prefetch thread keeps the last
+    element of a finite stream in a reference cycle (the StopIteration it hands over holds, in
+    its traceback, the frame that fetched the element), which only the collector frees: a batch
+    in shared memory outlived the eval pass, and Python warned at exit of a "leaked
+    shared_memory" object."""
+    yield from items
+    gc.collect()
 
 
 def bad_record_counter(part: ProcessPart, max_bad_records: int) -> bad_records.BadRecordCounter:

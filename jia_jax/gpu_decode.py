@@ -49,7 +49,6 @@ leave the decoder less than `MIN_HEADROOM`.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import io
 import threading
 from collections.abc import Mapping, Sequence
@@ -62,6 +61,7 @@ import PIL.Image
 from absl import logging
 
 from jia_jax import cuda_stream
+from jia_jax import nvimgcodec_quiet
 
 # Share of GPU memory to leave outside XLA's pool for the decoder: 5% of an 80 GB GPU is 4 GB,
 # four times what it needs.
@@ -119,10 +119,7 @@ def new_tiles(device: jax.Device, count: int, canvas: int) -> jax.Array:
 
 def library_installed() -> bool:
     """Whether nvImageCodec's Python package is importable (without importing it)."""
-    try:
-        return importlib.util.find_spec("nvidia.nvimgcodec") is not None
-    except ModuleNotFoundError:  # no `nvidia` namespace package at all
-        return False
+    return nvimgcodec_quiet.package_folder() is not None
 
 
 def available() -> bool:

@@ -26,6 +26,7 @@ from jia_jax import evaluate
 from jia_jax import export
 from jia_jax import gpu_decode
 from jia_jax import loop
+from jia_jax import nvimgcodec_quiet
 from jia_jax import os_thread_names
 from jia_jax import process_per_gpu
 from jia_jax import xla_network
@@ -185,6 +186,7 @@ def main(argv: list[str]) -> None:
         count = process_per_gpu.split_count(_CONFIG.value, _MODE.value, os.environ)
         if count > 1:
             sys.exit(train_as_processes(_CONFIG.value, count))
+        os.environ.update(nvimgcodec_quiet.environment(_CONFIG.value.data.decode, os.environ))
         set_xla_environment(_CONFIG.value)
         if _MODE.value == "train":
             loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)

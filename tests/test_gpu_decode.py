@@ -15,7 +15,7 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from jia_jax import crop_resize, crop_windows, gpu_decode
+from jia_jax import crop_resize, crop_windows, gpu_decode, nvimgcodec_quiet
 from tests.gpu_fakes import FakeNvImageCodec, FakeStream
 
 _CANVAS = 32
@@ -259,16 +259,24 @@ def test_a_process_that_may_decode_on_the_gpu_gets_more_hardware_queues(
 
 # ml_collections loads the config file with the import machinery's deprecated load_module.
 @pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
-def test_the_command_line_sets_the_hardware_queues_before_any_mode_runs(monkeypatch, tmp_path):
-    """jia_jax.main must set the variable before JAX starts CUDA (it is read once, then)."""
+def test_the_command_line_sets_the_decoders_environment_before_any_mode_runs(
+    monkeypatch, tmp_path
+):
+    """jia_jax.main must set the hardware queues before JAX starts CUDA and nvImageCodec's quiet
+    before it is imported (each is read once, then)."""
     from absl import flags  # pylint: disable=import-outside-toplevel
     from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
 
     from jia_jax import loop, main  # pylint: disable=import-outside-toplevel
 
-    seen = {}
-    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    seen, environ = {}, dict(os.environ)
+    for name in ("CUDA_DEVICE_MAX_CONNECTIONS", "PYNVIMGCODEC_VERBOSITY",
+                 "NVIMGCODEC_EXTENSIONS_PATH"):
+        os.environ.pop(name, None)
     monkeypatch.setattr(gpu_decode, "library_installed", lambda: True)
+    (tmp_path / "nvimgcodec" / "extensions").mkdir(parents=True)
+    (tmp_path / "nvimgcodec" / "extensions" / "libnvjpeg_ext.so.0.9.0").write_bytes(b"")
+    monkeypatch.setattr(nvimgcodec_quiet, "package_folder", lambda: str(tmp_path / "nvimgcodec"))
     monkeypatch.setattr(
         loop, "train_and_evaluate", lambda *a: seen.update(os.environ)
     )
@@ -283,4 +291,8 @@ def test_the_command_line_sets_the_hardware_queues_before_any_mode_runs(monkeypa
         flags.FLAGS.unparse_flags()
         absl_logger.setLevel(level)
         handler.filters[:] = filters
+        os.environ.clear()
+        os.environ.update(environ)
     assert seen["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
+    assert seen["PYNVIMGCODEC_VERBOSITY"] == "1"
+    assert os.listdir(seen["NVIMGCODEC_EXTENSIONS_PATH"]) == ["libnvjpeg_ext.so.0.9.0"]

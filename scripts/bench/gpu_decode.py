@@ -955,6 +955,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 if __name__ == "__main__":
     from jia_jax import gpu_decode as _gpu_decode  # pylint: disable=import-outside-toplevel
 
-    # As jia_jax.main does before JAX starts CUDA: the trainer's hardware queues, unless set.
+    from jia_jax import nvimgcodec_quiet  # pylint: disable=import-outside-toplevel
+
+    # As jia_jax.main does before JAX starts CUDA: the trainer's hardware queues and nvImageCodec
+    # imported quietly, unless set.
     os.environ.update(_gpu_decode.cuda_environment("gpu", os.environ))
+    os.environ.update(nvimgcodec_quiet.environment("gpu", os.environ))
     main()

@@ -3487,3 +3487,32 @@ def test_sharded_update_prose_quotes_the_json_and_hlo():
                                             "stage4_block3/conv2", "stage4_block3/conv3"}
     dgrads = {m.group(1): place for place, wgrad, m in found if not wgrad and m}
     assert (dgrads["stage4_block3/conv1"], dgrads["stage4_block2/conv3"]) == (55, 56)
+
+def test_console_and_signals_of_a_run_main_splits_prose_quotes_the_json():
+    """A 2-GPU run started through jia_jax.main: nvImageCodec's lines gone, SIGTERM to the
+    launcher saving one step in both trainers, the resume finishing; JAX's exit warning."""
+    record = load("console_split_2xH200.json")
+    runs, watch = record["runs"], record["watch"]
+    assert record["before"]["nvimgcodec_lines"] > 0  # what the run printed before
+    assert [runs["run1"]["nvimgcodec_lines"], runs["run2"]["nvimgcodec_lines"],
+            record["smoke"]["nvimgcodec_lines"]] == [0, 0, 0]
+    assert record["smoke"]["bound_holds"] and record["smoke"]["predictions_changed"] == 0
+    log = runs["run1"]["log"]
+    signalled = next(i for i, line in enumerate(log) if "Received SIGTERM" in line)
+    logged = [int(m[1]) for m in (re.search(r"step +(\d+)/400", x) for x in log[:signalled]) if m]
+    saved = {int(re.search(r"checkpoint of step (\d+)", x)[1]) for x in log if "saved the" in x}
+    saves = sum("saved the checkpoint" in x for x in log)
+    assert saves == 2 and len(saved) == 1  # both trainers, the same step
+    assert runs["run1"]["returncode"] == runs["run2"]["returncode"] == 0
+    assert any("final eval at step 400" in x for x in runs["run2"]["log"])
+    assert_quoted(read("docs/workflows.md"), [
+        f"SIGTERM at step {logged[-1]} of 400 saved step {saved.pop()} in both trainers, and the "
+        "same command resumed there and finished",
+    ])
+    assert watch["plain"]["watch_tasks_warnings"] and watch["shutdown"]["watch_tasks_warnings"]
+    assert_quoted(read("docs/workflows.md"), [
+        "logs it too, with or without `jax.distributed.shutdown()`",
+    ])
+    assert_quoted(read("docs/input_pipeline.md"), [
+        "On two H200s a run so started printed none of those lines, and its smoke check passed",
+    ])

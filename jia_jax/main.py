@@ -6,12 +6,14 @@ writes one to a single file (jia_jax/evaluate.py, jia_jax/export.py).
 Any config field can be overridden with `--config.a.b=value`. A mistake a user can fix (a bad
 flag or config value, a path, a dataset not prepared, a damaged checkpoint, a diverged run) ends
 the run with one line naming it and exit status 1; `--traceback` shows where it was raised.
+So does running out of device memory, naming the batch sizes to lower.
 """
 
 import os
 import re
 import sys
 
+import jax
 import ml_collections
 from absl import app
 from absl import flags
@@ -155,6 +157,26 @@ def set_xla_environment(config: ml_collections.ConfigDict) -> None:
         logging.info("%s%s", xla_network.TOLD_LOG, xla_network.told(added["XLA_FLAGS"]))
 
 
+def memory_error_text(error: BaseException, config: ml_collections.ConfigDict) -> str | None:
+    """One line for XLA out of device memory, naming the batch sizes that set what a device
+    holds; None for any other error."""
+    if not isinstance(error, jax.errors.JaxRuntimeError) or "out of memory" not in str(
+        error
+    ).lower():
+        return None
+    devices = jax.device_count()
+    per_device = config.global_batch_size // devices
+    micro = config.microbatch_size
+    passes = micro if 0 < micro < per_device else per_device
+    return (
+        f"Out of device memory ({console.one_line(str(error), 160)}). Each of the {devices} "
+        f"devices trains {passes} images a pass (global_batch_size={config.global_batch_size}, "
+        f"microbatch_size={micro}) and evaluates {config.eval_batch_size // devices} "
+        f"(eval_batch_size={config.eval_batch_size}): lower --config.microbatch_size (the global batch stays, in more "
+        "passes) or --config.eval_batch_size; --traceback shows where it ran out."
+    )
+
+
 def train_as_processes(config: ml_collections.ConfigDict, count: int) -> int:
     """Trains `config` as `count` processes of one GPU each, started from this process's
     command line (jia_jax/process_per_gpu.py); returns the exit status."""
@@ -198,6 +220,11 @@ def main(argv: list[str]) -> None:
         if _TRACEBACK.value:
             raise
         sys.exit(console.error_text(error))
+    except jax.errors.JaxRuntimeError as error:
+        text = memory_error_text(error, _CONFIG.value)
+        if text is None or _TRACEBACK.value:
+            raise
+        sys.exit(text)
 
 
 if __name__ == "__main__":

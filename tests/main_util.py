@@ -5,6 +5,7 @@ Kept apart from conftest.py, which sets the test process's XLA flags when import
 child process that imports a test module (tests/test_train.py's snippets) must keep its own.
 """
 
+import logging
 import os
 import pathlib
 import subprocess
@@ -49,3 +50,27 @@ def run_main(
         text=True,
         timeout=timeout,
     )
+
+
+def main_in_process(*args: str) -> None:
+    """`jia_jax.main`'s `main` with ARGS parsed, in this process (to stub what it calls), with
+    what it changes put back after: sys.argv, absl's flags, its logger's level and main's filter
+    on its handler (else later tests in the process lose their INFO lines), the environment."""
+    from absl import flags  # pylint: disable=import-outside-toplevel
+    from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+
+    from jia_jax import main  # pylint: disable=import-outside-toplevel
+
+    absl_logger, handler = logging.getLogger("absl"), absl_logging.get_absl_handler()
+    level, filters, environ = absl_logger.level, list(handler.filters), dict(os.environ)
+    argv, sys.argv = sys.argv, ["main", *args]  # ml_collections finds --config.* overrides there
+    try:
+        main.parse_flags(sys.argv)
+        main.main(["main"])
+    finally:
+        sys.argv = argv
+        flags.FLAGS.unparse_flags()
+        absl_logger.setLevel(level)
+        handler.filters[:] = filters
+        os.environ.clear()
+        os.environ.update(environ)

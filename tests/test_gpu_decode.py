@@ -16,6 +16,7 @@ import PIL.Image
 import pytest
 
 from jia_jax import crop_resize, crop_windows, gpu_decode, nvimgcodec_quiet
+from tests.main_util import main_in_process
 from tests.gpu_fakes import FakeNvImageCodec, FakeStream
 
 _CANVAS = 32
@@ -264,35 +265,18 @@ def test_the_command_line_sets_the_decoders_environment_before_any_mode_runs(
 ):
     """jia_jax.main must set the hardware queues before JAX starts CUDA and nvImageCodec's quiet
     before it is imported (each is read once, then)."""
-    from absl import flags  # pylint: disable=import-outside-toplevel
-    from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+    from jia_jax import loop  # pylint: disable=import-outside-toplevel
 
-    from jia_jax import loop, main  # pylint: disable=import-outside-toplevel
-
-    seen, environ = {}, dict(os.environ)
+    seen = {}
     for name in ("CUDA_DEVICE_MAX_CONNECTIONS", "PYNVIMGCODEC_VERBOSITY",
                  "NVIMGCODEC_EXTENSIONS_PATH"):
-        os.environ.pop(name, None)
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(gpu_decode, "library_installed", lambda: True)
     (tmp_path / "nvimgcodec" / "extensions").mkdir(parents=True)
     (tmp_path / "nvimgcodec" / "extensions" / "libnvjpeg_ext.so.0.9.0").write_bytes(b"")
     monkeypatch.setattr(nvimgcodec_quiet, "package_folder", lambda: str(tmp_path / "nvimgcodec"))
-    monkeypatch.setattr(
-        loop, "train_and_evaluate", lambda *a: seen.update(os.environ)
-    )
-    # Parsing absl's flags sets its logger's level and main adds a filter to its handler: both
-    # are put back, or later tests in this process lose their INFO lines.
-    absl_logger, handler = logging.getLogger("absl"), absl_logging.get_absl_handler()
-    level, filters = absl_logger.level, list(handler.filters)
-    flags.FLAGS(["main", "--config=configs/digits.py", f"--workdir={tmp_path}"])
-    try:
-        main.main(["main"])
-    finally:
-        flags.FLAGS.unparse_flags()
-        absl_logger.setLevel(level)
-        handler.filters[:] = filters
-        os.environ.clear()
-        os.environ.update(environ)
+    monkeypatch.setattr(loop, "train_and_evaluate", lambda *a: seen.update(os.environ))
+    main_in_process("--config=configs/digits.py", f"--workdir={tmp_path}")
     assert seen["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
     assert seen["PYNVIMGCODEC_VERBOSITY"] == "1"
     assert os.listdir(seen["NVIMGCODEC_EXTENSIONS_PATH"]) == ["libnvjpeg_ext.so.0.9.0"]

@@ -14,8 +14,9 @@ import pytest
 
 from configs import digits, resnet50_64k
 from jia_jax import loop
+from jia_jax import main
 from jia_jax import workdir_lock
-from tests.main_util import run_main
+from tests.main_util import main_in_process, run_main
 from tests.test_metrics import read_scalars
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -210,6 +211,45 @@ def test_traceback_switch_shows_where_the_error_was_raised(tmp_path):
     result = run_main(*DIGITS, "--config.eval_batch_size=0", f"--workdir={tmp_path}", "--traceback")
     assert result.returncode == 1
     assert "Traceback" in result.stderr and "input_pipeline.py" in result.stderr
+
+
+# ml_collections loads the config file with the import machinery's deprecated load_module.
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
+def test_out_of_device_memory_is_one_line_naming_the_batches_to_lower(tmp_path, monkeypatch):
+    """XLA's own out-of-memory error (a real one, from this CPU backend) reaching the command
+    line: one line naming the per-device batches, not a traceback."""
+    try:
+        jax.numpy.zeros(1 << 42, jax.numpy.uint8).block_until_ready()  # 4 TiB
+    except jax.errors.JaxRuntimeError as error:
+        out_of_memory = error
+
+    def train(*_):
+        raise out_of_memory
+
+    monkeypatch.setattr(loop, "train_and_evaluate", train)
+    args = ("--config=configs/digits.py", f"--workdir={tmp_path}")
+    with pytest.raises(SystemExit) as stopped:
+        main_in_process(*args)
+    assert re.fullmatch(
+        r"Out of device memory \(RESOURCE_EXHAUSTED: Out of memory allocating 4398046511104 "
+        r"bytes\.\)\. Each of the 8 devices trains 8 images a pass \(global_batch_size=64, "
+        r"microbatch_size=0\) and evaluates 16 \(eval_batch_size=128\): lower "
+        r"--config\.microbatch_size .* or --config\.eval_batch_size; --traceback shows where it "
+        r"ran out\.",
+        str(stopped.value.code),
+    )
+    config = digits.get_config()
+    config.microbatch_size = 2  # passes of 2 of each device's 8
+    assert "trains 2 images a pass" in main.memory_error_text(out_of_memory, config)
+    with pytest.raises(jax.errors.JaxRuntimeError):  # --traceback: the error itself
+        main_in_process(*args, "--traceback")
+
+    def fail(*_):
+        raise jax.errors.JaxRuntimeError("INTERNAL: a failure of XLA's own")
+
+    monkeypatch.setattr(loop, "train_and_evaluate", fail)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):  # a bug: its traceback
+        main_in_process(*args)
 
 
 def test_workdir_that_is_a_file_is_one_line_and_the_file_is_kept(tmp_path):

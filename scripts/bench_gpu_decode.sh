@@ -12,6 +12,9 @@
 #                                  # pallas against xla, alternating, 2 rounds, at BATCH per GPU
 #   OUT=/tmp/out BATCH=64 bash scripts/bench_gpu_decode.sh workers  # 8 record-reading workers
 #                                  # against 4, alternating, 2 rounds, at BATCH per GPU
+#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh chroma  # chroma interpolated against repeated
+#                                  # (data.gpu_fancy_upsampling), alternating, 2 rounds, at BATCH
+#                                  # (256 unless set) per GPU; the runs only
 #   OUT=/tmp/out PROFILE_BATCH=64 bash scripts/bench_gpu_decode.sh trace  # the smoke check and
 #                                  # the profile below only (about 3 minutes)
 # ResNet-50 64K config, bf16, on the generated JPEGs of scripts/bench/input.py: the trainer with
@@ -33,8 +36,8 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 mode=${1:-}
 case "$mode" in
-  one|two|split|depth|kernels|workers|trace) ;;
-  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|trace" >&2; exit 2 ;;
+  one|two|split|depth|kernels|workers|chroma|trace) ;;
+  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|chroma|trace" >&2; exit 2 ;;
 esac
 export PYTHONUNBUFFERED=1
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -56,8 +59,9 @@ CUDA_VISIBLE_DEVICES=0 python3 -m scripts.bench.gpu_decode smoke --data_dir="$da
   { echo "smoke failed: the GPU path is broken, nothing else is worth timing"; tail -n 30 "$runs/smoke.log"; exit 1; }
 depths=1
 if [[ "$mode" == depth ]]; then depths="1 2"; fi
-# (`split` compares ways of starting the same trainers: the stages alone are not its question.)
-if [[ "$mode" != trace && "$mode" != split ]]; then
+# (`split` compares ways of starting the same trainers, `chroma` two settings of the decoders
+# end to end: the stages alone are not their question.)
+if [[ "$mode" != trace && "$mode" != split && "$mode" != chroma ]]; then
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 --depth $depths \
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
 # The host half alone (records read by the trainer's 8 workers on the first GPU's cores): where a
@@ -146,19 +150,33 @@ case "$mode" in
       done
     done
     PROFILE=0 ;;
+  chroma)
+    # 1 GPU: the synthetic baseline, then the GPU path with chroma interpolated (the default)
+    # and repeated in turn, two rounds, at BATCH images per GPU (256 unless set): what nvJPEG's
+    # colour kernels, the GPU path's largest beside the step, cost it end to end.
+    batch=${BATCH:-256}
+    one_gpu "$batch" synthetic 0 "1gpu_${batch}_synthetic"
+    for round in 1 2; do
+      for fancy in True False; do
+        one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu_fancy${fancy}_${round}" \
+          --override=--config.data.gpu_fancy_upsampling="$fancy"
+      done
+    done
+    PROFILE=0 ;;
   trace) PROFILE=1 ;;  # the profile alone
 esac
 
 # Where the GPU path's step loses time: one GPU at PROFILE_BATCH images (256 unless set), the
-# synthetic run and the GPU path, each traced for 10 steps once warm (without Python's tracer,
-# which slows the host) and summarised per device
+# synthetic run and the GPU path, each traced for 10 steps once steady (after its first 300
+# steps at 256 images, 1,200 at 64: the GPU path's decoding is slower for about its first 150
+# steps) without Python's tracer, which slows the host, and summarised per device
 # (idle: no kernel runs; where the idle gaps sit and what precedes them; busy time per kind, the
 # decoder's kernels included; the top kernels; the host's time in each jitted call) into
 # $OUT/gpu_decode_profile.json. PROFILE=0 skips it (about two minutes), for a call that must stay
 # inside 10 minutes.
 if [[ "${PROFILE:-1}" == 1 ]]; then
 pbatch=${PROFILE_BATCH:-256}
-psteps=$(( pbatch >= 256 ? 80 : 320 )) traced=10
+psteps=$(( pbatch >= 256 ? 320 : 1220 )) traced=10
 for variant in synthetic gpu; do
   CUDA_VISIBLE_DEVICES=0 taskset -c "$first" python3 -m scripts.bench.train_input \
     --data_dir="$data" --per_gpu="$pbatch" --steps="$psteps" --log_every=$(( psteps / 4 )) \

@@ -679,6 +679,23 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     table = render_benchmarks.table(str(out))
     assert "| GPUs | CPU cores | images per GPU | input workers | round |" in table
     assert "| 8 | 2 | 2 | 4 | 2 | 945 | 1,000 | 0.945 |" in table
+    assert "chroma" not in table  # every run interpolated
+    # Chroma interpolated and repeated in turn (bench_gpu_decode.sh chroma): a row per setting
+    # and round, each against the one synthetic run; the setting in a column.
+    turns = [("True", 960.0), ("False", 980.0), ("'true'", 962.0), ("0", 985.0)]
+    chroma_runs = [
+        train_input_run(tmp_path / f"gpu_fancy{i}.json", {"gpu": rate},
+                        override=[f"--config.data.gpu_fancy_upsampling={fancy}"])
+        for i, (fancy, rate) in enumerate(turns)
+    ]
+    doc = bench_gpu_decode.main(
+        ["report", f"--stage={stage_path}", "--runs", runs[0], *chroma_runs, f"--out={out}"])
+    assert [(r["chroma"], r["round"], r["ratio"]) for r in doc["results"]] == [
+        ("interpolated", 1, pytest.approx(0.96)), ("interpolated", 2, pytest.approx(0.962)),
+        ("repeated", 1, pytest.approx(0.98)), ("repeated", 2, pytest.approx(0.985))]
+    table = render_benchmarks.table(str(out))
+    assert "| GPUs | CPU cores | images per GPU | chroma | round |" in table
+    assert "| 8 | 2 | 2 | repeated | 2 | 985 | 1,000 | 0.985 |" in table
 
 
 def test_bench_gpu_decode_whole_image_rate_is_the_best_call_and_names_its_format(monkeypatch):

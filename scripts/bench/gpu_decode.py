@@ -808,32 +808,38 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-# The decode setting (depth, crop kernel, workers, bound, launcher) of every synthetic run's slot.
-_SYNTHETIC_SETTING = (0, "", None, False, "")
+# The decode setting (depth, crop kernel, chroma, workers, bound, launcher) of every synthetic
+# run's slot.
+_SYNTHETIC_SETTING = (0, "", "", None, False, "")
 
 
-def decode_setting(overrides: Sequence[str]) -> tuple[int, str]:
-    """`data.gpu_decode_depth` and `data.gpu_crop_kernel` as a run's `--config` overrides set
-    them (the last wins), else their defaults."""
-    depth, kernel = 1, DEFAULT_CROP_KERNEL
+def decode_setting(overrides: Sequence[str]) -> tuple[int, str, str]:
+    """`data.gpu_decode_depth`, `data.gpu_crop_kernel` and the chroma upsampling
+    (`data.gpu_fancy_upsampling`: "interpolated" or "repeated") as a run's `--config` overrides
+    set them (the last wins), else their defaults."""
+    depth, kernel, chroma = 1, DEFAULT_CROP_KERNEL, "interpolated"
     for override in overrides:
         name, _, value = override.partition("=")
+        value = value.strip("'\"")
         if name == "--config.data.gpu_decode_depth":
             depth = int(value)
         elif name == "--config.data.gpu_crop_kernel":
-            kernel = value.strip("'\"")
-    return depth, kernel
+            kernel = value
+        elif name == "--config.data.gpu_fancy_upsampling":
+            chroma = "interpolated" if value.lower() in ("true", "1") else "repeated"
+    return depth, kernel, chroma
 
 
 def _report_row(
-    key: tuple[int, int, int, int, str, int | None, bool, str, int], configs: dict[tuple, dict],
+    key: tuple[int, int, int, int, str, str, int | None, bool, str, int],
+    configs: dict[tuple, dict],
     decode_rate: float | None,
 ) -> dict[str, Any]:
     """The GPU path's row of one (GPUs, images per GPU, processes, decode depth, crop kernel,
-    input workers, processes bound to their cores, what started them, round). Its synthetic
-    baseline is the unbound run of as many processes, else of one: the step's own speed in the
-    trainer's fastest form; of the same round where there is one, else the first."""
-    gpus, per_gpu, processes, depth, kernel, workers, bound, launcher, round_ = key
+    chroma upsampling, input workers, processes bound to their cores, what started them, round).
+    Its synthetic baseline is the unbound run of as many processes, else of one: the step's own
+    speed in the trainer's fastest form; of the same round where there is one, else the first."""
+    gpus, per_gpu, processes, depth, kernel, chroma, workers, bound, launcher, round_ = key
 
     def baseline(p: int) -> dict:
         runs = [configs.get((gpus, per_gpu, p, *_SYNTHETIC_SETTING, r), {}) for r in (round_, 1)]
@@ -849,6 +855,7 @@ def _report_row(
         "per_gpu": per_gpu,
         "depth": depth,
         "crop_kernel": kernel,
+        "chroma": chroma,
         "workers": workers,
         "bound": bound,
         "round": round_,

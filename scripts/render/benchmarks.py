@@ -341,6 +341,7 @@ def _gpu_decode_columns(
         ("decode depth", some(lambda r: r.get("depth", 1) > 1), lambda r: str(r.get("depth", 1))),
         ("crop kernel", len({r.get("crop_kernel") for r in results}) > 1,
          lambda r: r.get("crop_kernel", "-")),
+        ("chroma", len({r.get("chroma") for r in results}) > 1, lambda r: r.get("chroma", "-")),
         ("input workers", len({r.get("workers") for r in results}) > 1,
          lambda r: str(r.get("workers", "-"))),
         ("cores bound", some(lambda r: r.get("bound", False)),

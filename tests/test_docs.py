@@ -3516,3 +3516,52 @@ def test_console_and_signals_of_a_run_main_splits_prose_quotes_the_json():
     assert_quoted(read("docs/input_pipeline.md"), [
         "On two H200s a run so started printed none of those lines, and its smoke check passed",
     ])
+
+
+def test_gpu_path_steady_profile_and_chroma_turns_prose_quotes_the_json():
+    """Where the GPU path's step loses time once steady (`bench_gpu_decode.sh trace`), and the
+    chroma upsampling in turns (`bench_gpu_decode.sh chroma`), in input_pipeline.md."""
+    variants = load("gpu_decode_profile_steady_1xH200.json")["variants"]
+    step = {v: variants[v]["devices"]["/device:GPU:0"] for v in ("synthetic", "gpu")}
+    ms = {v: {k: x / 1e3 for k, x in d["per_step"].items() if k.endswith("_us")}
+          for v, d in step.items()}
+    top = {t["name"].split("<")[0]: t for t in step["gpu"]["top"]}
+    colour, copies = top["void nvjpeg::ycbcr_to_format_kernel_roi"], top["MemcpyH2D"]
+    colour_ms, copies_ms = colour["us_per_step"] / 1e3, copies["us_per_step"] / 1e3
+    other = {"synthetic": ms["synthetic"]["busy_fusion_us"],
+             "gpu": ms["gpu"]["busy_fusion_us"] - colour_ms}
+    xla = {v: ms[v]["busy_conv/gemm_us"] + other[v] + ms[v]["busy_concat/slice_us"]
+           + ms[v]["busy_copy_us"] for v in ms}
+    xla["gpu"] -= copies_ms
+    span = {v: ms[v]["span_us"] for v in ms}
+    idle = {v: ms[v]["idle_us"] for v in ms}
+    more, idle_more = span["gpu"] - span["synthetic"], idle["gpu"] - idle["synthetic"]
+    gaps = {v: d["gaps"]["classes"]["lt_10us"]["count_per_step"] for v, d in step.items()}
+    kernels = {v: d["per_step"]["kernels_per_step"] for v, d in step.items()}
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"step spanned {span['gpu']:.2f} ms against the synthetic run's {span['synthetic']:.2f}: "
+        f"{more:.2f} ms more, {span['synthetic'] / span['gpu']:.3f} of its speed. The GPU ran "
+        f"{kernels['gpu']:,.0f} kernels a step against {kernels['synthetic']:,.0f}. nvJPEG's "
+        f"colour conversion, one kernel an image ({colour['count_per_step']:.0f} a step), took "
+        f"{colour_ms:.2f} ms of kernel time",
+        f"the encoded bytes' {copies['count_per_step']:.0f} copies {copies_ms:.2f} ms",
+        f"convolutions took {ms['gpu']['busy_conv/gemm_us']:.2f} ms against "
+        f"{ms['synthetic']['busy_conv/gemm_us']:.2f}, its other kernels and the crop program's "
+        f"{other['gpu']:.2f} against {other['synthetic']:.2f}, and the GPU was idle "
+        f"{idle['gpu']:.2f} ms a step against {idle['synthetic']:.2f}, in more and shorter gaps "
+        f"({gaps['gpu']:,.0f} under 10 µs a step against {gaps['synthetic']:,.0f})",
+        f"Of the {more:.2f} ms, {idle_more:.2f} is that idle time, "
+        f"{xla['gpu'] - xla['synthetic']:.2f} the XLA kernels'",
+    ])
+    record = load("bench_gpu_decode_chroma_1xH200.json")
+    rows = {(r["chroma"], r["round"]): r for r in record["results"]}
+    for r in rows.values():
+        assert r["ratio"] == pytest.approx(r["images_per_s"] / r["synthetic_images_per_s"])
+    ratio = {k: f"{r['ratio']:.3f}" for k, r in rows.items()}
+    waits = {r["input_wait"] for r in rows.values()}
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"the GPU path kept {ratio['interpolated', 1]} and {ratio['interpolated', 2]} of the "
+        f"synthetic speed interpolating and {ratio['repeated', 1]} and {ratio['repeated', 2]} "
+        f"repeating, the loop waiting for input {waits.pop():.0%} of the time in all four",
+    ])
+    assert not waits

@@ -160,9 +160,8 @@ def set_xla_environment(config: ml_collections.ConfigDict) -> None:
 def memory_error_text(error: BaseException, config: ml_collections.ConfigDict) -> str | None:
     """One line for XLA out of device memory, naming the batch sizes that set what a device
     holds; None for any other error."""
-    if not isinstance(error, jax.errors.JaxRuntimeError) or "out of memory" not in str(
-        error
-    ).lower():
+    out_of_memory = "out of memory" in str(error).lower()
+    if not (isinstance(error, jax.errors.JaxRuntimeError) and out_of_memory):
         return None
     devices = jax.device_count()
     per_device = config.global_batch_size // devices
@@ -172,8 +171,9 @@ def memory_error_text(error: BaseException, config: ml_collections.ConfigDict) -
         f"Out of device memory ({console.one_line(str(error), 160)}). Each of the {devices} "
         f"devices trains {passes} images a pass (global_batch_size={config.global_batch_size}, "
         f"microbatch_size={micro}) and evaluates {config.eval_batch_size // devices} "
-        f"(eval_batch_size={config.eval_batch_size}): lower --config.microbatch_size (the global batch stays, in more "
-        "passes) or --config.eval_batch_size; --traceback shows where it ran out."
+        f"(eval_batch_size={config.eval_batch_size}): lower --config.microbatch_size (the "
+        "global batch stays, in more passes) or --config.eval_batch_size; --traceback shows "
+        "where it ran out."
     )
 
 

@@ -89,6 +89,16 @@ one_gpu() {  # one_gpu PER_GPU VARIANTS WORKERS NAME [FLAG ...]: GPU 0, its 16 c
   train 0 "$first" "$1" $(( $1 == 256 ? 300 : 600 )) $(( $1 == 256 ? 50 : 100 )) "${@:2}" \
     --thread_cpu
 }
+in_turns() {  # in_turns PER_GPU FIELD VALUE ...: 1 GPU, the synthetic baseline, then the GPU
+  # path with data.FIELD at each VALUE in turn, two rounds.
+  one_gpu "$1" synthetic 0 "1gpu_$1_synthetic"
+  for round in 1 2; do
+    for value in "${@:3}"; do
+      one_gpu "$1" gpu $((half / 2)) "1gpu_$1_gpu_$2_${value}_${round}" \
+        --override=--config.data."$2"="$value"
+    done
+  done
+}
 case "$mode" in
   one)
     # 1 GPU: the synthetic baseline, then the GPU path (8 record-reading workers).
@@ -126,16 +136,9 @@ case "$mode" in
     done
     PROFILE=0 ;;
   kernels)
-    # 1 GPU: the synthetic baseline, then the GPU path cropping with each kernel in turn, two
-    # rounds, at BATCH images per GPU (64 unless set; both fit one call).
-    batch=${BATCH:-64}
-    one_gpu "$batch" synthetic 0 "1gpu_${batch}_synthetic"
-    for round in 1 2; do
-      for kernel in pallas xla; do
-        one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu_${kernel}_${round}" \
-          --override=--config.data.gpu_crop_kernel="$kernel"
-      done
-    done
+    # 1 GPU: the GPU path cropping with each kernel in turn, at BATCH images per GPU (64 unless
+    # set; both fit one call).
+    in_turns "${BATCH:-64}" gpu_crop_kernel pallas xla
     PROFILE=0 ;;
   workers)
     # 1 GPU: the synthetic baseline, then the GPU path with half the cores as record-reading
@@ -151,17 +154,10 @@ case "$mode" in
     done
     PROFILE=0 ;;
   chroma)
-    # 1 GPU: the synthetic baseline, then the GPU path with chroma interpolated (the default)
-    # and repeated in turn, two rounds, at BATCH images per GPU (256 unless set): what nvJPEG's
-    # colour kernels, the GPU path's largest beside the step, cost it end to end.
-    batch=${BATCH:-256}
-    one_gpu "$batch" synthetic 0 "1gpu_${batch}_synthetic"
-    for round in 1 2; do
-      for fancy in True False; do
-        one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu_fancy${fancy}_${round}" \
-          --override=--config.data.gpu_fancy_upsampling="$fancy"
-      done
-    done
+    # 1 GPU: the GPU path with chroma interpolated (the default) and repeated in turn, at BATCH
+    # images per GPU (256 unless set): what nvJPEG's colour kernels, the GPU path's largest
+    # beside the step, cost it end to end.
+    in_turns "${BATCH:-256}" gpu_fancy_upsampling True False
     PROFILE=0 ;;
   trace) PROFILE=1 ;;  # the profile alone
 esac

@@ -647,23 +647,34 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     assert "| 8 | 2 | 2 | 2 | 990 | 1,000 | 0.990 |" in table
     assert "crop kernel" not in table and "round" not in table  # one kernel, one round
     assert f"data.gpu_crop_kernel={crop_resize.DEFAULT_KERNEL};" in table  # the runs' default
-    # The crop kernels in turn, two rounds each (bench_gpu_decode.sh kernels): a row per kernel
-    # and round, each against the one synthetic run; the kernel and round in columns.
-    turns = [("pallas", 970.0), ("pallas", 975.0), ("xla", 960.0), ("xla", 965.0)]
-    kernel_runs = [
-        train_input_run(tmp_path / f"gpu_{kernel}_{i}.json", {"gpu": rate},
-                        override=[f"--config.data.gpu_crop_kernel={kernel}"])
-        for i, (kernel, rate) in enumerate(turns)
-    ]
-    doc = bench_gpu_decode.main(
-        ["report", f"--stage={stage_path}", "--runs", runs[0], *kernel_runs, f"--out={out}"])
-    assert [(r["crop_kernel"], r["round"], r["ratio"]) for r in doc["results"]] == [
+    # A data field in turn, two rounds each (bench_gpu_decode.sh kernels and chroma): a row per
+    # value and round, each against the one synthetic run; the setting and round in columns.
+    def in_turns(field, turns):
+        paths = [
+            train_input_run(tmp_path / f"gpu_{field}_{i}.json", {"gpu": rate},
+                            override=[f"--config.data.{field}={value}"])
+            for i, (value, rate) in enumerate(turns)
+        ]
+        doc = bench_gpu_decode.main(
+            ["report", f"--stage={stage_path}", "--runs", runs[0], *paths, f"--out={out}"])
+        return doc["results"], render_benchmarks.table(str(out))
+
+    rows, table = in_turns(
+        "gpu_crop_kernel", [("pallas", 970.0), ("pallas", 975.0), ("xla", 960.0), ("xla", 965.0)])
+    assert [(r["crop_kernel"], r["round"], r["ratio"]) for r in rows] == [
         ("pallas", 1, pytest.approx(0.97)), ("pallas", 2, pytest.approx(0.975)),
         ("xla", 1, pytest.approx(0.96)), ("xla", 2, pytest.approx(0.965))]
-    table = render_benchmarks.table(str(out))
     assert "| GPUs | CPU cores | images per GPU | crop kernel | round |" in table
     assert "| 8 | 2 | 2 | pallas | 2 | 975 | 1,000 | 0.975 |" in table
-    assert "input workers" not in table  # every run had 8
+    assert "input workers" not in table and "chroma" not in table  # 8 each, interpolated
+    # Chroma interpolated and repeated, as the override may spell them.
+    spellings = [("True", 960.0), ("False", 980.0), ("'true'", 962.0), ("0", 985.0)]
+    rows, table = in_turns("gpu_fancy_upsampling", spellings)
+    assert [(r["chroma"], r["round"], r["ratio"]) for r in rows] == [
+        ("interpolated", 1, pytest.approx(0.96)), ("interpolated", 2, pytest.approx(0.962)),
+        ("repeated", 1, pytest.approx(0.98)), ("repeated", 2, pytest.approx(0.985))]
+    assert "| GPUs | CPU cores | images per GPU | chroma | round |" in table
+    assert "| 8 | 2 | 2 | repeated | 2 | 985 | 1,000 | 0.985 |" in table
     # Record-reading workers in turn (bench_gpu_decode.sh workers): a row per count and round,
     # each against the one synthetic run (which has no workers); the count in a column.
     turns = [(8, 950.0), (4, 940.0), (8, 955.0), (4, 945.0)]
@@ -679,23 +690,6 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     table = render_benchmarks.table(str(out))
     assert "| GPUs | CPU cores | images per GPU | input workers | round |" in table
     assert "| 8 | 2 | 2 | 4 | 2 | 945 | 1,000 | 0.945 |" in table
-    assert "chroma" not in table  # every run interpolated
-    # Chroma interpolated and repeated in turn (bench_gpu_decode.sh chroma): a row per setting
-    # and round, each against the one synthetic run; the setting in a column.
-    turns = [("True", 960.0), ("False", 980.0), ("'true'", 962.0), ("0", 985.0)]
-    chroma_runs = [
-        train_input_run(tmp_path / f"gpu_fancy{i}.json", {"gpu": rate},
-                        override=[f"--config.data.gpu_fancy_upsampling={fancy}"])
-        for i, (fancy, rate) in enumerate(turns)
-    ]
-    doc = bench_gpu_decode.main(
-        ["report", f"--stage={stage_path}", "--runs", runs[0], *chroma_runs, f"--out={out}"])
-    assert [(r["chroma"], r["round"], r["ratio"]) for r in doc["results"]] == [
-        ("interpolated", 1, pytest.approx(0.96)), ("interpolated", 2, pytest.approx(0.962)),
-        ("repeated", 1, pytest.approx(0.98)), ("repeated", 2, pytest.approx(0.985))]
-    table = render_benchmarks.table(str(out))
-    assert "| GPUs | CPU cores | images per GPU | chroma | round |" in table
-    assert "| 8 | 2 | 2 | repeated | 2 | 985 | 1,000 | 0.985 |" in table
 
 
 def test_bench_gpu_decode_whole_image_rate_is_the_best_call_and_names_its_format(monkeypatch):

@@ -12,6 +12,8 @@ So does running out of device memory, naming the batch sizes to lower.
 import os
 import re
 import sys
+import tempfile
+from typing import NoReturn
 
 import jax
 import ml_collections
@@ -186,10 +188,26 @@ def train_as_processes(config: ml_collections.ConfigDict, count: int) -> int:
         count, config.distributed.process_per_gpu,
     )
     port = process_per_gpu.free_port()
-    commands = process_per_gpu.trainer_commands(
-        sys.argv, count, config.data.num_workers, port, os.environ
-    )
-    return process_per_gpu.run_trainers(commands)
+    with tempfile.TemporaryDirectory(prefix="jia_jax-errors-") as errors:
+        commands = process_per_gpu.trainer_commands(
+            sys.argv, count, config.data.num_workers, port, os.environ, errors
+        )
+        status = process_per_gpu.run_trainers(commands)
+        for text in process_per_gpu.reported_errors(errors, count):
+            print(text, file=sys.stderr)
+    return status
+
+
+def stop_with(text: str) -> NoReturn:
+    """Exits with status 1 and `text`, the error's one line: on stderr, or where this process is
+    one of the trainers of a launcher (`train_as_processes`), in the file it names, for it to
+    print each trainer's same line once."""
+    path = os.environ.get(process_per_gpu.ERROR_FILE)
+    if not path:
+        sys.exit(text)
+    with open(path, "w") as f:
+        f.write(text)
+    sys.exit(1)
 
 
 def main(argv: list[str]) -> None:
@@ -219,12 +237,12 @@ def main(argv: list[str]) -> None:
     except USER_ERRORS as error:
         if _TRACEBACK.value:
             raise
-        sys.exit(console.error_text(error))
+        stop_with(console.error_text(error))
     except jax.errors.JaxRuntimeError as error:
         text = memory_error_text(error, _CONFIG.value)
         if text is None or _TRACEBACK.value:
             raise
-        sys.exit(text)
+        stop_with(text)
 
 
 if __name__ == "__main__":

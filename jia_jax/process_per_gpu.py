@@ -30,6 +30,9 @@ from jia_jax import mesh
 from jia_jax import xla_network
 
 CHOICES = ("auto", "always", "never")
+# The file a trainer started here writes its one-line error to (a user's mistake, which every
+# trainer hits alike), for the launcher to print each distinct one once instead of N times.
+ERROR_FILE = "JIA_JAX_ERROR_FILE"
 # absl's flag for a trainer after the first: warnings and errors only.
 _QUIET = ("--verbosity=-1",)
 # prctl(2)'s option: the signal a process gets when its parent ends.
@@ -109,12 +112,14 @@ def trainer_commands(
     num_workers: int,
     port: int,
     environ: Mapping[str, str],
+    errors: str,
 ) -> list[tuple[list[str], dict[str, str]]]:
     """The command line and environment of each of `count` trainers that replace the process
     started with `argv` (sys.argv): trainer i sees the i-th visible GPU and is process i of the
     job, and `num_workers` (`data.num_workers`, sized for the machine) is shared among them.
     Trainers after the first log warnings and errors only: their progress lines would repeat
-    the first's (each logs the job's global rate)."""
+    the first's (each logs the job's global rate). Each leaves its one-line error, if it ends
+    with one, in the folder `errors` (`reported_errors`)."""
     gpus = xla_network.visible_gpus(environ)
     shared = [
         f"--config.distributed.coordinator_address=127.0.0.1:{port}",
@@ -126,9 +131,25 @@ def trainer_commands(
             [sys.executable, "-m", "jia_jax.main", *argv[1:], *shared,
              f"--config.distributed.process_id={i}", *([] if i == 0 else _QUIET)],
             {**environ, "CUDA_VISIBLE_DEVICES": gpus[i],
-             xla_network.LOCAL_PROCESSES: str(count)},
+             xla_network.LOCAL_PROCESSES: str(count),
+             ERROR_FILE: os.path.join(errors, f"trainer_{i}")},
         )
         for i in range(count)
+    ]
+
+
+def reported_errors(errors: str, count: int) -> list[str]:
+    """Each distinct one-line error the `count` trainers left in the folder `errors`, once, in
+    the trainers' order; one that not all of them left names the processes that did."""
+    left: dict[str, list[int]] = {}
+    for i in range(count):
+        path = os.path.join(errors, f"trainer_{i}")
+        if os.path.exists(path):
+            with open(path) as f:
+                left.setdefault(f.read(), []).append(i)
+    return [
+        text if len(ids) == count else f"process {', '.join(map(str, ids))} of {count}: {text}"
+        for text, ids in left.items()
     ]
 
 

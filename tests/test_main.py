@@ -15,6 +15,7 @@ import pytest
 from configs import digits, resnet50_64k
 from jia_jax import loop
 from jia_jax import main
+from jia_jax import process_per_gpu
 from jia_jax import workdir_lock
 from tests.main_util import main_in_process, run_main
 from tests.test_metrics import read_scalars
@@ -250,6 +251,23 @@ def test_out_of_device_memory_is_one_line_naming_the_batches_to_lower(tmp_path, 
     monkeypatch.setattr(loop, "train_and_evaluate", fail)
     with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):  # a bug: its traceback
         main_in_process(*args)
+
+
+# ml_collections loads the config file with the import machinery's deprecated load_module.
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
+def test_a_trainer_of_mains_launcher_leaves_its_error_line_in_the_file_it_names(
+    tmp_path, monkeypatch, capsys
+):
+    def train(*_):
+        raise ValueError("data.image_size=0 must be positive")
+
+    monkeypatch.setattr(loop, "train_and_evaluate", train)
+    monkeypatch.setenv(process_per_gpu.ERROR_FILE, str(tmp_path / "trainer_1"))
+    with pytest.raises(SystemExit) as stopped:
+        main_in_process("--config=configs/digits.py", f"--workdir={tmp_path / 'run'}")
+    assert stopped.value.code == 1
+    assert (tmp_path / "trainer_1").read_text() == "ValueError: data.image_size=0 must be positive"
+    assert "image_size" not in capsys.readouterr().err  # the launcher prints it, once
 
 
 def test_workdir_that_is_a_file_is_one_line_and_the_file_is_kept(tmp_path):

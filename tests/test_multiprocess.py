@@ -239,6 +239,27 @@ def test_main_trains_as_a_process_per_gpu_by_itself_as_launch_local_does(
     assert_bitwise_equal(read_state(tmp_path, TOTAL_STEPS), read_state(reference, TOTAL_STEPS))
 
 
+def test_a_mistake_every_trainer_of_main_makes_is_one_line(env, tmp_path):
+    """A config value the trainers refuse, not main's launcher: each of the 2 trainers stops on
+    it, and the job prints its line once and exits 1."""
+    split_env = {
+        **env,
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "XLA_FLAGS": f"{env['XLA_FLAGS']} --xla_force_host_platform_device_count={DEVICES}",
+        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "jia_jax.main", "--config=configs/digits.py",
+         f"--workdir={tmp_path}", "--config.distributed.process_per_gpu=always",
+         "--config.mesh.node=-1", "--config.mesh.gpu=-1", "--config.eval_batch_size=3"],
+        check=False, cwd=REPO_ROOT, env=split_env, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S,
+    )
+    assert result.returncode == 1, result.stdout
+    errors = [line for line in result.stdout.splitlines() if "eval_batch_size=3" in line]
+    assert errors == [errors[0]] and errors[0].startswith("ValueError: "), result.stdout
+
+
 def test_dead_process_stops_the_survivor_with_one_line_and_restart_resumes_bitwise(
     env, launched, tmp_path
 ):

@@ -98,7 +98,7 @@ def test_each_trainer_gets_one_gpu_its_process_id_and_a_share_of_the_workers():
     argv = ["jia_jax/main.py", "--config=configs/resnet50_64k.py", "--workdir=/w",
             "--config.data.num_workers=17"]
     environ = {"CUDA_VISIBLE_DEVICES": "GPU-aa, GPU-bb", "KEEP": "me"}
-    commands = process_per_gpu.trainer_commands(argv, 2, 17, 4321, environ)
+    commands = process_per_gpu.trainer_commands(argv, 2, 17, 4321, environ, "/errors")
     for i, (command, env) in enumerate(commands):
         assert command[:3] == [sys.executable, "-m", "jia_jax.main"]
         assert command[3:6] == argv[1:]  # the user's flags, then the launcher's, which win
@@ -110,14 +110,28 @@ def test_each_trainer_gets_one_gpu_its_process_id_and_a_share_of_the_workers():
             *([] if i == 0 else ["--verbosity=-1"]),  # the first's progress alone is logged
         ]
         assert env["CUDA_VISIBLE_DEVICES"] == ["GPU-aa", "GPU-bb"][i] and env["KEEP"] == "me"
+        assert env[process_per_gpu.ERROR_FILE] == f"/errors/trainer_{i}"  # one file each
         # one host: the trainers pack after backward and plan over NVLink (jia_jax/xla_network.py)
         assert xla_network.one_host(2, env)
 
 
 @pytest.mark.parametrize("workers, each", [(0, 0), (1, 1), (3, 1), (16, 8)])
 def test_workers_are_shared_and_never_dropped_to_none(workers, each):
-    [(command, _), _] = process_per_gpu.trainer_commands(["main"], 2, workers, 1, TWO_GPUS)
+    [(command, _), _] = process_per_gpu.trainer_commands(["main"], 2, workers, 1, TWO_GPUS, "/")
     assert f"--config.data.num_workers={each}" in command
+
+
+def test_each_distinct_error_is_reported_once_naming_processes_where_not_all_had_it(tmp_path):
+    for i, text in enumerate(["ValueError: bad", "ValueError: bad", "OSError: disk", None]):
+        if text is not None:
+            (tmp_path / f"trainer_{i}").write_text(text)
+    assert process_per_gpu.reported_errors(str(tmp_path), 4) == [
+        "process 0, 1 of 4: ValueError: bad", "process 2 of 4: OSError: disk"]
+    (tmp_path / "trainer_3").write_text("ValueError: bad")
+    (tmp_path / "trainer_2").unlink()
+    three = process_per_gpu.reported_errors(str(tmp_path), 3)
+    assert three == ["process 0, 1 of 3: ValueError: bad"]
+    assert process_per_gpu.reported_errors(str(tmp_path), 2) == ["ValueError: bad"]  # all of them
 
 
 def _trainers(tmp_path: Path, codes: list[str]) -> list[tuple[list[str], dict[str, str]]]:

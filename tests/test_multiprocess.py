@@ -208,6 +208,17 @@ def test_launch_local_reaches_the_accuracy_of_one_process(launched, tmp_path):
     assert two_processes > 0.2
 
 
+def _two_gpus(env: dict[str, str]) -> dict[str, str]:
+    """`env` where CUDA_VISIBLE_DEVICES lists two "GPUs", for main to start a process per GPU
+    (`distributed.process_per_gpu=always`); each process simulates DEVICES CPU devices."""
+    return {
+        **env,
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "XLA_FLAGS": f"{env['XLA_FLAGS']} --xla_force_host_platform_device_count={DEVICES}",
+        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
+    }
+
+
 def test_main_trains_as_a_process_per_gpu_by_itself_as_launch_local_does(
     env, launched, tmp_path
 ):
@@ -215,12 +226,7 @@ def test_main_trains_as_a_process_per_gpu_by_itself_as_launch_local_does(
     starts the job of launch_local.sh 2 2 itself (each process here simulates 2 CPU devices)
     and trains it to the same parameters."""
     reference, reference_log = launched
-    split_env = {
-        **env,
-        "CUDA_VISIBLE_DEVICES": "0,1",
-        "XLA_FLAGS": f"{env['XLA_FLAGS']} --xla_force_host_platform_device_count={DEVICES}",
-        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
-    }
+    split_env = _two_gpus(env)
     result = subprocess.run(
         [sys.executable, "-m", "jia_jax.main", "--config=configs/digits.py",
          f"--workdir={tmp_path}", "--config.distributed.process_per_gpu=always", *FLAGS,
@@ -242,12 +248,7 @@ def test_main_trains_as_a_process_per_gpu_by_itself_as_launch_local_does(
 def test_a_mistake_every_trainer_of_main_makes_is_one_line(env, tmp_path):
     """A config value the trainers refuse, not main's launcher: each of the 2 trainers stops on
     it, and the job prints its line once and exits 1."""
-    split_env = {
-        **env,
-        "CUDA_VISIBLE_DEVICES": "0,1",
-        "XLA_FLAGS": f"{env['XLA_FLAGS']} --xla_force_host_platform_device_count={DEVICES}",
-        "JAX_CPU_COLLECTIVES_IMPLEMENTATION": "gloo",
-    }
+    split_env = _two_gpus(env)
     result = subprocess.run(
         [sys.executable, "-m", "jia_jax.main", "--config=configs/digits.py",
          f"--workdir={tmp_path}", "--config.distributed.process_per_gpu=always",

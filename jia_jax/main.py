@@ -198,7 +198,7 @@ def train_as_processes(config: ml_collections.ConfigDict, count: int) -> int:
     return status
 
 
-def stop_with(text: str) -> NoReturn:
+def exit_with_error(text: str) -> NoReturn:
     """Exits with status 1 and `text`, the error's one line: on stderr, or where this process is
     one of the trainers of a launcher (`train_as_processes`), in the file it names, for it to
     print each trainer's same line once."""
@@ -237,12 +237,12 @@ def main(argv: list[str]) -> None:
     except USER_ERRORS as error:
         if _TRACEBACK.value:
             raise
-        stop_with(console.error_text(error))
+        exit_with_error(console.error_text(error))
     except jax.errors.JaxRuntimeError as error:
         text = memory_error_text(error, _CONFIG.value)
         if text is None or _TRACEBACK.value:
             raise
-        stop_with(text)
+        exit_with_error(text)
 
 
 if __name__ == "__main__":

@@ -66,9 +66,9 @@ def drop_closed_loop_callbacks() -> None:
     completes the other reads on its own threads; each hands its result to the closed loop, and
     Python reports the `RuntimeError('Event loop is closed')` that `call_soon_threadsafe` raises
     there as unraisable, a traceback per array, sometimes before the failure has reached the
-    caller. The reads' tasks that failed too are reported by asyncio ("Task exception was never
-    retrieved", with the TensorStore spec of the array) whenever the garbage collector frees
-    them, which may be well after the restore. Those, and only those, are dropped from the first
+    caller. The reads' tasks and futures that failed too are reported by asyncio ("Task (or
+    Future) exception was never retrieved", with the TensorStore spec of the array) whenever the
+    garbage collector frees them, which may be well after the restore. Those, and only those, are dropped from the first
     call on (a successful restore raises none); call it before each restore.
     """
     if getattr(sys.unraisablehook, "drops_closed_loop_callbacks", False):
@@ -88,9 +88,11 @@ def drop_closed_loop_callbacks() -> None:
 
 
 def _not_a_failed_read_task(record: logging.LogRecord) -> bool:
-    """False for asyncio's report of a task whose TensorStore read failed unretrieved."""
+    """False for asyncio's report of a task or future whose TensorStore read failed unretrieved."""
     error = record.exc_info[1] if record.exc_info else None
-    unretrieved = record.getMessage().startswith("Task exception was never retrieved")
+    unretrieved = record.getMessage().startswith(
+        ("Task exception was never retrieved", "Future exception was never retrieved")
+    )
     return not (unretrieved and "tensorstore_spec" in str(error))
 
 

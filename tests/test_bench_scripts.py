@@ -1005,6 +1005,23 @@ def test_bench_overlap_times_the_variants_of_a_batch_in_turn_each_round(monkeypa
     assert all(r["rounds"] == 3 and r["per_device_batch"] == 8 for r in rows)
 
 
+def test_bench_overlap_rates_each_timed_row_against_one_device_of_its_batch():
+    from scripts.bench import overlap as bench_overlap
+
+    def row(layout, hosts, batch, queued, synced, mean):
+        return {"layout": layout, "hosts": hosts, "gpus_per_host": 1, "per_device_batch": batch,
+                "images_per_s": queued, "synced_images_per_s": synced, "mean_images_per_s": mean}
+
+    rows = [row("1x1", 1, 256, 100.0, 90.0, 80.0), row("2x1", 2, 256, 190.0, 171.0, 120.0),
+            row("2x1", 2, 64, 150.0, 140.0, 130.0),  # no 1x1 row of its batch
+            {"layout": "2x1", "per_device_batch": 256, "error": "RuntimeError: out of memory"}]
+    bench_overlap._add_efficiencies(rows)
+    assert [rows[1][k] for k in ("efficiency", "synced_efficiency", "mean_efficiency")] == [
+        0.95, 0.95, 0.75]
+    assert rows[0]["efficiency"] == 1.0
+    assert "efficiency" not in rows[2] and "efficiency" not in rows[3]
+
+
 def test_bench_overlap_writes_each_compiled_step_hlo_where_asked(monkeypatch, tmp_path):
     # `--hlo_dir`: the optimized HLO of each variant that compiled, named by layout, variant and
     # batch (what a schedule row is read from, kept to trace an operand's producers).

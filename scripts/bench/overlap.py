@@ -614,7 +614,7 @@ def _layout_rows(
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layouts", type=harness.strings, default=["1x1", "2x1"])
     parser.add_argument(
@@ -666,6 +666,26 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--process_id", type=int, default=0)
     parser.add_argument("--out", default="bench_overlap.json")
+    return parser
+
+
+def _add_efficiencies(results: list[dict[str, Any]]) -> None:
+    """Each timed row's efficiencies against the 1x1 row of its per-device batch."""
+    base = {r["per_device_batch"]: r for r in results
+            if r.get("layout") == "1x1" and "images_per_s" in r}
+    for r in results:
+        one = base.get(r.get("per_device_batch"))
+        if "images_per_s" in r and one:
+            gpus = r["hosts"] * r["gpus_per_host"]
+            r["efficiency"] = r["images_per_s"] / (gpus * one["images_per_s"])
+            r["synced_efficiency"] = r["synced_images_per_s"] / (gpus * one["synced_images_per_s"])
+            # Over the mean step: the link's stalls counted, as the trainer's logged rate counts
+            # them (docs/benchmarks.md, "Does the trainer's loop cost more than its step").
+            r["mean_efficiency"] = r["mean_images_per_s"] / (gpus * one["mean_images_per_s"])
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = _parser()
     args = parser.parse_args(argv)
     unknown = set(args.variants).union(*args.layout_variants.values()) - set(VARIANTS)
     if unknown:
@@ -678,17 +698,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for layout in args.layouts:
         doc["results"] += _layout_rows(args, layout, deadline)
         harness.write_json(args.out, doc)
-    base = {r["per_device_batch"]: r for r in doc["results"]
-            if r.get("layout") == "1x1" and "images_per_s" in r}
-    for r in doc["results"]:
-        one = base.get(r.get("per_device_batch"))
-        if "images_per_s" in r and one:
-            gpus = r["hosts"] * r["gpus_per_host"]
-            r["efficiency"] = r["images_per_s"] / (gpus * one["images_per_s"])
-            r["synced_efficiency"] = r["synced_images_per_s"] / (gpus * one["synced_images_per_s"])
-            # Over the mean step: the link's stalls counted, as the trainer's logged rate counts
-            # them (docs/benchmarks.md, "Does the trainer's loop cost more than its step").
-            r["mean_efficiency"] = r["mean_images_per_s"] / (gpus * one["mean_images_per_s"])
+    _add_efficiencies(doc["results"])
     harness.close_record(args.out, doc)
     for r in doc["results"]:
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import tempfile
+import textwrap
 from typing import NoReturn
 
 import jax
@@ -77,6 +78,9 @@ USER_ERRORS = (
     checkpoint_restore.NoReadableCheckpointError,
     checkpoint.CheckpointWriteError,
 )
+# ml_collections re-raises a TypeError or ValueError of a config file's `get_config` as a flag
+# error of this text followed by the whole traceback.
+_GET_CONFIG_FAILED = ": Error whilst parsing config file:"
 # The checkout's root: it holds the shipped `configs` package beside `jia_jax`.
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -123,13 +127,35 @@ def parse_flags(argv: list[str]) -> list[str]:
     """absl's flag parsing; a config override or file that cannot apply is one line too."""
     make_configs_importable(argv)
     try:
-        args = app.parse_flags_with_usage(argv)
+        args = _parse_with_usage(argv)
         _CONFIG.value.get("seed")  # ml_collections defers a config file's load error to first use
     except (KeyError, AttributeError, OSError) as error:
         if "--traceback" in argv:
             raise
         sys.exit(f"FATAL Flags parsing error: {_flag_error(error, argv)}")
     return args
+
+
+def _parse_with_usage(argv: list[str]) -> list[str]:
+    """absl's `app.parse_flags_with_usage`, but a config file's `get_config` that raised is one
+    line: the flag and the error, not the traceback ml_collections puts in the flag error."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        message = str(error)
+        if _GET_CONFIG_FAILED in message and "--traceback" not in argv:
+            flag = message.split(_GET_CONFIG_FAILED, 1)[0]
+            argument = flag.split(":", 1)[1:]  # ml_collections passes what follows the ':'
+            call = f"get_config({', '.join(map(repr, argument))})"
+            why = message.strip().splitlines()[-1].strip()
+            sys.exit(
+                f"FATAL Flags parsing error: {flag}: {call} raised {why} "
+                "(--traceback shows where)"
+            )
+        text = f"\n{textwrap.indent(message, '  ')}" if "\n" in message else f" {message}"
+        sys.exit(
+            f"FATAL Flags parsing error:{text}\nPass --helpshort or --helpfull to see help on flags."
+        )
 
 
 def check_mode_flags(mode: str, step: int | None, export_path: str | None) -> None:

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from absl import flags
 
 from configs import digits, resnet50_64k
 from jia_jax import loop
@@ -212,6 +213,42 @@ def test_traceback_switch_shows_where_the_error_was_raised(tmp_path):
     result = run_main(*DIGITS, "--config.eval_batch_size=0", f"--workdir={tmp_path}", "--traceback")
     assert result.returncode == 1
     assert "Traceback" in result.stderr and "input_pipeline.py" in result.stderr
+
+
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
+@pytest.mark.parametrize(
+    "config, why",
+    [
+        (
+            "configs/digits.py:large",
+            r"get_config\('large'\) raised TypeError: get_config\(\) takes 0 positional "
+            r"arguments but 1 was given",
+        ),
+        (
+            "configs/digits_large_batch.py:lars",
+            r"get_config\('lars'\) raised ValueError: recipe 'lars' is not one of "
+            r"\('small_sgd', .*'large_lars'\)\.",
+        ),
+    ],
+)
+def test_a_config_files_get_config_that_raises_is_one_line(tmp_path, config, why):
+    """ml_collections puts the whole traceback of the config file's `get_config` in its flag
+    error; the user gets the call and its error in one line, the traceback on --traceback."""
+    argv = ["main", f"--config={config}", f"--workdir={tmp_path}"]
+    for traceback in (False, True):
+        try:
+            with pytest.raises(SystemExit) as stopped:
+                main.parse_flags(argv + ["--traceback"] * traceback)
+        finally:
+            flags.FLAGS.unparse_flags()
+        if traceback:
+            assert "Traceback" in stopped.value.code and "get_config" in stopped.value.code
+        else:
+            assert re.fullmatch(
+                rf"FATAL Flags parsing error: flag --config={re.escape(config)}: {why} "
+                r"\(--traceback shows where\)",
+                stopped.value.code,
+            ), stopped.value.code
 
 
 # ml_collections loads the config file with the import machinery's deprecated load_module.

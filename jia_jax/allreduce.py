@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jia_jax import bucketing
+from jia_jax import fp8_wire
 
 STRATEGIES = ("flat", "hierarchical", "hybrid")
 
@@ -124,19 +125,27 @@ def plan_buckets(
 
 
 def split(tree: Any, plan: BucketPlan) -> list[tuple[jax.Array, ...]]:
-    """The plan's buckets, each as its leaves, flattened and cast to the wire dtype, in packing
+    """The plan's buckets, each as its leaves, flattened and cast to `packed_dtype`, in packing
     order (`pack` without the concatenation)."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     if treedef != plan.treedef:
         raise ValueError(f"Tree structure {treedef} does not match the plan's {plan.treedef}.")
+    dtype = packed_dtype(plan)
     return [
-        tuple(jnp.ravel(leaves[s.leaf]).astype(plan.wire_dtype) for s in bucket)
-        for bucket in plan.buckets
+        tuple(jnp.ravel(leaves[s.leaf]).astype(dtype) for s in bucket) for bucket in plan.buckets
     ]
 
 
+def packed_dtype(plan: BucketPlan) -> np.dtype:
+    """The dtype of the packed buckets: the wire's, but for an fp8 wire the gradients' own
+    (`fp8_wire` scales each chunk into fp8 at the collective)."""
+    if plan.wire_dtype == fp8_wire.DTYPE:
+        return np.dtype(jnp.result_type(*plan.dtypes)) if plan.dtypes else np.dtype(np.float32)
+    return plan.wire_dtype
+
+
 def pack(tree: Any, plan: BucketPlan) -> list[jax.Array]:
-    """Flattens `tree` into the plan's buckets, cast to the wire dtype."""
+    """Flattens `tree` into the plan's buckets, cast to `packed_dtype`."""
     return [jnp.concatenate(parts) for parts in split(tree, plan)]
 
 
@@ -220,7 +229,8 @@ def reduce_gradients(
         over gpu, all-reduce over node, all-gather over gpu) or "hybrid" (hierarchical for buckets
         smaller than `hybrid_crossover_bytes`, flat for the others).
       bucket_bytes: Tensor-fusion threshold, see `plan_buckets`.
-      wire_dtype: Dtype of the buckets on the wire.
+      wire_dtype: Dtype of the buckets on the wire; "float8_e4m3fn" (flat only) sends each
+        bucket's mean as `fp8_wire.mean` does, scaled chunks in fp8, which the sums are not.
       hybrid_crossover_bytes: Bucket size (wire bytes) from which "hybrid" uses the flat all-reduce.
       node_axis: Mesh axis across hosts.
       gpu_axis: Mesh axis across the devices of one host.
@@ -234,7 +244,7 @@ def reduce_gradients(
       packed: Concatenate each bucket into one array for its all-reduce; False sends a bucket
         reduced flat as a `psum` of its leaves (no copy into a bucket; XLA's combiner merges the
         all-reduces as its thresholds allow), and concatenates a hierarchical one only for its
-        reduce-scatter. The same sums, up to their order.
+        reduce-scatter (and an fp8 one always). The same sums, up to their order.
 
     Returns:
       The mean over all devices, same structure, shapes and dtypes as `grads`, identical on every
@@ -249,6 +259,8 @@ def reduce_gradients(
         raise ValueError(
             f"Unknown comm.strategy {strategy!r}; expected 'xla' or one of {STRATEGIES}."
         )
+    if jnp.dtype(wire_dtype) == fp8_wire.DTYPE and strategy != "flat":
+        raise ValueError(fp8_wire.NEEDS_FLAT)
     for leaf in jax.tree_util.tree_leaves(grads):
         if not jnp.issubdtype(leaf.dtype, jnp.inexact):
             raise TypeError(f"reduce_gradients averages floating-point leaves, got {leaf.dtype}.")
@@ -288,7 +300,8 @@ def reduce_buckets(
     """`reduce_gradients` of `grads` packed as `plan` says, without its checks and its one-device
     shortcut: the buckets are packed and reduced even where the mesh has one device."""
     devices = jax.lax.axis_size((node_axis, gpu_axis))
-    divide_first = divide_before_sum(plan.wire_dtype)
+    fp8 = plan.wire_dtype == fp8_wire.DTYPE
+    divide_first = divide_before_sum(plan.wire_dtype) and not fp8
     if divide_first:
         # fp16's range is small: divide in fp32 before the cast, so the sum on the wire is bounded
         # by the largest per-device gradient; with a loss scale, summing first can overflow to inf
@@ -297,12 +310,14 @@ def reduce_buckets(
         grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32) / devices, grads)
     if after_backward:
         grads = hold_until_backward_ends(grads)
-    buckets = pack(grads, plan) if packed else split(grads, plan)
+    buckets = pack(grads, plan) if packed or fp8 else split(grads, plan)
 
     reduced = []
     for bucket, segments, nbytes in zip(buckets, plan.buckets, plan.bucket_nbytes()):
         hierarchical = bucketing.reduces_hierarchically(strategy, nbytes, hybrid_crossover_bytes)
-        if not hierarchical:
+        if fp8:  # the mean itself: scaled chunks cannot be summed on the wire
+            reduced.append(fp8_wire.mean(bucket, (node_axis, gpu_axis)))
+        elif not hierarchical:
             reduced.append(_flat_sum(bucket, node_axis, gpu_axis))
         elif packed:
             reduced.append(_hierarchical_sum(bucket, node_axis, gpu_axis))
@@ -315,7 +330,7 @@ def reduce_buckets(
     # The plan was made from `grads`' own dtypes, so `unpack` restores them. fp32 and bf16 share
     # fp32's exponent range, so their sums cannot overflow where the gradients did not: they are
     # divided here, where the division fuses into the slices' consumers (no pass of its own).
-    scale = None if divide_first else 1.0 / devices
+    scale = None if divide_first or fp8 else 1.0 / devices
     return unpack(reduced, plan, scale=scale)
 
 

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+# `comm.dtype` of the fp8 wire (jia_jax/fp8_wire.py): the flat strategy's only, each bucket's
+# mean as an all-to-all and an all-gather of scaled 1-byte chunks.
+FP8_WIRE = "float8_e4m3fn"
+
 
 def greedy_buckets(
     sizes: Sequence[int], itemsize: int, bucket_bytes: int, first_bucket_bytes: int = 0

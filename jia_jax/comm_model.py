@@ -64,7 +64,7 @@ AUTO_BYTES = -1
 MIB = 1 << 20
 # Tensor-fusion thresholds `resolve` tries: 1 MiB ... 512 MiB.
 BUCKET_GRID = tuple(MIB << k for k in range(10))
-WIRE_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+WIRE_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, bucketing.FP8_WIRE: 1}
 ALGORITHMS = ("ring", "tree")
 CALIBRATION_FILE = "comm_calibration.json"
 # `comm.network` naming the links fitted on one machine split into hosts (`load_emulated_hosts`);
@@ -481,7 +481,9 @@ def resolve(
         raise ValueError(f"comm.dtype must be one of {sorted(WIRE_ITEMSIZE)}, got {comm.dtype!r}.")
     itemsize = WIRE_ITEMSIZE[comm.dtype]
     model = model or load_model(single_host=single_host)
-    strategies = _candidates(comm.strategy, AUTO, STRATEGIES)
+    # The fp8 wire's two collectives move the bytes of a ring all-reduce of 1-byte values.
+    flat_only = comm.dtype == bucketing.FP8_WIRE
+    strategies = _candidates(comm.strategy, AUTO, ("flat",) if flat_only else STRATEGIES)
     if set(strategies) - {*STRATEGIES, "xla"}:
         raise ValueError(f"comm.strategy must be 'auto', 'xla' or one of {STRATEGIES}.")
     buckets = _candidates(comm.bucket_bytes, AUTO_BYTES, BUCKET_GRID)

@@ -118,7 +118,7 @@ def build_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) ->
     )
     steps = total_steps(config, data.info.num_train)
     compute = precision.compute_dtype(config.precision.compute)
-    precision.check_wire_dtype(config.comm.dtype, compute)
+    precision.check_wire_dtype(config.comm.dtype, compute, config.comm.strategy)
     model_kwargs = {k: v for k, v in config.model.items() if k != "name"}
     model = models.create_model(
         config.model.name, num_classes=data.info.num_classes, dtype=compute, **model_kwargs

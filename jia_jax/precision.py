@@ -22,6 +22,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jia_jax import bucketing
+from jia_jax import comm_model
+from jia_jax import fp8_wire
+
 _COMPUTE_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
 
 
@@ -43,21 +47,27 @@ def needs_loss_scaling(dtype: jnp.dtype) -> bool:
     return jnp.dtype(dtype) == jnp.float16
 
 
-def check_wire_dtype(wire: str, compute: jnp.dtype) -> None:
-    """Refuses an fp16 all-reduce (`comm.dtype`) without fp16 compute's loss scaling.
+def check_wire_dtype(wire: str, compute: jnp.dtype, strategy: str) -> None:
+    """Refuses a `comm.dtype` the all-reduce does not send, an fp16 all-reduce without fp16
+    compute's loss scaling, and an fp8 one by another strategy than the flat one.
 
     Unscaled gradients, divided by the device count before the cast, fall below fp16's smallest
-    subnormal (6e-8) and arrive as zeros; bf16 has fp32's range in the same two bytes.
+    subnormal (6e-8) and arrive as zeros; bf16 has fp32's range in the same two bytes. fp8 is
+    scaled per chunk (jia_jax/fp8_wire.py), whatever the compute dtype.
 
     Raises:
-      ValueError: `wire` is 'float16' and `compute` is not.
+      ValueError: naming the field to change.
     """
+    if wire not in comm_model.WIRE_ITEMSIZE:
+        raise ValueError(f"comm.dtype={wire!r} must be one of {tuple(comm_model.WIRE_ITEMSIZE)}.")
     if wire == "float16" and not needs_loss_scaling(compute):
         raise ValueError(
             f"comm.dtype='float16' needs precision.compute='float16' (its loss scaling keeps small "
             f"gradients above fp16's underflow); with {jnp.dtype(compute).name} compute use "
             "comm.dtype='bfloat16' (the same bytes) or 'float32'."
         )
+    if wire == bucketing.FP8_WIRE and strategy not in ("flat", "auto"):
+        raise ValueError(fp8_wire.NEEDS_FLAT)
 
 
 class LossScaleState(NamedTuple):

@@ -24,7 +24,7 @@ from absl import logging
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jia_jax import allreduce, comm_model, normalize, precision, xla_network
+from jia_jax import allreduce, bucketing, comm_model, normalize, precision, xla_network
 from jia_jax import loss as loss_lib
 from jia_jax import mesh as mesh_lib
 from jia_jax.models import call_order
@@ -210,9 +210,9 @@ def _per_device_step(model, config, comm, mesh, image_shape):
     packed = comm.get("concatenate_buckets", True)
     if not xla_reduces:
         logging.info(
-            "gradients: %s all-reduce of %g MiB buckets, %s, sent %s backward",
-            comm.strategy, comm.bucket_bytes / comm_model.MIB,
-            "concatenated" if packed else "as their leaves",
+            "gradients: %s all-reduce of %g MiB buckets in %s, %s, sent %s backward",
+            comm.strategy, comm.bucket_bytes / comm_model.MIB, comm.dtype,
+            "concatenated" if packed or comm.dtype == bucketing.FP8_WIRE else "as their leaves",
             "after" if after_backward else "during",
         )
 

@@ -29,6 +29,8 @@
 #                                                     # against the told default and the peer
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh sharded_held  # the same, its reduced buckets
 #                                                     # held behind one barrier
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh fp8       # the fp8 wire (comm.dtype) against the
+#                                                     # told default's bf16 and the peer
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -46,9 +48,10 @@ told_runs() {  # told_runs BATCHES HLO SCALE_RUN...: the told step (overlap_cap)
     layouts=2x1
   done
 }
-sharded_runs() {  # sharded_runs NAME VARIANTS [FLAG...]: the told default and sharded steps
-  # (scripts/bench/sharded_step.py) on one GPU and across 2 emulated hosts x 1 GPU at 64 and
-  # 256 images per GPU, told as the trainer is; round-robin, two rounds; the FLAGs last.
+told_rounds() {  # told_rounds NAME VARIANTS [FLAG...]: scripts.bench.overlap's VARIANTS (e.g.
+  # the told default and the sharded steps of scripts/bench/sharded_step.py) on one GPU and
+  # across 2 emulated hosts x 1 GPU at 64 and 256 images per GPU, told as the trainer is;
+  # round-robin, two rounds; the FLAGs last.
   local name=$1 variants=$2
   shift 2
   python3 -m scripts.bench.overlap --layouts=1x1,2x1 --batches=64,256 --variants="$variants" \
@@ -265,36 +268,41 @@ case "$1" in
       --steps=10 --rounds=3 --tell_xla_network=emulated --budget_s=500 \
       --out="$OUT/bench_overlap_levers64_2x1.json"
     ;;
+  fp8)
+    # Half the gradient bytes: each bucket's mean as fp8 chunks (jia_jax/fp8_wire.py), with each
+    # step's optimized HLO kept (where XLA placed the all-to-alls and all-gathers).
+    told_rounds fp8 overlap_cap,fp8_cap,peer --budget_s=540 --hlo_dir="$OUT/hlo_fp8"
+    ;;
   sharded)
     # The update sharded over the devices (half the gradient bytes under backward, the weights'
     # half under the next forward) against the told default and the plain peer.
-    sharded_runs sharded overlap_cap,sharded_cap,peer --budget_s=540
+    told_rounds sharded overlap_cap,sharded_cap,peer --budget_s=540
     ;;
   sharded_apart)
     # The same with no reduce-scatters combined (the cap let XLA pair them), also with XLA's
     # speed-of-light estimator off; each sharded step's optimized HLO kept.
-    sharded_runs sharded_apart overlap_cap,sharded_apart,sharded_apart_nosol --budget_s=540 \
+    told_rounds sharded_apart overlap_cap,sharded_apart,sharded_apart_nosol --budget_s=540 \
       --hlo_dir="$OUT/hlo"
     ;;
   sharded_slow)
     # Told half the network's bandwidth, as both steps are: whether XLA then starts the
     # reduce-scatters earlier in backward.
-    sharded_runs sharded_slow overlap_cap,sharded_apart --budget_s=500 --told_bandwidth=0.5
+    told_rounds sharded_slow overlap_cap,sharded_apart --budget_s=500 --told_bandwidth=0.5
     ;;
   sharded_after2)
     # Only the buckets after the first two sharded, at 64 images per GPU against the told
     # default, in turns (no one-GPU row: compare the two; the later flags win).
-    sharded_runs sharded_after2 overlap_cap,sharded_after2 --layouts=2x1 --batches=64 \
+    told_rounds sharded_after2 overlap_cap,sharded_after2 --layouts=2x1 --batches=64 \
       --budget_s=150
     ;;
   sharded_held)
     # The sharded step with its reduced buckets held behind one barrier, as the trainer's are,
     # all sharded and the first two all-reduced, against the told default.
-    sharded_runs sharded_held overlap_cap,sharded_held,sharded_after2_held --budget_s=540 \
+    told_rounds sharded_held overlap_cap,sharded_held,sharded_after2_held --budget_s=540 \
       --hlo_dir="$OUT/hlo"
     ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
        "|told_half|told_half64|told_scale_trainer|cmdbuf|after|leaves|loop|loop_ab|levers64" \
-       "|sharded|sharded_apart|sharded_slow|sharded_after2|sharded_held" >&2
+       "|sharded|sharded_apart|sharded_slow|sharded_after2|sharded_held|fp8" >&2
      exit 2 ;;
 esac

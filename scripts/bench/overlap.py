@@ -149,6 +149,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "overlap_cap_ol2": {
         "xla": {**_CAP, "xla_gpu_experimental_parallel_collective_overlap_limit": 2}
     },
+    # Half the gradient bytes: each bucket's mean sent as scaled fp8 chunks (`comm.dtype`,
+    # jia_jax/fp8_wire.py: an all-to-all and an all-gather), as the trainer compiles its step told.
+    "fp8_cap": {"comm.dtype": "float8_e4m3fn", "xla": _CAP},
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.
     "hierarchical": {"comm.strategy": "hierarchical"},
     "hybrid": {"comm.strategy": "hybrid"},

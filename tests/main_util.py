@@ -5,11 +5,13 @@ Kept apart from conftest.py, which sets the test process's XLA flags when import
 child process that imports a test module (tests/test_train.py's snippets) must keep its own.
 """
 
+import contextlib
 import logging
 import os
 import pathlib
 import subprocess
 import sys
+from collections.abc import Iterator
 
 # A finished digits run (a tiny ResNet-18 on 8x8 digits, 2x4 mesh): what --mode=eval and
 # --mode=export read. Checkpoints and evaluations at steps 15 and 30.
@@ -52,21 +54,19 @@ def run_main(
     )
 
 
-def main_in_process(*args: str) -> None:
-    """`jia_jax.main`'s `main` with ARGS parsed, in this process (to stub what it calls), with
-    what it changes put back after: sys.argv, absl's flags, its logger's level and main's filter
-    on its handler (else later tests in the process lose their INFO lines), the environment."""
+@contextlib.contextmanager
+def flags_restored() -> Iterator[None]:
+    """Puts back after the block what parsing `jia_jax.main`'s flags in this process changes:
+    sys.argv, absl's flags, its logger's level (absl sets it from --verbosity: WARNING, which
+    silences later tests' INFO lines) and main's filter on its handler, the environment."""
     from absl import flags  # pylint: disable=import-outside-toplevel
     from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
 
-    from jia_jax import main  # pylint: disable=import-outside-toplevel
-
     absl_logger, handler = logging.getLogger("absl"), absl_logging.get_absl_handler()
     level, filters, environ = absl_logger.level, list(handler.filters), dict(os.environ)
-    argv, sys.argv = sys.argv, ["main", *args]  # ml_collections finds --config.* overrides there
+    argv = sys.argv
     try:
-        main.parse_flags(sys.argv)
-        main.main(["main"])
+        yield
     finally:
         sys.argv = argv
         flags.FLAGS.unparse_flags()
@@ -74,3 +74,14 @@ def main_in_process(*args: str) -> None:
         handler.filters[:] = filters
         os.environ.clear()
         os.environ.update(environ)
+
+
+def main_in_process(*args: str) -> None:
+    """`jia_jax.main`'s `main` with ARGS parsed, in this process (to stub what it calls), with
+    what it changes put back after (`flags_restored`)."""
+    from jia_jax import main  # pylint: disable=import-outside-toplevel
+
+    with flags_restored():
+        sys.argv = ["main", *args]  # ml_collections finds --config.* overrides there
+        main.parse_flags(sys.argv)
+        main.main(["main"])

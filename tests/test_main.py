@@ -11,14 +11,13 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from absl import flags
 
 from configs import digits, resnet50_64k
 from jia_jax import loop
 from jia_jax import main
 from jia_jax import process_per_gpu
 from jia_jax import workdir_lock
-from tests.main_util import main_in_process, run_main
+from tests.main_util import flags_restored, main_in_process, run_main
 from tests.test_metrics import read_scalars
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -236,11 +235,8 @@ def test_a_config_files_get_config_that_raises_is_one_line(tmp_path, config, why
     error; the user gets the call and its error in one line, the traceback on --traceback."""
     argv = ["main", f"--config={config}", f"--workdir={tmp_path}"]
     for traceback in (False, True):
-        try:
-            with pytest.raises(SystemExit) as stopped:
-                main.parse_flags(argv + ["--traceback"] * traceback)
-        finally:
-            flags.FLAGS.unparse_flags()
+        with flags_restored(), pytest.raises(SystemExit) as stopped:
+            main.parse_flags(argv + ["--traceback"] * traceback)
         if traceback:
             assert "Traceback" in stopped.value.code and "get_config" in stopped.value.code
         else:

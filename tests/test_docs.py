@@ -1200,6 +1200,29 @@ def test_readme_quotes_the_digits_baseline_of_the_study():
     )
 
 
+def test_large_batch_quotes_the_fp8_and_bf16_wire_runs():
+    rows = {}
+    for wire, name in (("bfloat16", "bf16"), ("float8_e4m3fn", "fp8")):
+        raw = load(f"{name}_wire_large_batch_digits.json")
+        assert raw["meta"]["overrides"] == {
+            "large_lars": {"comm.strategy": "flat", "comm.dtype": wire}
+        }
+        [rows[name]] = raw["rows"]
+    assert rows["fp8"]["top1"][0] == rows["bf16"]["top1"][0]
+
+    def pct(row: dict) -> str:
+        return f"{100 * row['mean_top1']:.2f} ± {100 * row['std_top1']:.2f}%"
+
+    assert_quoted(
+        read("docs/large_batch.md"),
+        [
+            f"it reached {pct(rows['fp8'])} test top-1 against {pct(rows['bf16'])} with a bf16 "
+            "wire",
+            f"seed 0 scored {100 * rows['fp8']['top1'][0]:.2f}% with either wire",
+        ],
+    )
+
+
 def test_large_batch_reproduce_is_the_command_as_run_with_the_kept_paths():
     """The recorded command wrote to paths the files have left; Reproduce differs only there."""
     meta = load("large_batch_digits.json")["meta"]

@@ -68,8 +68,9 @@ def drop_closed_loop_callbacks() -> None:
     there as unraisable, a traceback per array, sometimes before the failure has reached the
     caller. The reads' tasks and futures that failed too are reported by asyncio ("Task (or
     Future) exception was never retrieved", with the TensorStore spec of the array) whenever the
-    garbage collector frees them, which may be well after the restore. Those, and only those, are dropped from the first
-    call on (a successful restore raises none); call it before each restore.
+    garbage collector frees them, which may be well after the restore. Those, and only those,
+    are dropped from the first call on (a successful restore raises none); call it before each
+    restore.
     """
     if getattr(sys.unraisablehook, "drops_closed_loop_callbacks", False):
         return

@@ -15,10 +15,10 @@ halves of a ring all-reduce, each moving 8-bit values with their scales:
 Each device sends 2 (n - 1) / n bytes per element of the bucket, what a ring all-reduce sends per
 element in a 1-byte dtype. Every element is rounded twice to e4m3's 3 significant bits: each
 time off by at most 2^-4 of itself or, among fp8's subnormals, 2^-10 of its chunk's scale (half
-their spacing), whichever is larger. A non-finite gradient
-makes its chunk's scale non-finite, hence that chunk of the mean NaN on every device, as the
-finite check of loss scaling needs (jia_jax/precision.py). Only the flat strategy sends it (over
-every device at once); a sum over one level of the mesh would round the bucket twice per level.
+their spacing), whichever is larger. A non-finite gradient makes its chunk's scale non-finite,
+hence that chunk of the mean NaN on every device, as the finite check of loss scaling needs
+(jia_jax/precision.py). Only the flat strategy sends it (over every device at once); a sum over
+one level of the mesh after the other would round the bucket twice per level.
 """
 
 from __future__ import annotations
@@ -48,9 +48,7 @@ def mean(bucket: jax.Array, axes: str | tuple[str, ...]) -> jax.Array:
     size = bucket.shape[0]
     chunk = -(-size // devices)
     padded = jnp.pad(bucket, (0, chunk * devices - size))
-    received = jax.lax.all_to_all(
-        encode(padded.reshape(devices, chunk)), axes, 0, 0, tiled=True
-    )
+    received = jax.lax.all_to_all(encode(padded.reshape(devices, chunk)), axes, 0, 0, tiled=True)
     part = jnp.sum(decode(received), axis=0) / devices
     gathered = jax.lax.all_gather(encode(part[None]), axes, axis=0, tiled=True)
     return decode(gathered).reshape(-1)[:size]

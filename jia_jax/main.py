@@ -153,9 +153,8 @@ def _parse_with_usage(argv: list[str]) -> list[str]:
                 "(--traceback shows where)"
             )
         text = f"\n{textwrap.indent(message, '  ')}" if "\n" in message else f" {message}"
-        sys.exit(
-            f"FATAL Flags parsing error:{text}\nPass --helpshort or --helpfull to see help on flags."
-        )
+        hint = "Pass --helpshort or --helpfull to see help on flags."
+        sys.exit(f"FATAL Flags parsing error:{text}\n{hint}")
 
 
 def check_mode_flags(mode: str, step: int | None, export_path: str | None) -> None:

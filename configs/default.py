@@ -142,8 +142,9 @@ def get_config() -> ml_collections.ConfigDict:
     # (`train.step_compiler_options`). Across a slow network with 256 images per GPU, with a
     # 32 MiB first bucket, it hides more of the wire; with 64 it loses (docs/benchmarks.md).
     config.comm.start_when_ready = False
-    # The dtype on the wire: "float32", "bfloat16", "float16" (with fp16 compute) or, flat only,
-    # "float8_e4m3fn" (half bf16's bytes, each chunk scaled into fp8: jia_jax/fp8_wire.py).
+    # The dtype on the wire: "float32", "bfloat16", "float16" (with fp16 compute) or, with an
+    # explicit strategy, "float8_e4m3fn" (half bf16's bytes across the network, each chunk scaled
+    # into fp8: jia_jax/fp8_wire.py).
     config.comm.dtype = "float32"
     # `hybrid`: buckets below this go hierarchical. Not yet measured across nodes (one host only):
     # the value follows Jia et al.'s finding that hierarchical wins for small messages.

@@ -204,6 +204,26 @@ def _hierarchical_sum(x: jax.Array, node_axis: str, gpu_axis: str) -> jax.Array:
     return full[: x.shape[0]] if pad else full
 
 
+def _fp8_mean(x: jax.Array, hierarchical: bool, node_axis: str, gpu_axis: str) -> jax.Array:
+    """The mean of bucket `x` over every device with an fp8 wire (`fp8_wire.mean`): over all of
+    them at once (flat), or (hierarchical) only across nodes: reduce-scatter inside the node in
+    `x`'s dtype, the mean of the shards across nodes in fp8, all-gather inside the node in `x`'s
+    dtype. With several GPUs a node, the flat all-to-all sends every GPU's chunks across the
+    network; the hierarchical form sends 1/gpus of the bucket per GPU, in fp8."""
+    gpus, nodes = jax.lax.axis_size(gpu_axis), jax.lax.axis_size(node_axis)
+    both = (node_axis, gpu_axis)
+    if not hierarchical or gpus == 1:
+        return fp8_wire.mean(x, both)
+    if nodes == 1:  # nothing crosses a network: no fp8
+        return jax.lax.psum(x, both).astype(jnp.float32) / gpus
+    pad = -x.shape[0] % gpus
+    padded = jnp.pad(x, (0, pad)) if pad else x
+    shard = jax.lax.psum_scatter(padded, gpu_axis, scatter_dimension=0, tiled=True)
+    shard = (fp8_wire.mean(shard, node_axis) / gpus).astype(x.dtype)
+    full = jax.lax.all_gather(shard, gpu_axis, axis=0, tiled=True, to="invarying")
+    return full[: x.shape[0]] if pad else full
+
+
 def reduce_gradients(
     grads: Any,
     *,
@@ -229,8 +249,8 @@ def reduce_gradients(
         over gpu, all-reduce over node, all-gather over gpu) or "hybrid" (hierarchical for buckets
         smaller than `hybrid_crossover_bytes`, flat for the others).
       bucket_bytes: Tensor-fusion threshold, see `plan_buckets`.
-      wire_dtype: Dtype of the buckets on the wire; "float8_e4m3fn" (flat only) sends each
-        bucket's mean as `fp8_wire.mean` does, scaled chunks in fp8, which the sums are not.
+      wire_dtype: Dtype of the buckets on the wire; with "float8_e4m3fn" each bucket's mean
+        crosses the network as `fp8_wire.mean` sends it, scaled chunks in fp8 (`_fp8_mean`).
       hybrid_crossover_bytes: Bucket size (wire bytes) from which "hybrid" uses the flat all-reduce.
       node_axis: Mesh axis across hosts.
       gpu_axis: Mesh axis across the devices of one host.
@@ -259,8 +279,6 @@ def reduce_gradients(
         raise ValueError(
             f"Unknown comm.strategy {strategy!r}; expected 'xla' or one of {STRATEGIES}."
         )
-    if jnp.dtype(wire_dtype) == fp8_wire.DTYPE and strategy != "flat":
-        raise ValueError(fp8_wire.NEEDS_FLAT)
     for leaf in jax.tree_util.tree_leaves(grads):
         if not jnp.issubdtype(leaf.dtype, jnp.inexact):
             raise TypeError(f"reduce_gradients averages floating-point leaves, got {leaf.dtype}.")
@@ -316,7 +334,7 @@ def reduce_buckets(
     for bucket, segments, nbytes in zip(buckets, plan.buckets, plan.bucket_nbytes()):
         hierarchical = bucketing.reduces_hierarchically(strategy, nbytes, hybrid_crossover_bytes)
         if fp8:  # the mean itself: scaled chunks cannot be summed on the wire
-            reduced.append(fp8_wire.mean(bucket, (node_axis, gpu_axis)))
+            reduced.append(_fp8_mean(bucket, hierarchical, node_axis, gpu_axis))
         elif not hierarchical:
             reduced.append(_flat_sum(bucket, node_axis, gpu_axis))
         elif packed:

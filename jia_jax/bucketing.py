@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# `comm.dtype` of the fp8 wire (jia_jax/fp8_wire.py): the flat strategy's only, each bucket's
-# mean as an all-to-all and an all-gather of scaled 1-byte chunks.
+# `comm.dtype` of the fp8 wire (jia_jax/fp8_wire.py): each bucket's mean as an all-to-all and an
+# all-gather of scaled 1-byte chunks, over every device (flat) or across nodes (hierarchical).
 FP8_WIRE = "float8_e4m3fn"
 
 

@@ -481,9 +481,12 @@ def resolve(
         raise ValueError(f"comm.dtype must be one of {sorted(WIRE_ITEMSIZE)}, got {comm.dtype!r}.")
     itemsize = WIRE_ITEMSIZE[comm.dtype]
     model = model or load_model(single_host=single_host)
-    # The fp8 wire's two collectives move the bytes of a ring all-reduce of 1-byte values.
-    flat_only = comm.dtype == bucketing.FP8_WIRE
-    strategies = _candidates(comm.strategy, AUTO, ("flat",) if flat_only else STRATEGIES)
+    # The fp8 wire's two collectives move the bytes of a ring all-reduce of 1-byte values between
+    # one GPU of each node; across nodes of several GPUs its flat all-to-all sends more than a
+    # ring (every GPU's chunks cross the network), which the ring model does not price: the
+    # model plans it hierarchical (its inside stages, in the gradients' dtype, priced at 1 byte).
+    fp8 = comm.dtype == bucketing.FP8_WIRE
+    strategies = _candidates(comm.strategy, AUTO, ("hierarchical",) if fp8 else STRATEGIES)
     if set(strategies) - {*STRATEGIES, "xla"}:
         raise ValueError(f"comm.strategy must be 'auto', 'xla' or one of {STRATEGIES}.")
     buckets = _candidates(comm.bucket_bytes, AUTO_BYTES, BUCKET_GRID)

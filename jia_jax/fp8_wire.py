@@ -17,8 +17,8 @@ element in a 1-byte dtype. Every element is rounded twice to e4m3's 3 significan
 time off by at most 2^-4 of itself or, among fp8's subnormals, 2^-10 of its chunk's scale (half
 their spacing), whichever is larger. A non-finite gradient makes its chunk's scale non-finite,
 hence that chunk of the mean NaN on every device, as the finite check of loss scaling needs
-(jia_jax/precision.py). Only the flat strategy sends it (over every device at once); a sum over
-one level of the mesh after the other would round the bucket twice per level.
+(jia_jax/precision.py). The all-reduce strategies call it over every device (flat) or across
+nodes only (hierarchical: jia_jax/allreduce.py).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import jax.numpy as jnp
 from jia_jax import bucketing
 
 DTYPE = jnp.dtype(bucketing.FP8_WIRE)
-NEEDS_FLAT = (
-    f"comm.dtype={bucketing.FP8_WIRE!r} is sent by the flat strategy's collectives "
-    "(jia_jax/fp8_wire.py): set comm.strategy='flat' (or 'auto')."
+NOT_BY_XLA = (
+    f"comm.dtype={bucketing.FP8_WIRE!r} needs one of the explicit comm.strategy values (flat, "
+    "hierarchical, hybrid or auto): XLA's own all-reduce would sum in fp8 (jia_jax/fp8_wire.py)."
 )
 # The largest finite float8_e4m3fn; a chunk's largest magnitude is scaled to it.
 _MAX = float(jnp.finfo(DTYPE).max)

@@ -49,7 +49,7 @@ def needs_loss_scaling(dtype: jnp.dtype) -> bool:
 
 def check_wire_dtype(wire: str, compute: jnp.dtype, strategy: str) -> None:
     """Refuses a `comm.dtype` the all-reduce does not send, an fp16 all-reduce without fp16
-    compute's loss scaling, and an fp8 one by another strategy than the flat one.
+    compute's loss scaling, and an fp8 one left to XLA (`comm.strategy='xla'`).
 
     Unscaled gradients, divided by the device count before the cast, fall below fp16's smallest
     subnormal (6e-8) and arrive as zeros; bf16 has fp32's range in the same two bytes. fp8 is
@@ -66,8 +66,8 @@ def check_wire_dtype(wire: str, compute: jnp.dtype, strategy: str) -> None:
             f"gradients above fp16's underflow); with {jnp.dtype(compute).name} compute use "
             "comm.dtype='bfloat16' (the same bytes) or 'float32'."
         )
-    if wire == bucketing.FP8_WIRE and strategy not in ("flat", "auto"):
-        raise ValueError(fp8_wire.NEEDS_FLAT)
+    if wire == bucketing.FP8_WIRE and strategy == "xla":
+        raise ValueError(fp8_wire.NOT_BY_XLA)
 
 
 class LossScaleState(NamedTuple):

@@ -104,13 +104,15 @@ def test_the_wire_carries_one_byte_a_value_and_its_scales(mesh):
     assert received == {"all-to-all": ("u8", 8 * 130), "all-gather": ("u8", 8 * 130)}, received
 
 
-def test_reduce_gradients_sends_an_fp8_wire_flat_and_restores_each_leaf(mesh):
+@pytest.mark.parametrize("strategy", ["flat", "hierarchical", "hybrid"])
+def test_reduce_gradients_sends_an_fp8_wire_and_restores_each_leaf(mesh, strategy):
     grads = per_device_grads()
 
     def reduce(tree):
+        # 64-value buckets; `hybrid` sends those under 48 bytes (values) hierarchically.
         return allreduce.reduce_gradients(
-            tree, strategy="flat", bucket_bytes=64, wire_dtype=bucketing.FP8_WIRE,
-            hybrid_crossover_bytes=0,
+            tree, strategy=strategy, bucket_bytes=64, wire_dtype=bucketing.FP8_WIRE,
+            hybrid_crossover_bytes=48,
         )
 
     fn = jax.jit(jax.shard_map(
@@ -123,8 +125,9 @@ def test_reduce_gradients_sends_an_fp8_wire_flat_and_restores_each_leaf(mesh):
         assert got.dtype == x.dtype and got.shape == x.shape
         assert (got == got[0]).all()
         # Each element has one sign on every device and magnitude in [1, 2]: a chunk's scale is
-        # at most 2 / 448, so a rounding is off by at most U times the value, not by the
-        # subnormal term; the first by U |mean|, the second by U (1 + U) |mean|; a bf16 leaf is
+        # at most 8 / 448 (a node's sum of 4), so a rounding is off by at most U times the value,
+        # not by the subnormal term; the first by U |mean|, the second by U (1 + U) |mean| (the
+        # sums inside a node are fp32: this tree's buckets hold fp32 leaves); a bf16 leaf is
         # rounded once more on its way back (2^-8).
         mean = np.asarray(x, np.float64).mean(axis=0)
         back = 2.0**-8 if x.dtype == jnp.bfloat16 else 2.0**-24
@@ -132,17 +135,39 @@ def test_reduce_gradients_sends_an_fp8_wire_flat_and_restores_each_leaf(mesh):
         assert (np.abs(got[0].astype(np.float64) - mean) <= allowed).all()
 
 
-def test_an_fp8_wire_is_refused_where_the_strategy_is_not_flat():
-    for strategy in ("hierarchical", "hybrid", "xla"):
-        with pytest.raises(ValueError, match=r"comm\.dtype='float8_e4m3fn' is sent by the flat"):
-            precision.check_wire_dtype(bucketing.FP8_WIRE, jnp.bfloat16, strategy)
-    precision.check_wire_dtype(bucketing.FP8_WIRE, jnp.bfloat16, "flat")
-    precision.check_wire_dtype(bucketing.FP8_WIRE, jnp.bfloat16, "auto")
+def test_an_fp8_wire_is_refused_where_xla_would_sum_it():
+    with pytest.raises(ValueError, match=r"comm\.dtype='float8_e4m3fn' needs one of the explicit"):
+        precision.check_wire_dtype(bucketing.FP8_WIRE, jnp.bfloat16, "xla")
+    for strategy in ("flat", "hierarchical", "hybrid", "auto"):
+        precision.check_wire_dtype(bucketing.FP8_WIRE, jnp.bfloat16, strategy)
     with pytest.raises(ValueError, match=r"comm\.dtype='int8' must be one of"):
         precision.check_wire_dtype("int8", jnp.bfloat16, "flat")
 
 
-def test_the_communication_model_plans_an_fp8_wire_flat_at_a_byte_a_value():
+def test_hierarchical_fp8_crosses_nodes_in_fp8_and_stays_in_the_gradients_dtype_inside(mesh):
+    fn = per_device(mesh, lambda b: allreduce._fp8_mean(b, True, "node", "gpu"))
+    hlo = fn.lower(jnp.zeros((8, 1003), jnp.bfloat16)).compile().as_text()
+    found = re.findall(
+        r"= (\(.*?\)|\S+) (all-to-all|all-gather|reduce-scatter|all-reduce)\(.*?"
+        r"replica_groups=(\{[{}\d,]*\})",
+        hlo,
+    )
+    across, inside = "{{0,4},{1,5},{2,6},{3,7}}", "{{0,1,2,3},{4,5,6,7}}"
+    stages = sorted((op, groups, result.strip("(")[:2] == "u8") for result, op, groups in found)
+    # Across nodes only a 1/4 shard (251 values, 126 a chunk), as fp8 bytes with its scales.
+    assert stages == [("all-gather", inside, False), ("all-gather", across, True),
+                      ("all-to-all", across, True), ("reduce-scatter", inside, False)], found
+
+
+def test_on_one_node_hierarchical_fp8_sends_no_fp8(mesh):
+    one_node = Mesh(np.array(jax.devices()).reshape(1, 8), AXES)
+    x = np.random.default_rng(2).normal(size=(8, 100)).astype(np.float32)
+    out = np.asarray(per_device(one_node, lambda b: allreduce._fp8_mean(b, True, *AXES))(x))
+    # An fp32 sum of 8 terms, not an fp8 rounding.
+    np.testing.assert_allclose(out[0], x.astype(np.float64).mean(0), rtol=0, atol=8 * 2.0**-24 * 4)
+
+
+def test_the_communication_model_plans_an_fp8_wire_across_nodes_at_a_byte_a_value():
     def plan(dtype: str, strategy: str) -> comm_model.Plan:
         comm = ml_collections.ConfigDict(
             {"dtype": dtype, "strategy": strategy, "bucket_bytes": 16 << 20,
@@ -151,8 +176,8 @@ def test_the_communication_model_plans_an_fp8_wire_flat_at_a_byte_a_value():
         return comm_model.resolve(comm, node=2, gpu=4, leaf_sizes=[1 << 20] * 30)
 
     fp8 = plan(bucketing.FP8_WIRE, "auto")
-    assert fp8.strategy == "flat"
-    assert fp8.exposed_s < plan("bfloat16", "flat").exposed_s
+    assert fp8.strategy == "hierarchical"
+    assert fp8.exposed_s < plan("bfloat16", "hierarchical").exposed_s
 
 
 def test_the_overlapped_fp8_mean_equals_the_plain_one_bit_for_bit(mesh):

@@ -402,6 +402,8 @@ def stacked_mean(grads: Any, wire_dtype: Any) -> Any:
     `reduce_gradients` does (before for fp16, whose range a sum over many devices can overflow).
     """
     wire = jnp.dtype(wire_dtype)
+    if wire == fp8_wire.DTYPE:
+        raise ValueError(fp8_wire.NOT_BY_XLA)
     first = divide_before_sum(wire)
 
     def mean(g: jax.Array) -> jax.Array:

@@ -492,8 +492,11 @@ def resolve(
     buckets = _candidates(comm.bucket_bytes, AUTO_BYTES, BUCKET_GRID)
     crossovers = _candidates(comm.hybrid_crossover_bytes, AUTO_BYTES, (0, *BUCKET_GRID))
     if node * gpu == 1:
-        # Nothing crosses a link; keep explicit values and the cheapest code path.
-        strategy = "xla" if comm.strategy == AUTO else comm.strategy
+        # Nothing crosses a link; keep explicit values and the cheapest code path (for the fp8
+        # wire an explicit strategy, which on one device returns the gradients as they are: XLA's
+        # would sum them in fp8).
+        strategy = strategies[0] if comm.strategy == AUTO and fp8 else comm.strategy
+        strategy = "xla" if strategy == AUTO else strategy
         return Plan(strategy, max(buckets), max(crossovers), 0.0, compute_s, None, 0.0)
     if strategies == ("xla",):
         # XLA's own collectives are not planned here; the bucket fields are then unused.

@@ -178,6 +178,12 @@ def test_the_communication_model_plans_an_fp8_wire_across_nodes_at_a_byte_a_valu
     fp8 = plan(bucketing.FP8_WIRE, "auto")
     assert fp8.strategy == "hierarchical"
     assert fp8.exposed_s < plan("bfloat16", "hierarchical").exposed_s
+    # On one device too: 'xla', which 'auto' picks there for other wires, would cast to fp8.
+    comm = ml_collections.ConfigDict({"dtype": bucketing.FP8_WIRE, "strategy": "auto",
+                                      "bucket_bytes": -1, "hybrid_crossover_bytes": -1})
+    assert comm_model.resolve(comm, node=1, gpu=1, leaf_sizes=[10]).strategy == "hierarchical"
+    with pytest.raises(ValueError, match="XLA's own all-reduce would sum in fp8"):
+        allreduce.stacked_mean({"w": jnp.ones((2, 3))}, bucketing.FP8_WIRE)
 
 
 def test_the_overlapped_fp8_mean_equals_the_plain_one_bit_for_bit(mesh):

@@ -1224,6 +1224,26 @@ def test_overlap_schedule_reads_each_collective_of_the_entry_computation():
     assert "| v | 2 | bf16[8] | 1 | 1 | 1 | 3 |" in render_benchmarks.overlap_schedule_table(doc)
 
 
+def test_overlap_schedule_reads_the_fp8_wires_all_to_all():
+    from scripts.bench import overlap as bench_overlap
+
+    conv = 'custom-call(%p), custom_call_target="__cudnn$convForward"'
+    hlo = "\n".join([
+        "HloModule m, is_scheduled=true",
+        "",
+        "ENTRY %main (p: u8[2,6]) -> f32[4] {",
+        "  %p = u8[2,6]{1,0} parameter(0)",
+        "  %a = (u8[2,6]{1,0}, u8[2,6]{1,0}) all-to-all-start(%p), replica_groups={{0,1}}",
+        f"  %c0 = f32[4]{{0}} {conv}",
+        "  %d = u8[2,6]{1,0} all-to-all-done(%a)",
+        "  ROOT %r = f32[4]{0} copy(%c0)",
+        "}",
+        "",
+    ])
+    [a2a] = bench_overlap.schedule(hlo)
+    assert a2a["op"] == "all-to-all" and a2a["convolutions_between"] == 1 and not a2a["sync"]
+
+
 def test_weight_gradient_places_counts_among_the_entry_convolutions():
     # Forward, data-gradient and weight-gradient convolutions in one entry computation; a
     # backward-filter call in another computation (a fusion's) is not the entry's.

@@ -200,7 +200,7 @@ def schedule(hlo: str) -> list[dict[str, Any]]:
     out, open_starts = [], {}
     for i, line in enumerate(entry):
         m = _INSTRUCTION.match(line)
-        if not m or not m.group(3).startswith(("all-reduce", "reduce-scatter", "all-gather")):
+        if not m or not m.group(3).startswith(_COLLECTIVES):
             continue
         name, shape, op, operands = m.groups()
         if op.endswith("-done"):
@@ -231,6 +231,9 @@ def weight_gradient_places(hlo: str) -> list[int]:
     return [i for i, line in enumerate(convs) if "__cudnn$convBackwardFilter" in line]
 
 
+# The collectives `schedule` reads: the fp8 wire's buckets leave as all-to-alls
+# (jia_jax/fp8_wire.py), the sharded step's as reduce-scatters.
+_COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
 # A cuDNN convolution of any kind (forward, backward data or filter, fused) in optimized HLO.
 _CONVOLUTION = 'custom_call_target="__cudnn$conv'
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?(\S+) = (.+?) ([\w-]+)\((.*?)\)")

@@ -54,6 +54,11 @@ def get_config() -> ml_collections.ConfigDict:
     # paths' pixels agree to a few levels of 255; False repeats chroma samples instead (nvJPEG's
     # faster default; up to 31 levels from the CPU path's crops, docs/input_pipeline.md).
     config.data.gpu_fancy_upsampling = True
+    # GPU decoding: nvImageCodec's decoder options besides that one, space-separated
+    # `module:option=value` (its documentation lists them), e.g.
+    # "nvjpeg_hw_decoder:preallocate_batch_size=256" to size the hardware decoder's buffers up
+    # front instead of growing them batch by batch. "" leaves the library's defaults.
+    config.data.gpu_decoder_options = ""
     # GPU decoding: decoders per GPU taking the batches in turn, each with its own CUDA stream
     # and tile ring (another ring of tiles in GPU memory each). Each decoder already prepares its
     # next batch on the host while it decodes one; 2 decoders also decode two batches at once:

@@ -97,12 +97,14 @@ def device_decoders(
     devices: Sequence[jax.Device],
     fancy_upsampling: bool = True,
     ring_depth: int = tile_ring.DEPTH,
+    options: str = "",
 ) -> dict[jax.Device, DeviceDecoder]:
-    """A decoder (`gpu_decode.new_decoder`) and a tile ring of `ring_depth` per device."""
+    """A decoder (`gpu_decode.new_decoder`, with nvImageCodec's `options`) and a tile ring of
+    `ring_depth` per device."""
     return {
         d: DeviceDecoder(
             d,
-            gpu_decode.new_decoder(d, fancy_upsampling=fancy_upsampling),
+            gpu_decode.new_decoder(d, options=options, fancy_upsampling=fancy_upsampling),
             tile_ring.TileRing(d, ring_depth),
         )
         for d in devices
@@ -357,7 +359,8 @@ class GpuStreams:
                 len(devices),
             )
         fancy = bool(data.gpu_fancy_upsampling)
-        decoders = tuple(device_decoders(devices, fancy, ring) for _ in range(depth))
+        options = data.get("gpu_decoder_options", "")
+        decoders = tuple(device_decoders(devices, fancy, ring, options) for _ in range(depth))
         return cls(data, sharding, global_batch, eval_batch, seed, decoders)
 
     def train(self, start_step: int) -> Iterator[Batch]:

@@ -51,6 +51,7 @@ FREE_ON_RESUME = (
     "data.decode",
     "data.gpu_canvas",
     "data.gpu_fancy_upsampling",
+    "data.gpu_decoder_options",
     "data.gpu_crop_kernel",
     "data.gpu_decode_depth",
     "data.gpu_tile_ring_depth",

@@ -488,3 +488,11 @@ def test_the_config_chooses_how_every_decoder_upsamples_chroma(
 ):
     _input(_data(data_dir), mesh, "gpu", gpu_fancy_upsampling=fancy)
     assert fake_gpu.options and set(fake_gpu.options) == {option}
+
+
+def test_the_config_passes_its_decoder_options_to_every_decoder(
+    data_dir, mesh, fake_gpu  # noqa: F811
+):
+    extra = "nvjpeg_hw_decoder:preallocate_batch_size=256"
+    _input(_data(data_dir), mesh, "gpu", gpu_decoder_options=extra)
+    assert fake_gpu.options and set(fake_gpu.options) == {f":fancy_upsampling=1 {extra}"}

@@ -15,6 +15,10 @@
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh chroma  # chroma interpolated against repeated
 #                                  # (data.gpu_fancy_upsampling), alternating, 2 rounds, at BATCH
 #                                  # (256 unless set) per GPU; the runs only
+#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh prealloc  # nvJPEG's hardware decoder with
+#                                  # its buffers sized up front (data.gpu_decoder_options)
+#                                  # against growing them, alternating, 2 rounds, at BATCH (256
+#                                  # unless set); the logged intervals show the first steps
 #   OUT=/tmp/out PROFILE_BATCH=64 bash scripts/bench_gpu_decode.sh trace  # the smoke check and
 #                                  # the profile below only (about 3 minutes)
 # ResNet-50 64K config, bf16, on the generated JPEGs of scripts/bench/input.py: the trainer with
@@ -36,8 +40,9 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 mode=${1:-}
 case "$mode" in
-  one|two|split|depth|kernels|workers|chroma|trace) ;;
-  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|chroma|trace" >&2; exit 2 ;;
+  one|two|split|depth|kernels|workers|chroma|prealloc|trace) ;;
+  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|chroma|prealloc|trace" >&2
+     exit 2 ;;
 esac
 export PYTHONUNBUFFERED=1
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -61,7 +66,8 @@ depths=1
 if [[ "$mode" == depth ]]; then depths="1 2"; fi
 # (`split` compares ways of starting the same trainers, `chroma` two settings of the decoders
 # end to end: the stages alone are not their question.)
-if [[ "$mode" != trace && "$mode" != split && "$mode" != chroma ]]; then
+case "$mode" in trace|split|chroma|prealloc) stages=0 ;; *) stages=1 ;; esac
+if (( stages )); then
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 --depth $depths \
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
 # The host half alone (records read by the trainer's 8 workers on the first GPU's cores): where a
@@ -158,6 +164,22 @@ case "$mode" in
     # images per GPU (256 unless set): what nvJPEG's colour kernels, the GPU path's largest
     # beside the step, cost it end to end.
     in_turns "${BATCH:-256}" gpu_fancy_upsampling True False
+    PROFILE=0 ;;
+  prealloc)
+    # 1 GPU: the GPU path with nvJPEG's hardware decoder growing its buffers as batches come
+    # (the default) and with them sized up front for the batch, in turn, at BATCH images per GPU
+    # (256 unless set): whether the slow decoding of a run's first ~150 steps is that growth
+    # (nvJPEG's default allocator frees with cudaFree, which waits for the queued train steps).
+    batch=${BATCH:-256}
+    sized="nvjpeg_hw_decoder:preallocate_batch_size=$batch"
+    sized+=" nvjpeg_hw_decoder:preallocate_width_hint=512"
+    sized+=" nvjpeg_hw_decoder:preallocate_height_hint=512"
+    one_gpu "$batch" synthetic 0 "1gpu_${batch}_synthetic"
+    for round in 1 2; do
+      one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu_grown_$round"
+      one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu_sized_$round" \
+        --override=--config.data.gpu_decoder_options="$sized"
+    done
     PROFILE=0 ;;
   trace) PROFILE=1 ;;  # the profile alone
 esac

@@ -675,6 +675,13 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
         ("repeated", 1, pytest.approx(0.98)), ("repeated", 2, pytest.approx(0.985))]
     assert "| GPUs | CPU cores | images per GPU | chroma | round |" in table
     assert "| 8 | 2 | 2 | repeated | 2 | 985 | 1,000 | 0.985 |" in table
+    # nvJPEG's buffers grown and sized up front (bench_gpu_decode.sh prealloc), options quoted.
+    sized = "nvjpeg_hw_decoder:preallocate_batch_size=2 nvjpeg_hw_decoder:preallocate_width_hint=9"
+    rows, table = in_turns("gpu_decoder_options", [("''", 950.0), (f"'{sized}'", 990.0)])
+    assert [(r["decoder_options"], r["ratio"]) for r in rows] == [
+        ("", pytest.approx(0.95)), (sized, pytest.approx(0.99))]
+    assert "| GPUs | CPU cores | images per GPU | decoder options |" in table
+    assert f"| 8 | 2 | 2 | {sized} | 990 | 1,000 | 0.990 |" in table
     # Record-reading workers in turn (bench_gpu_decode.sh workers): a row per count and round,
     # each against the one synthetic run (which has no workers); the count in a column.
     turns = [(8, 950.0), (4, 940.0), (8, 955.0), (4, 945.0)]

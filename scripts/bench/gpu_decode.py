@@ -808,16 +808,17 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-# The decode setting (depth, crop kernel, chroma, workers, bound, launcher) of every synthetic
-# run's slot.
-_SYNTHETIC_SETTING = (0, "", "", None, False, "")
+# The decode setting (depth, crop kernel, chroma, decoder options, workers, bound, launcher) of
+# every synthetic run's slot.
+_SYNTHETIC_SETTING = (0, "", "", "", None, False, "")
 
 
-def decode_setting(overrides: Sequence[str]) -> tuple[int, str, str]:
-    """`data.gpu_decode_depth`, `data.gpu_crop_kernel` and the chroma upsampling
-    (`data.gpu_fancy_upsampling`: "interpolated" or "repeated") as a run's `--config` overrides
-    set them (the last wins), else their defaults."""
-    depth, kernel, chroma = 1, DEFAULT_CROP_KERNEL, "interpolated"
+def decode_setting(overrides: Sequence[str]) -> tuple[int, str, str, str]:
+    """`data.gpu_decode_depth`, `data.gpu_crop_kernel`, the chroma upsampling
+    (`data.gpu_fancy_upsampling`: "interpolated" or "repeated") and nvImageCodec's decoder options
+    (`data.gpu_decoder_options`) as a run's `--config` overrides set them (the last wins), else
+    their defaults."""
+    depth, kernel, chroma, options = 1, DEFAULT_CROP_KERNEL, "interpolated", ""
     for override in overrides:
         name, _, value = override.partition("=")
         value = value.strip("'\"")
@@ -827,19 +828,22 @@ def decode_setting(overrides: Sequence[str]) -> tuple[int, str, str]:
             kernel = value
         elif name == "--config.data.gpu_fancy_upsampling":
             chroma = "interpolated" if value.lower() in ("true", "1") else "repeated"
-    return depth, kernel, chroma
+        elif name == "--config.data.gpu_decoder_options":
+            options = value
+    return depth, kernel, chroma, options
 
 
 def _report_row(
-    key: tuple[int, int, int, int, str, str, int | None, bool, str, int],
+    key: tuple[int, int, int, int, str, str, str, int | None, bool, str, int],
     configs: dict[tuple, dict],
     decode_rate: float | None,
 ) -> dict[str, Any]:
     """The GPU path's row of one (GPUs, images per GPU, processes, decode depth, crop kernel,
-    chroma upsampling, input workers, processes bound to their cores, what started them, round).
+    chroma upsampling, decoder options, input workers, processes bound to their cores, what
+    started them, round).
     Its synthetic baseline is the unbound run of as many processes, else of one: the step's own
     speed in the trainer's fastest form; of the same round where there is one, else the first."""
-    gpus, per_gpu, processes, depth, kernel, chroma, workers, bound, launcher, round_ = key
+    gpus, per_gpu, processes, depth, kernel, chroma, options, workers, bound, launcher, round_ = key
 
     def baseline(p: int) -> dict:
         runs = [configs.get((gpus, per_gpu, p, *_SYNTHETIC_SETTING, r), {}) for r in (round_, 1)]
@@ -856,6 +860,7 @@ def _report_row(
         "depth": depth,
         "crop_kernel": kernel,
         "chroma": chroma,
+        "decoder_options": options,
         "workers": workers,
         "bound": bound,
         "round": round_,

@@ -342,6 +342,8 @@ def _gpu_decode_columns(
         ("crop kernel", len({r.get("crop_kernel") for r in results}) > 1,
          lambda r: r.get("crop_kernel", "-")),
         ("chroma", len({r.get("chroma") for r in results}) > 1, lambda r: r.get("chroma", "-")),
+        ("decoder options", len({r.get("decoder_options", "") for r in results}) > 1,
+         lambda r: r.get("decoder_options") or "-"),
         ("input workers", len({r.get("workers") for r in results}) > 1,
          lambda r: str(r.get("workers", "-"))),
         ("cores bound", some(lambda r: r.get("bound", False)),

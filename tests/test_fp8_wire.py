@@ -3,6 +3,7 @@ within the two roundings to fp8 that the module documents, and one byte a value 
 
 from __future__ import annotations
 
+import json
 import re
 
 import jax
@@ -13,6 +14,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 from jia_jax import allreduce, bucketing, comm_model, fp8_wire, precision
+from tests.mp_util import run_multiprocess
 from tests.test_allreduce import per_device_grads
 
 AXES = ("node", "gpu")
@@ -204,3 +206,51 @@ def test_the_overlapped_fp8_mean_equals_the_plain_one_bit_for_bit(mesh):
     plain, overlapped = jax.device_get(fn(grads))
     for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(overlapped), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def _exactly_summed(seed: int = 4, size: int = 301) -> np.ndarray:
+    """Per-device rows of multiples of 2^-12 below 2 in magnitude, of mixed signs: any sum of a
+    few of them is exact in fp32 (at most 14 significant bits), in whatever order the
+    collectives add them; each still has more bits than fp8 keeps (4)."""
+    rng = np.random.default_rng(seed)
+    return (rng.integers(-8191, 8192, (8, size)) * 2.0**-12).astype(np.float32)
+
+
+def test_two_processes_of_four_devices_get_the_one_process_mean_to_the_bit(mesh):
+    # The node axis is the process, as across hosts: the all-to-alls and all-gathers cross
+    # processes (gloo here, the network on GPUs); each device's mean is the one this process's
+    # 2x4 mesh computes from the same rows, flat and hierarchical (whose sums inside a node the
+    # processes may add in another order: the rows make every such sum exact).
+    script = """
+      import json
+      import numpy as np
+      from jax.sharding import Mesh, NamedSharding
+      from jia_jax import allreduce
+      from tests import test_fp8_wire as t
+
+      mesh = Mesh(np.array(jax.devices()).reshape(2, 4), t.AXES)
+      x = t._exactly_summed()
+      rows = jax.make_array_from_callback(x.shape, NamedSharding(mesh, t.BATCH), lambda i: x[i])
+      local = {}
+      for hierarchical in (False, True):
+        fn = t.per_device(mesh, lambda b: allreduce._fp8_mean(b, hierarchical, *t.AXES))
+        for shard in fn(rows).addressable_shards:
+          local.setdefault(str(hierarchical), {})[shard.index[0].start] = (
+              np.asarray(shard.data, np.float32)[0].tolist())
+      print(json.dumps(local))
+  """
+    merged: dict = {}
+    for stdout in run_multiprocess(script, num_processes=2, local_devices=4):
+        for form, by_device in json.loads(stdout.strip().splitlines()[-1]).items():
+            merged.setdefault(form, {}).update(by_device)
+    x = _exactly_summed()
+    for hierarchical in (False, True):
+        fn = per_device(mesh, lambda b, h=hierarchical: allreduce._fp8_mean(b, h, *AXES))
+        expected = np.asarray(fn(x))
+        assert (expected[0] != x.astype(np.float64).mean(axis=0)).any()  # rounded to fp8
+        got = merged[str(hierarchical)]
+        assert sorted(got, key=int) == [str(d) for d in range(8)]
+        for device in range(8):
+            np.testing.assert_array_equal(
+                np.float32(got[str(device)]), expected[device], err_msg=f"device {device}"
+            )

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import math
 from typing import Any
 
@@ -194,13 +194,22 @@ def _hierarchical_sum(x: jax.Array, node_axis: str, gpu_axis: str) -> jax.Array:
         # Over both axes: the same replica groups (one of them has a single member), and the
         # result is typed as replicated over both, as the three stages' result is.
         return jax.lax.psum(x, (node_axis, gpu_axis))
+    return _across_node_shards(x, gpu_axis, lambda shard: jax.lax.psum(shard, node_axis))
+
+
+def _across_node_shards(
+    x: jax.Array, gpu_axis: str, across: Callable[[jax.Array], jax.Array]
+) -> jax.Array:
+    """The hierarchical stages around `across`: `x` reduce-scattered inside the node, `across`
+    of each device's shard (its reduction over the nodes), the results all-gathered inside the
+    node."""
+    gpus = jax.lax.axis_size(gpu_axis)
     pad = -x.shape[0] % gpus  # Reduce-scatter needs equal shards.
     padded = jnp.pad(x, (0, pad)) if pad else x
     shard = jax.lax.psum_scatter(padded, gpu_axis, scatter_dimension=0, tiled=True)
-    shard = jax.lax.psum(shard, node_axis)
     # Every device of a node ends with the same values; saying so lets callers return the result
     # with a replicated out_spec.
-    full = jax.lax.all_gather(shard, gpu_axis, axis=0, tiled=True, to="invarying")
+    full = jax.lax.all_gather(across(shard), gpu_axis, axis=0, tiled=True, to="invarying")
     return full[: x.shape[0]] if pad else full
 
 
@@ -216,12 +225,9 @@ def _fp8_mean(x: jax.Array, hierarchical: bool, node_axis: str, gpu_axis: str) -
         return fp8_wire.mean(x, both)
     if nodes == 1:  # nothing crosses a network: no fp8
         return jax.lax.psum(x, both).astype(jnp.float32) / gpus
-    pad = -x.shape[0] % gpus
-    padded = jnp.pad(x, (0, pad)) if pad else x
-    shard = jax.lax.psum_scatter(padded, gpu_axis, scatter_dimension=0, tiled=True)
-    shard = (fp8_wire.mean(shard, node_axis) / gpus).astype(x.dtype)
-    full = jax.lax.all_gather(shard, gpu_axis, axis=0, tiled=True, to="invarying")
-    return full[: x.shape[0]] if pad else full
+    return _across_node_shards(
+        x, gpu_axis, lambda shard: (fp8_wire.mean(shard, node_axis) / gpus).astype(x.dtype)
+    )
 
 
 def reduce_gradients(

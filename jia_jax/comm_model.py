@@ -495,8 +495,9 @@ def resolve(
         # Nothing crosses a link; keep explicit values and the cheapest code path (for the fp8
         # wire an explicit strategy, which on one device returns the gradients as they are: XLA's
         # would sum them in fp8).
-        strategy = strategies[0] if comm.strategy == AUTO and fp8 else comm.strategy
-        strategy = "xla" if strategy == AUTO else strategy
+        strategy = comm.strategy
+        if strategy == AUTO:
+            strategy = strategies[0] if fp8 else "xla"
         return Plan(strategy, max(buckets), max(crossovers), 0.0, compute_s, None, 0.0)
     if strategies == ("xla",):
         # XLA's own collectives are not planned here; the bucket fields are then unused.

@@ -96,11 +96,12 @@ one_gpu() {  # one_gpu PER_GPU VARIANTS WORKERS NAME [FLAG ...]: GPU 0, its 16 c
     --thread_cpu
 }
 in_turns() {  # in_turns PER_GPU FIELD VALUE ...: 1 GPU, the synthetic baseline, then the GPU
-  # path with data.FIELD at each VALUE in turn, two rounds.
+  # path with data.FIELD at each VALUE in turn, two rounds (runs named by the VALUE's letters,
+  # digits, dots and dashes, the rest as _).
   one_gpu "$1" synthetic 0 "1gpu_$1_synthetic"
   for round in 1 2; do
     for value in "${@:3}"; do
-      one_gpu "$1" gpu $((half / 2)) "1gpu_$1_gpu_$2_${value}_${round}" \
+      one_gpu "$1" gpu $((half / 2)) "1gpu_$1_gpu_$2_${value//[^A-Za-z0-9.-]/_}_${round}" \
         --override=--config.data."$2"="$value"
     done
   done
@@ -174,12 +175,7 @@ case "$mode" in
     sized="nvjpeg_hw_decoder:preallocate_batch_size=$batch"
     sized+=" nvjpeg_hw_decoder:preallocate_width_hint=512"
     sized+=" nvjpeg_hw_decoder:preallocate_height_hint=512"
-    one_gpu "$batch" synthetic 0 "1gpu_${batch}_synthetic"
-    for round in 1 2; do
-      one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu_grown_$round"
-      one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu_sized_$round" \
-        --override=--config.data.gpu_decoder_options="$sized"
-    done
+    in_turns "$batch" gpu_decoder_options "" "$sized"
     PROFILE=0 ;;
   trace) PROFILE=1 ;;  # the profile alone
 esac

@@ -143,6 +143,10 @@ def get_config() -> ml_collections.ConfigDict:
     # gradients in a burst: one larger first bucket leaves once, where smaller ones would queue
     # behind each other on the wire (docs/benchmarks.md, "Across hosts").
     config.comm.first_bucket_bytes = 0
+    # The last bucket's limit (0: none of its own), counted from the end: backward produces the
+    # stem's and the first stage's gradients last, and their bucket can only leave after it; a
+    # small last bucket lets the gradients before it leave while the first stage's backward runs.
+    config.comm.last_bucket_bytes = 0
     # Start each bucket's all-reduce as soon as backward has packed it, where XLA would wait
     # (`train.step_compiler_options`). Across a slow network with 256 images per GPU, with a
     # 32 MiB first bucket, it hides more of the wire; with 64 it loses (docs/benchmarks.md).

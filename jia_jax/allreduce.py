@@ -80,6 +80,7 @@ def plan_buckets(
     wire_dtype: Any,
     leaf_order: Sequence[int] | None = None,
     first_bucket_bytes: int = 0,
+    last_bucket_bytes: int = 0,
 ) -> BucketPlan:
     """Plans tensor fusion for a pytree of arrays (or `jax.ShapeDtypeStruct`s).
 
@@ -95,14 +96,17 @@ def plan_buckets(
         (`jia_jax.models.call_order.backward_leaf_order`); a permutation of all leaves.
       first_bucket_bytes: The limit of the first bucket (the gradients backward produces first);
         0 = `bucket_bytes`.
+      last_bucket_bytes: The limit of the last bucket (the gradients backward produces last,
+        which can only leave after it), taken from the end; 0 = no limit of its own.
 
     Returns:
       The plan; it depends only on shapes, dtypes and the arguments.
     """
     if bucket_bytes < 0:
         raise ValueError(f"comm.bucket_bytes must be >= 0, got {bucket_bytes}.")
-    if first_bucket_bytes < 0:
-        raise ValueError(f"comm.first_bucket_bytes must be >= 0, got {first_bucket_bytes}.")
+    for name, value in (("first", first_bucket_bytes), ("last", last_bucket_bytes)):
+        if value < 0:
+            raise ValueError(f"comm.{name}_bucket_bytes must be >= 0, got {value}.")
     wire = jnp.dtype(wire_dtype)
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     shapes = tuple(tuple(int(d) for d in leaf.shape) for leaf in leaves)
@@ -114,7 +118,9 @@ def plan_buckets(
 
     sizes = [math.prod(shapes[i]) for i in order]
     buckets = []
-    groups = bucketing.greedy_buckets(sizes, wire.itemsize, bucket_bytes, first_bucket_bytes)
+    groups = bucketing.greedy_buckets(
+        sizes, wire.itemsize, bucket_bytes, first_bucket_bytes, last_bucket_bytes
+    )
     for positions in groups:
         offsets = itertools.accumulate((sizes[p] for p in positions), initial=0)
         buckets.append(tuple(
@@ -242,6 +248,7 @@ def reduce_gradients(
     leaf_order: Sequence[int] | None = None,
     overlap: bool = False,
     first_bucket_bytes: int = 0,
+    last_bucket_bytes: int = 0,
     after_backward: bool = False,
     packed: bool = True,
 ) -> Any:
@@ -264,6 +271,7 @@ def reduce_gradients(
       overlap: Let each bucket's collective run while backward computes the buckets after it
         (`hold_until_all_reduced`); the values are the same.
       first_bucket_bytes: Limit of the first bucket, see `plan_buckets`.
+      last_bucket_bytes: Limit of the last bucket, see `plan_buckets`.
       after_backward: Pack the buckets only once backward has produced every gradient
         (`hold_until_backward_ends`); no bucket then leaves during backward. The values are
         the same.
@@ -295,7 +303,9 @@ def reduce_gradients(
         # instead of fused into the reductions), -3.5% of ResNet-50's images/s on one H200
         # (docs/benchmarks.md, "One GPU").
         return grads
-    plan = plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order, first_bucket_bytes)
+    plan = plan_buckets(
+        grads, bucket_bytes, wire_dtype, leaf_order, first_bucket_bytes, last_bucket_bytes
+    )
     return reduce_buckets(
         grads,
         plan,
@@ -334,7 +344,8 @@ def reduce_buckets(
         grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32) / devices, grads)
     if after_backward:
         grads = hold_until_backward_ends(grads)
-    buckets = pack(grads, plan) if packed or fp8 else split(grads, plan)
+    packed = bucketing.concatenated(packed, plan.wire_dtype)
+    buckets = pack(grads, plan) if packed else split(grads, plan)
 
     reduced = []
     for bucket, segments, nbytes in zip(buckets, plan.buckets, plan.bucket_nbytes()):

@@ -8,6 +8,7 @@ model prices the plan the step runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 # `comm.dtype` of the fp8 wire (jia_jax/fp8_wire.py): each bucket's mean as an all-to-all and an
 # all-gather of scaled 1-byte chunks, over every device (flat) or across nodes (hierarchical).
@@ -15,29 +16,55 @@ FP8_WIRE = "float8_e4m3fn"
 
 
 def greedy_buckets(
-    sizes: Sequence[int], itemsize: int, bucket_bytes: int, first_bucket_bytes: int = 0
+    sizes: Sequence[int],
+    itemsize: int,
+    bucket_bytes: int,
+    first_bucket_bytes: int = 0,
+    last_bucket_bytes: int = 0,
 ) -> list[list[int]]:
     """Tensor fusion: the positions in `sizes` (element counts, in packing order) of each bucket.
 
     A tensor joins the current bucket while the bucket stays within `bucket_bytes` at `itemsize`
     bytes a value (the first bucket within `first_bucket_bytes` unless 0); a larger tensor gets a
-    bucket of its own; empty tensors are left out.
+    bucket of its own; empty tensors are left out. With `last_bucket_bytes` (unless 0) the last
+    tensors within it form the last bucket of their own (the last tensor alone where it is
+    larger), and the others are packed before it as above.
     """
+    positions = [p for p, size in enumerate(sizes) if size]
+    tail = _last_bucket(positions, sizes, itemsize, last_bucket_bytes) if last_bucket_bytes else []
+    del positions[len(positions) - len(tail):]
     buckets: list[list[int]] = []
     current: list[int] = []
     used = 0  # Elements in `current`.
     limit = first_bucket_bytes or bucket_bytes
-    for position, size in enumerate(sizes):
-        if size == 0:
-            continue
+    for position in positions:
+        size = sizes[position]
         if current and (used + size) * itemsize > limit:
             buckets.append(current)
             current, used, limit = [], 0, bucket_bytes
         current.append(position)
         used += size
-    if current:
-        buckets.append(current)
-    return buckets
+    return [b for b in (*buckets, current, tail) if b]
+
+
+def _last_bucket(
+    positions: Sequence[int], sizes: Sequence[int], itemsize: int, limit: int
+) -> list[int]:
+    """The last of `positions` whose sizes stay within `limit` bytes together (at least one)."""
+    tail: list[int] = []
+    used = 0
+    for position in reversed(positions):
+        used += sizes[position]
+        if tail and used * itemsize > limit:
+            break
+        tail.insert(0, position)
+    return tail
+
+
+def concatenated(packed: bool, wire_dtype: Any) -> bool:
+    """Whether each bucket is sent as one array: where asked (`comm.concatenate_buckets`), and
+    always on the fp8 wire, whose chunks are scaled over a whole bucket."""
+    return packed or str(wire_dtype) == FP8_WIRE
 
 
 def reduces_hierarchically(strategy: str, nbytes: int, crossover_bytes: int) -> bool:

@@ -168,18 +168,24 @@ def hierarchical_s(nbytes: float, node: int, gpu: int, model: CommModel) -> floa
 
 
 def bucket_elements(
-    leaf_sizes: Sequence[int], bucket_bytes: int, itemsize: int, first_bucket_bytes: int = 0
+    leaf_sizes: Sequence[int],
+    bucket_bytes: int,
+    itemsize: int,
+    first_bucket_bytes: int = 0,
+    last_bucket_bytes: int = 0,
 ) -> list[int]:
     """Elements per bucket: the greedy packing of `jia_jax.allreduce.plan_buckets`.
 
     `leaf_sizes` are element counts in the order the leaves are packed (backward order). A leaf
     joins the current bucket while the bucket stays within `bucket_bytes` (in the wire dtype;
-    the first bucket within `first_bucket_bytes` unless 0); a larger leaf gets a bucket of its
+    the first bucket within `first_bucket_bytes` unless 0, the last leaves within
+    `last_bucket_bytes` a last bucket of their own unless 0); a larger leaf gets a bucket of its
     own; empty leaves are skipped.
     """
-    if bucket_bytes < 0 or first_bucket_bytes < 0:
-        raise ValueError(f"bucket sizes must be >= 0, got {bucket_bytes}, {first_bucket_bytes}.")
-    groups = bucketing.greedy_buckets(leaf_sizes, itemsize, bucket_bytes, first_bucket_bytes)
+    limits = (bucket_bytes, first_bucket_bytes, last_bucket_bytes)
+    if min(limits) < 0:
+        raise ValueError(f"bucket sizes must be >= 0, got {limits}.")
+    groups = bucketing.greedy_buckets(leaf_sizes, itemsize, *limits)
     return [sum(leaf_sizes[p] for p in positions) for positions in groups]
 
 
@@ -454,7 +460,7 @@ def resolve(
     Args:
       comm: the config's `comm` block (`strategy`, `bucket_bytes`, `dtype`,
         `hybrid_crossover_bytes`, `overlap`, True where absent as in the config, and
-        `first_bucket_bytes`, 0 where absent).
+        `first_bucket_bytes` and `last_bucket_bytes`, 0 where absent).
       node, gpu: the mesh shape.
       leaf_sizes: element count of every gradient leaf, in the order backward produces them.
       compute_s: measured step time on one device at this per-device batch, for `Plan.step_s`.
@@ -504,12 +510,12 @@ def resolve(
         return Plan("xla", max(buckets), max(crossovers), None, None, None)
     # Without `comm.overlap` every bucket waits where it starts: all of it is exposed.
     overlap = model.overlap if getattr(comm, "overlap", True) else 0.0
-    first = getattr(comm, "first_bucket_bytes", 0)
+    limits = getattr(comm, "first_bucket_bytes", 0), getattr(comm, "last_bucket_bytes", 0)
 
     best: dict[str, Plan] = {}  # per strategy: its fastest bucket (and crossover)
     for strategy in strategies:
         for bucket in buckets:
-            sizes = bucket_elements(leaf_sizes, bucket, itemsize, first)
+            sizes = bucket_elements(leaf_sizes, bucket, itemsize, *limits)
             for crossover in crossovers if strategy == "hybrid" else crossovers[:1]:
                 c = _costed(strategy, bucket, crossover, sizes, itemsize, node, gpu, model, overlap)
                 if strategy not in best or c.exposed_s < best[strategy].exposed_s * (1 - _TIE):

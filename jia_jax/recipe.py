@@ -27,7 +27,7 @@ from absl import logging
 #   order of fp32 additions). The device count itself is compared (``num_devices``): it sets the
 #   per-device BatchNorm batch.
 # - `comm` strategy, buckets and crossover may change (`comm.first_bucket_bytes`,
-#   `comm.start_when_ready`, `comm.pack_after_backward`, `comm.concatenate_buckets` and
+#   `comm.last_bucket_bytes`, `comm.start_when_ready`, `comm.pack_after_backward`, `comm.concatenate_buckets` and
 #   `comm.tell_xla_network` may also be absent, in checkpoints from before they existed): every
 #   strategy computes the same mean (up to summation order); so may `comm.network`, which only
 #   picks the plan, and what XLA is told of it, which only moves the schedule. `comm.dtype`, the
@@ -60,6 +60,7 @@ FREE_ON_RESUME = (
     "comm.strategy",
     "comm.bucket_bytes",
     "comm.first_bucket_bytes",
+    "comm.last_bucket_bytes",
     "comm.start_when_ready",
     "comm.hybrid_crossover_bytes",
     "comm.overlap",

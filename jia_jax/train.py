@@ -209,10 +209,12 @@ def _per_device_step(model, config, comm, mesh, image_shape):
     after_backward = packs_after_backward(comm, mesh)
     packed = comm.get("concatenate_buckets", True)
     if not xla_reduces:
+        last = comm.get("last_bucket_bytes", 0)
         logging.info(
-            "gradients: %s all-reduce of %g MiB buckets in %s, %s, sent %s backward",
-            comm.strategy, comm.bucket_bytes / comm_model.MIB, comm.dtype,
-            "concatenated" if packed or comm.dtype == bucketing.FP8_WIRE else "as their leaves",
+            "gradients: %s all-reduce of %g MiB buckets%s in %s, %s, sent %s backward",
+            comm.strategy, comm.bucket_bytes / comm_model.MIB,
+            f" (the last of {last / comm_model.MIB:g} MiB)" if last else "", comm.dtype,
+            "concatenated" if bucketing.concatenated(packed, comm.dtype) else "as their leaves",
             "after" if after_backward else "during",
         )
 
@@ -241,6 +243,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
             leaf_order=leaf_order,
             overlap=comm.overlap,
             first_bucket_bytes=comm.first_bucket_bytes,
+            last_bucket_bytes=comm.get("last_bucket_bytes", 0),
             after_backward=after_backward,
             packed=packed,
         )
@@ -303,7 +306,10 @@ def check_comm_sizes(comm: ml_collections.ConfigDict) -> None:
     """Raises a ValueError naming the field where a `comm` size is neither a byte count nor,
     where the communication model may choose it, -1."""
     for field, auto in (
-        ("bucket_bytes", True), ("hybrid_crossover_bytes", True), ("first_bucket_bytes", False)
+        ("bucket_bytes", True),
+        ("hybrid_crossover_bytes", True),
+        ("first_bucket_bytes", False),
+        ("last_bucket_bytes", False),
     ):
         value = comm.get(field, 0)
         if value < 0 and not (auto and value == comm_model.AUTO_BYTES):
@@ -431,10 +437,11 @@ def make_train_step(
 
 
 def step_compiler_options(comm: ml_collections.ConfigDict, xla_told: bool) -> dict[str, Any] | None:
-    """XLA options of the train step's compilation, for explicit strategies: combining capped at
-    the bucket size where `comm.start_when_ready`, or `comm.tell_xla_network` where XLA's
-    estimator was told the network (`xla_told`), asks for the buckets to leave apart, and with
-    `comm.start_when_ready` XLA's speed-of-light estimator off.
+    """XLA options of the train step's compilation, for explicit strategies: no combining of
+    concatenated buckets (each is one collective already), and combining capped at the bucket
+    size for buckets sent as their leaves, where `comm.start_when_ready`, or
+    `comm.tell_xla_network` where XLA's estimator was told the network (`xla_told`), asks for the
+    buckets to leave apart; with `comm.start_when_ready` XLA's speed-of-light estimator off.
 
     XLA's latency-hiding scheduler, which its speed-of-light estimator turns on for GPUs since
     Hopper, starts a collective only as early as its estimate of the collective's time needs.
@@ -442,14 +449,19 @@ def step_compiler_options(comm: ml_collections.ConfigDict, xla_told: bool) -> di
     jia_jax/xla_network.py, which tells it only in runs across hosts), and the buckets
     leave late in backward. Told, it starts each bucket where backward has packed it, so each is
     kept apart: combined, a bucket waits for the one backward packs last. With the estimator off
-    (`comm.start_when_ready`), XLA issues each all-reduce right after its operand. Measured
-    across emulated hosts (docs/benchmarks.md, "Across hosts").
+    (`comm.start_when_ready`), XLA issues each all-reduce right after its operand. Any cap lets
+    XLA join buckets smaller together than it: capped at 16 MiB it joined a small last bucket
+    (`comm.last_bucket_bytes`) to the one before it. Measured across emulated hosts
+    (docs/benchmarks.md, "Across hosts").
     """
     ready = comm.get("start_when_ready", False)
     told = comm.get("tell_xla_network", False) and xla_told
     if not (ready or told) or comm.strategy == "xla":
         return None
-    cap = max(comm.bucket_bytes, 0)  # 'auto' (-1) resolves later: no combining at all
+    if bucketing.concatenated(comm.get("concatenate_buckets", True), comm.dtype):
+        cap = 0
+    else:
+        cap = max(comm.bucket_bytes, 0)  # 'auto' (-1) resolves later: no combining at all
     options: dict[str, Any] = {
         f"xla_gpu_{kind}_combine_threshold_bytes": cap
         for kind in ("all_reduce", "reduce_scatter", "all_gather")

@@ -31,6 +31,9 @@
 #                                                     # held behind one barrier
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh fp8       # the fp8 wire (comm.dtype) against the
 #                                                     # told default's bf16 and the peer
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh last      # a small last bucket against the told
+#                                                     # default; fp8 in the default's buckets
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh last_apart  # the same, nothing combined
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -272,6 +275,18 @@ case "$1" in
     # Half the gradient bytes: each bucket's mean as fp8 chunks (jia_jax/fp8_wire.py), with each
     # step's optimized HLO kept (where XLA placed the all-to-alls and all-gathers).
     told_rounds fp8 overlap_cap,fp8_cap,peer --budget_s=540 --hlo_dir="$OUT/hlo_fp8"
+    ;;
+  last)
+    # A small last bucket (comm.last_bucket_bytes) against the told default, and the fp8 wire
+    # in the default's buckets (8 MiB of fp8 values), with each step's optimized HLO kept.
+    told_rounds last overlap_cap,last512k_cap,last2mib_cap,fp8_8mib_cap --budget_s=540 \
+      --hlo_dir="$OUT/hlo_last"
+    ;;
+  last_apart)
+    # The same, nothing combined (combining capped at 16 MiB joined the small last bucket to the
+    # one before it): the told default, uncombined, and both last buckets uncombined.
+    told_rounds last_apart overlap_cap,overlap_uncombined,last512k_uncombined,last2mib_uncombined \
+      --budget_s=540 --hlo_dir="$OUT/hlo_last_apart"
     ;;
   sharded)
     # The update sharded over the devices (half the gradient bytes under backward, the weights'

@@ -502,6 +502,7 @@ class StepRow:
     tiny: bool  # the CPU smoke model, not ResNet-50
     crossover_bytes: int | None = None  # hybrid's, where 'auto' resolved it; None: the config's
     first_bucket_bytes: int = 0  # the first bucket's limit (0: bucket_bytes; older runs: 0)
+    last_bucket_bytes: int = 0  # the last bucket's limit (0: none; older runs: 0)
     told: str = ""  # what XLA's latency estimator was told of the network ("": nothing)
 
 
@@ -537,6 +538,7 @@ def step_rows(paths: Sequence[str]) -> list[StepRow]:
                     bool(args.get("tiny")),
                     plan.get("hybrid_crossover_bytes"),
                     r.get("first_bucket_bytes", 0),
+                    r.get("last_bucket_bytes", 0),
                     r.get("told", ""),
                 )
             )
@@ -610,7 +612,9 @@ def _step_comm(row: StepRow, strategy: str, overlaps: bool, model: Any) -> dict[
     shapes = model_shapes("resnet50")
     sizes = shapes.tree[::-1] if row.strategy == "peer" else shapes.backward
     node, gpu = row.hosts, row.gpus_per_host
-    buckets = cm.bucket_elements(sizes, row.bucket_bytes, itemsize, row.first_bucket_bytes)
+    buckets = cm.bucket_elements(
+        sizes, row.bucket_bytes, itemsize, row.first_bucket_bytes, row.last_bucket_bytes
+    )
     crossover = comm.hybrid_crossover_bytes if row.crossover_bytes is None else row.crossover_bytes
     overlap = model.overlap if overlaps else 0.0
     times, exposed = cm.plan_reduction(

@@ -386,6 +386,24 @@ def test_first_bucket_has_its_own_limit():
         allreduce.plan_buckets(tree, 24, "float32", first_bucket_bytes=-1)
 
 
+def test_last_bucket_has_its_own_limit_counted_from_the_end():
+    # Leaves of 3, 5, 2, 4, 6 fp32 elements packed last first (6, 4, 2, 5, 3): a 32-byte last
+    # bucket takes the last leaves within it, 5 + 3 (2 + 5 + 3 would not fit); 24-byte buckets
+    # take the others from the front: 6, then 4 + 2.
+    tree = [jnp.zeros(n) for n in (3, 5, 2, 4, 6)]
+    plan = allreduce.plan_buckets(tree, 24, "float32", last_bucket_bytes=32)
+    assert [[s.leaf for s in b] for b in plan.buckets] == [[4], [3, 2], [1, 0]]
+    # A last leaf larger than the limit is the last bucket alone; with a first limit too, both
+    # apply (a 40-byte first bucket: 6 + 4; then 2 and 5 apart, 7 values being over 24 bytes).
+    plan = allreduce.plan_buckets(tree, 24, "float32", first_bucket_bytes=40, last_bucket_bytes=4)
+    assert [[s.leaf for s in b] for b in plan.buckets] == [[4, 3], [2], [1], [0]]
+    # A limit that holds every leaf leaves one bucket.
+    plan = allreduce.plan_buckets(tree, 24, "float32", last_bucket_bytes=80)
+    assert [[s.leaf for s in b] for b in plan.buckets] == [[4, 3, 2, 1, 0]]
+    with pytest.raises(ValueError, match="comm.last_bucket_bytes"):
+        allreduce.plan_buckets(tree, 24, "float32", last_bucket_bytes=-1)
+
+
 def test_pack_rejects_a_tree_of_another_structure():
     plan = allreduce.plan_buckets({"a": jnp.zeros(3)}, 64, "float32")
     with pytest.raises(ValueError, match="structure"):

@@ -164,12 +164,13 @@ def test_bucket_elements_matches_plan_buckets():
         wire = ["float32", "bfloat16"][case % 2]
         bucket_bytes = int(rng.integers(0, 600))
         first = int(rng.integers(0, 1200)) if case % 3 else 0
+        last = int(rng.integers(0, 600)) if case % 5 else 0
         order = [int(i) for i in rng.permutation(n)]
-        plan = allreduce.plan_buckets(tree, bucket_bytes, wire, order, first_bucket_bytes=first)
+        plan = allreduce.plan_buckets(tree, bucket_bytes, wire, order, first, last)
         leaves = jax.tree.leaves(tree)
         sizes = [math.prod(leaves[i].shape) for i in order]
-        got = cm.bucket_elements(sizes, bucket_bytes, cm.WIRE_ITEMSIZE[wire], first)
-        assert got == list(plan.bucket_sizes()), (shapes, bucket_bytes, first, wire, order)
+        got = cm.bucket_elements(sizes, bucket_bytes, cm.WIRE_ITEMSIZE[wire], first, last)
+        assert got == list(plan.bucket_sizes()), (shapes, bucket_bytes, first, last, wire, order)
 
 
 def test_strategy_names_match_the_trainer():

@@ -28,15 +28,16 @@ def _grads(rng: np.random.Generator, devices: int) -> dict[str, np.ndarray]:
 
 
 def test_overlapped_mean_equals_the_plain_one_bit_for_bit():
-    # The barrier is an identity on the reduced buckets, and a larger first bucket only moves
-    # bucket boundaries: each value is summed over the same devices by the same collective in the
+    # The barrier is an identity on the reduced buckets, and a larger first bucket or a smaller
+    # last one only moves bucket boundaries: each value is summed over the same devices by the same collective in the
     # same wire dtype, so the mean is the same to the last bit, for every strategy and wire dtype
-    # (one program for all of them: one compile). Not for `hybrid` with the larger first bucket:
-    # a bucket that grows past the crossover is summed flat instead of hierarchically, another
-    # order of the same terms (still the mean, checked below).
+    # (one program for all of them: one compile). Not for `hybrid` with other limits: a bucket
+    # that grows past the crossover, or shrinks below it, is summed another way, another order of
+    # the same terms (still the mean, checked below).
     mesh = mesh_lib.create_mesh(2, 4)
     stacked = _grads(np.random.default_rng(0), 8)
-    forms = ((False, 0), (True, 0), (True, 512))  # (overlap, first_bucket_bytes)
+    # (overlap, first_bucket_bytes, last_bucket_bytes)
+    forms = ((False, 0, 0), (True, 0, 0), (True, 512, 0), (True, 0, 96))
     cases = [(s, w, *f) for s in allreduce.STRATEGIES for w in WIRES for f in forms]
 
     def per_device(g):
@@ -50,16 +51,17 @@ def test_overlapped_mean_equals_the_plain_one_bit_for_bit():
                 hybrid_crossover_bytes=128,
                 overlap=overlap,
                 first_bucket_bytes=first,
+                last_bucket_bytes=last,
             )
-            for strategy, wire, overlap, first in cases
+            for strategy, wire, overlap, first, last in cases
         ]
 
     fn = jax.shard_map(
         per_device, mesh=mesh, in_specs=P(mesh_lib.BATCH_AXES), out_specs=P(), check_vma=False
     )
     means = dict(zip(cases, jax.device_get(jax.jit(fn)(stacked))))
-    for strategy, wire, _, _ in cases[:: len(forms)]:
-        plain = means[strategy, wire, False, 0]
+    for strategy, wire, *_ in cases[:: len(forms)]:
+        plain = means[strategy, wire, False, 0, 0]
         u = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}[wire]
         for k in stacked:
             for form in forms[1:] if strategy != "hybrid" else forms[1:2]:
@@ -93,12 +95,13 @@ def _closure(instructions, name: str) -> set[str]:
     return seen
 
 
-def _step_hlo(overlap: bool, first_bucket_bytes: int = 0) -> str:
+def _step_hlo(overlap: bool, first_bucket_bytes: int = 0, last_bucket_bytes: int = 0) -> str:
     """The HLO of the tiny train step on the 2x4 mesh (`flat`, several buckets)."""
     mesh = mesh_lib.create_mesh(2, 4)
     config = tiny_config("flat")
     config.comm.overlap = overlap
     config.comm.first_bucket_bytes = first_bucket_bytes
+    config.comm.last_bucket_bytes = last_bucket_bytes
     _, state, step = build(config, mesh)
     batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in global_batch().items()}
     return step.lower(state, batch).as_text(dialect="hlo")
@@ -130,34 +133,38 @@ def test_each_bucket_leaves_with_its_gradients_and_is_awaited_after_all_of_them(
 
 
 
-def test_the_step_packs_its_first_bucket_to_comm_first_bucket_bytes():
-    # The trainer hands `comm.first_bucket_bytes` to the packing: the step's gradient
-    # all-reduces, in program order, have the sizes of `plan_buckets` with that first limit (and
-    # the limit changes the plan: the test can fail).
+def test_the_step_packs_its_first_and_last_buckets_to_their_limits():
+    # The trainer hands `comm.first_bucket_bytes` and `comm.last_bucket_bytes` to the packing:
+    # the step's gradient all-reduces, in program order, have the sizes of `plan_buckets` with
+    # those limits (and each limit changes the plan: the test can fail).
     mesh = mesh_lib.create_mesh(2, 4)
     config = tiny_config("flat")
     model, state, _ = build(config, mesh)
     order = call_order.backward_leaf_order(model, (IMAGE, IMAGE, 1))
     first = 10 * config.comm.bucket_bytes  # takes the 9216-element kernel after the fc
+    last = 512  # the stem's kernel and BatchNorm (44 fp32 values)
 
-    def planned(first_bucket_bytes: int) -> list[int]:
+    def planned(limits: tuple[int, int]) -> list[int]:
         plan = allreduce.plan_buckets(
-            state.params, config.comm.bucket_bytes, config.comm.dtype, order, first_bucket_bytes
+            state.params, config.comm.bucket_bytes, config.comm.dtype, order, *limits
         )
         return list(plan.bucket_sizes())
 
-    def compiled(first_bucket_bytes: int) -> list[int]:
-        hlo = _step_hlo(True, first_bucket_bytes)
+    def compiled(limits: tuple[int, int]) -> list[int]:
+        hlo = _step_hlo(True, *limits)
         sizes = re.findall(r"= \w+\[(\d+)\]\{0\} all-reduce\(", hlo)
         return [int(n) for n in sizes[:-1]]  # the last: BatchNorm statistics and metrics
 
-    assert planned(first) != planned(0)
-    assert compiled(first) == planned(first) and compiled(0) == planned(0)
+    assert len({tuple(planned(limits)) for limits in ((first, 0), (0, last), (0, 0))}) == 3
+    for limits in ((first, 0), (0, last), (0, 0)):
+        assert compiled(limits) == planned(limits), limits
 
 
 def test_start_when_ready_and_tell_xla_network_compile_the_step_with_buckets_apart(monkeypatch):
     # `comm.start_when_ready` reaches the step's jit: XLA's speed-of-light estimator (which turns
-    # the latency-hiding scheduler on) off, combining capped at the bucket size;
+    # the latency-hiding scheduler on) off, concatenated buckets not combined (combining capped
+    # at 16 MiB had joined a small last bucket to the one before it), buckets sent as their
+    # leaves combined up to the bucket size;
     # `comm.tell_xla_network` the cap alone where XLA_FLAGS told the estimator the network (it
     # schedules each bucket where it is ready), nothing where they did not (one host);
     # nothing for 'xla' (no buckets of its own to keep apart).
@@ -170,23 +177,30 @@ def test_start_when_ready_and_tell_xla_network_compile_the_step_with_buckets_apa
         return jit(fn, **kwargs)
 
     monkeypatch.setattr(train.jax, "jit", spy)
-    cap = {
-        f"xla_gpu_{kind}_combine_threshold_bytes": 4096
-        for kind in ("all_reduce", "reduce_scatter", "all_gather")
-    }
-    no_sol = {**cap, "xla_gpu_enable_analytical_sol_latency_estimator": False}
     untold, link = os.environ.get("XLA_FLAGS", ""), comm_model.Link(1e-4, 6e9)
     assert xla_network.OPTION not in untold
-    for strategy, ready, told, want in (
-        ("flat", True, False, no_sol), ("flat", True, True, no_sol), ("flat", False, True, None),
-        ("flat", False, False, None), ("xla", True, True, None),
-    ):
-        config = tiny_config(strategy)
-        config.comm.start_when_ready = ready
-        config.comm.tell_xla_network = told
-        monkeypatch.setenv("XLA_FLAGS", untold)
-        build_step(config, mesh)  # its last jit is the train step's (none is compiled)
-        assert options[-1] == want, (strategy, ready, told)
-        monkeypatch.setenv("XLA_FLAGS", xla_network.with_estimator(untold, 4, link))
-        build_step(config, mesh)
-        assert options[-1] == (cap if (strategy, ready, told) == ("flat", False, True) else want)
+    for concatenate, wire in ((True, "float32"), (False, "float32"), (False, "float8_e4m3fn")):
+        cap = {  # an fp8 bucket is always concatenated
+            f"xla_gpu_{kind}_combine_threshold_bytes": 4096 if wire == "float32" and not concatenate
+            else 0
+            for kind in ("all_reduce", "reduce_scatter", "all_gather")
+        }
+        no_sol = {**cap, "xla_gpu_enable_analytical_sol_latency_estimator": False}
+        for strategy, ready, told, want in (
+            ("flat", True, False, no_sol), ("flat", True, True, no_sol),
+            ("flat", False, True, None), ("flat", False, False, None), ("xla", True, True, None),
+        ):
+            if strategy == "xla" and wire != "float32":
+                continue  # XLA would sum fp8 in fp8: refused
+            config = tiny_config(strategy)
+            config.comm.start_when_ready = ready
+            config.comm.tell_xla_network = told
+            config.comm.concatenate_buckets = concatenate
+            config.comm.dtype = wire
+            monkeypatch.setenv("XLA_FLAGS", untold)
+            build_step(config, mesh)  # its last jit is the train step's (none is compiled)
+            assert options[-1] == want, (strategy, ready, told, concatenate, wire)
+            monkeypatch.setenv("XLA_FLAGS", xla_network.with_estimator(untold, 4, link))
+            build_step(config, mesh)
+            told_flat = (strategy, ready, told) == ("flat", False, True)
+            assert options[-1] == (cap if told_flat else want), (strategy, ready, told)

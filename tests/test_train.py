@@ -409,7 +409,7 @@ def test_two_processes_match_one_process(tmp_path):
 
 @pytest.mark.parametrize("field,value,says", [
     ("bucket_bytes", -5, "or -1"), ("hybrid_crossover_bytes", -2, "or -1"),
-    ("first_bucket_bytes", -1, ">= 0."),
+    ("first_bucket_bytes", -1, ">= 0."), ("last_bucket_bytes", -3, ">= 0."),
 ])
 def test_a_bad_comm_size_names_its_field_whatever_the_strategy(field, value, says):
     # Caught when the step is built, before it compiles, even for 'xla', which reads no bucket

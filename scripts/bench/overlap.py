@@ -83,6 +83,12 @@ _CAP = {  # XLA combines collectives no further than the config's 16 MiB buckets
     f"xla_gpu_{kind}_combine_threshold_bytes": 16 * MIB
     for kind in ("all_reduce", "reduce_scatter", "all_gather")
 }
+# No combining at all: each concatenated bucket stays one collective of its own, however small
+# (capped at 16 MiB, XLA joined a small last bucket to the one before it).
+_UNCOMBINED = {
+    f"xla_gpu_{kind}_combine_threshold_bytes": 0
+    for kind in ("all_reduce", "reduce_scatter", "all_gather")
+}
 _NO_SOL = {"xla_gpu_enable_analytical_sol_latency_estimator": False}
 _OVERLAP_4 = {"xla_gpu_experimental_parallel_collective_overlap_limit": 4}
 # The cap, and no reduce-scatter combined at all: XLA measures a reduce-scatter against the cap
@@ -152,6 +158,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Half the gradient bytes: each bucket's mean sent as scaled fp8 chunks (`comm.dtype`,
     # jia_jax/fp8_wire.py: an all-to-all and an all-gather), as the trainer compiles its step told.
     "fp8_cap": {"comm.dtype": "float8_e4m3fn", "xla": _CAP},
+    # The same buckets as bf16's 16 MiB ones (8 MiB of fp8 values): fewer bytes, same readiness.
+    "fp8_8mib_cap": {"comm.dtype": "float8_e4m3fn", "comm.bucket_bytes": 8 * MIB, "xla": _CAP},
+    # A small last bucket (`comm.last_bucket_bytes`): the stem's and the first stage's gradients
+    # alone after backward, the second stage's leaving while the first stage's backward runs.
+    "last512k_cap": {"comm.last_bucket_bytes": MIB // 2, "xla": _CAP},
+    "last2mib_cap": {"comm.last_bucket_bytes": 2 * MIB, "xla": _CAP},
+    "overlap_uncombined": {"xla": _UNCOMBINED},
+    "last512k_uncombined": {"comm.last_bucket_bytes": MIB // 2, "xla": _UNCOMBINED},
+    "last2mib_uncombined": {"comm.last_bucket_bytes": 2 * MIB, "xla": _UNCOMBINED},
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.
     "hierarchical": {"comm.strategy": "hierarchical"},
     "hybrid": {"comm.strategy": "hybrid"},
@@ -406,6 +421,7 @@ def _plan_fields(variant: str, config: Any, resolved: dict[str, Any]) -> dict[st
         "strategy": named or config.comm.strategy,
         "bucket_bytes": config.comm.bucket_bytes,
         "first_bucket_bytes": config.comm.first_bucket_bytes,
+        "last_bucket_bytes": config.comm.last_bucket_bytes,
         **resolved,
     }
 

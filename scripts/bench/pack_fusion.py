@@ -55,10 +55,13 @@ def fusion_kinds(hlo: str) -> collections.Counter:
 
 
 def _packed_everywhere(
-    grads, *, bucket_bytes, wire_dtype, leaf_order=None, first_bucket_bytes=0, **reduction
+    grads, *, bucket_bytes, wire_dtype, leaf_order=None, first_bucket_bytes=0,
+    last_bucket_bytes=0, **reduction
 ):
     """`allreduce.reduce_gradients` without its one-device shortcut (`reduce_buckets`)."""
-    plan = allreduce.plan_buckets(grads, bucket_bytes, wire_dtype, leaf_order, first_bucket_bytes)
+    plan = allreduce.plan_buckets(
+        grads, bucket_bytes, wire_dtype, leaf_order, first_bucket_bytes, last_bucket_bytes
+    )
     return allreduce.reduce_buckets(grads, plan, **reduction)
 
 

@@ -217,6 +217,7 @@ def make_sharded_step(
     plan = allreduce.plan_buckets(
         params, config.comm.bucket_bytes, jnp.dtype(config.comm.dtype),
         call_order.backward_leaf_order(model, image_shape), config.comm.first_bucket_bytes,
+        config.comm.last_bucket_bytes,
     )
     layout = shard_layout(plan, mesh.devices.size)
     whole = range(min(replicated, len(plan.buckets)))

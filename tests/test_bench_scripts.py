@@ -1240,7 +1240,7 @@ def test_overlap_schedule_reads_the_fp8_wires_all_to_all():
         "",
         "ENTRY %main (p: u8[2,6]) -> f32[4] {",
         "  %p = u8[2,6]{1,0} parameter(0)",
-        "  %a = (u8[2,6]{1,0}, u8[2,6]{1,0}) all-to-all-start(%p), replica_groups={{0,1}}",
+        "  %a = ((u8[2,6]{1,0}), u8[2,6]{1,0}) all-to-all-start(%p), replica_groups={{0,1}}",
         f"  %c0 = f32[4]{{0}} {conv}",
         "  %d = u8[2,6]{1,0} all-to-all-done(%a)",
         "  ROOT %r = f32[4]{0} copy(%c0)",
@@ -1249,6 +1249,15 @@ def test_overlap_schedule_reads_the_fp8_wires_all_to_all():
     ])
     [a2a] = bench_overlap.schedule(hlo)
     assert a2a["op"] == "all-to-all" and a2a["convolutions_between"] == 1 and not a2a["sync"]
+    # The schedule table names it by its operand; a combined all-gather by each bucket's, and the
+    # statistics' fp32 all-reduce not at all.
+    gather = {**a2a, "op": "all-gather", "shape": "((u8[1,6]{1,0}, u8[1,4]{1,0}), u8[2,6]{1,0})"}
+    stats = {**a2a, "op": "all-reduce", "shape": "((f32[5]{0}), f32[5]{0})"}
+    row = {"layout": "2x1", "variant": "v", "per_device_batch": 2, "hosts": 2, "gpus_per_host": 1,
+           "schedule": [a2a, gather, stats]}
+    table = render_benchmarks.overlap_schedule_table({"results": [row]})
+    assert "| v | 2 | all-to-all u8[2,6] | 0 | 0 | 1 | 1 |" in table
+    assert "| v | 2 | all-gather u8[1,6] + u8[1,4] |" in table and "f32" not in table
 
 
 def test_weight_gradient_places_counts_among_the_entry_convolutions():

@@ -4,6 +4,7 @@ prose derives from them are recomputed here from the same files (cheap; catches 
 import gzip
 import itertools
 import json
+import math
 import pathlib
 import re
 import statistics
@@ -3595,3 +3596,91 @@ def test_gpu_path_steady_profile_and_chroma_turns_prose_quotes_the_json():
         f"repeating, the loop waiting for input {waits.pop():.0%} of the time in all four",
     ])
     assert not waits
+
+
+def test_fp8_and_last_bucket_answers_agree_with_the_json():
+    fp8 = _overlap_rows("bench_overlap_fp8_2x1_2xH200.json")
+    last = _overlap_rows("bench_overlap_last_2x1_2xH200.json")
+    apart = _overlap_rows("bench_overlap_last_apart_2x1_2xH200.json")
+    hosts = {(r["strategy"], r["hosts"], r["per_device_batch"]): r
+             for r in load("bench_hosts_last_2x1_2xH200.json")["results"]}
+
+    def e(table, variant, batch):
+        return f"{table['2x1', variant, batch]['eff']:.3f}"
+
+    def buckets(table, variant, batch, dtype="bf16"):
+        return [c for c in table["2x1", variant, batch]["schedule"] if dtype in c["shape"]]
+
+    def values(c) -> int:  # a u8 all-to-all's [devices, chunk] or a bf16 bucket's [n]
+        return math.prod(int(n) for n in re.findall(r"\[([\d,]+)\]", c["shape"])[0].split(","))
+
+    fp8_first, fp8_last = [c for c in buckets(fp8, "fp8_cap", 64, "u8") if c["op"] == "all-to-all"]
+    assert fp8_last["sync"] and fp8_last["convolutions_before_start"] == 158
+    plain = buckets(apart, "overlap_cap", 256)
+    small = buckets(apart, "last2mib_uncombined", 256)
+    # The last bucket alone after backward, its elements those of the config's 2 MiB limit.
+    from configs import resnet50_64k
+
+    comm = resnet50_64k.get_config().comm
+    assert values(small[-1]) * 2 <= comm.last_bucket_bytes < (values(small[-1]) + 1e6) * 2
+    assert sum(map(values, small)) == sum(map(values, plain))
+    # last2mib_cap compiled to the default's buckets; the fp8 all-gathers were combined in pairs.
+    def placed(table, variant):
+        return [(c["shape"], c["convolutions_before_start"], c["convolutions_between"])
+                for c in buckets(table, variant, 64)]
+
+    assert placed(last, "last2mib_cap") == placed(last, "overlap_cap")
+    gathers = [c for c in buckets(last, "fp8_8mib_cap", 64, "u8") if c["op"] == "all-gather"]
+    assert all(c["shape"].split(")")[0].count("u8[") == 2 for c in gathers)
+
+    def traced_last_ms(variant: str) -> float:
+        start, done = apart["2x1", variant, 256]["timeline"]["collectives_ms"][-2]
+        return done - start
+
+    one = {b: fp8["1x1", "overlap", b]["images_per_s"] for b in (64, 256)}
+    assert_quoted(
+        _section("## Across hosts"),
+        [
+            f"two buckets, of {values(fp8_first) / 1e6:.1f}M and {values(fp8_last) / 1e6:.1f}M "
+            f"values, the first ready only after {fp8_first['convolutions_until_ready']} "
+            "convolutions at 64 images per GPU (bf16's first after "
+            f"{buckets(fp8, 'overlap_cap', 64)[0]['convolutions_until_ready']})",
+            f"It kept {e(fp8, 'fp8_cap', 64)} of two GPUs at 64 images per GPU and "
+            f"{e(fp8, 'fp8_cap', 256)} at 256, against the bf16 default's "
+            f"{e(fp8, 'overlap_cap', 64)} and {e(fp8, 'overlap_cap', 256)} in the same call",
+            f"one-GPU row at 64 ran {one[64]:,.0f} images/s, against "
+            f"{last['1x1', 'overlap', 64]['images_per_s']:,.0f} and "
+            f"{apart['1x1', 'overlap', 64]['images_per_s']:,.0f} in the next two calls",
+            f"it kept {e(last, 'fp8_8mib_cap', 64)} and {e(last, 'fp8_8mib_cap', 256)} against "
+            f"the default's {e(last, 'overlap_cap', 64)} and {e(last, 'overlap_cap', 256)}",
+            f"it holds {values(plain[-1]) / 1e6:.1f}M values",
+            f"part of the second's ({values(small[-1]) / 1e6:.2f}M values), and the "
+            f"{values(small[-2]) / 1e6:.1f}M values before it become a bucket ready after "
+            f"{small[-2]['convolutions_until_ready']} convolutions, "
+            f"{158 - small[-2]['convolutions_until_ready']} before backward ends",
+            f"the step kept {e(apart, 'last2mib_uncombined', 256)} of two GPUs at 256 images per "
+            f"GPU and {e(apart, 'last2mib_uncombined', 64)} at 64, against "
+            f"{e(apart, 'overlap_cap', 256)} and {e(apart, 'overlap_cap', 64)} for the default and "
+            f"{e(apart, 'overlap_uncombined', 256)} and {e(apart, 'overlap_uncombined', 64)} for "
+            "the default with nothing combined",
+            f"last all-reduce took {traced_last_ms('last2mib_uncombined'):.2f} ms after backward, "
+            f"against {traced_last_ms('overlap_cap'):.2f} ms",
+            f"kept {hosts['default', 2, 256]['efficiency']:.3f} of two GPUs at 256 images per GPU "
+            f"and {hosts['default', 2, 64]['efficiency']:.3f} at 64, where the plain peer, timed "
+            f"in-process in the same call, kept {hosts['peer', 2, 256]['efficiency']:.3f} and "
+            f"{hosts['peer', 2, 64]['efficiency']:.3f}",
+        ],
+    )
+    assert "![Where XLA put each gradient all-reduce, with a small last bucket]" in read(
+        "docs/benchmarks.md"
+    )
+    assert (REPO / "docs/overlap_last_2xH200.png").stat().st_size > 10_000
+    assert_quoted(
+        read("README.md"),
+        [
+            f"the step kept {e(last, 'fp8_8mib_cap', 256)} of two GPUs at 256 images per GPU "
+            f"against bf16's {e(last, 'overlap_cap', 256)} in the same call",
+            f"the step kept {e(apart, 'last2mib_uncombined', 256)} of two GPUs at 256 images per "
+            f"GPU against {e(apart, 'overlap_cap', 256)} without",
+        ],
+    )

@@ -762,14 +762,31 @@ def _overlap_variant(row: dict[str, Any]) -> str:
     return f"{row['variant']}{told}{nccl}{setting}{run}"
 
 
+def _bucket_collective(c: dict[str, Any], row: dict[str, Any], named: bool) -> str | None:
+    """A schedule entry's gradient collective as the table names it; None for the others (the
+    statistics' fp32 all-reduce)."""
+    if "u8[" in c["shape"]:  # the fp8 wire's: its operands (the tuple's first part), one a bucket
+        operands = re.findall(r"u8\[[\d,]+\]", c["shape"].split(")")[0])
+        return f"{c['op']} {' + '.join(operands)}"
+    if "bf16" not in c["shape"]:
+        return None
+    sizes = [int(n) for n in re.findall(r"bf16\[(\d+)\]", c["shape"])]
+    # A synchronous reduce-scatter shows only its output, 1/n of the bucket.
+    alone = c["op"] == "reduce-scatter" and len(sizes) == 1
+    size = sizes[0] * row["hosts"] * row["gpus_per_host"] if alone else max(sizes)
+    return f"{c['op']} bf16[{size}]" if named else f"bf16[{size}]"
+
+
 def overlap_schedule_table(doc: dict[str, Any]) -> str:
     """Where XLA put each gradient bucket's all-reduce in the step (2 hosts x 1 GPU rows)."""
     rows = [r for r in doc["results"] if r.get("layout") == "2x1" and "schedule" in r]
     # Files since the bench recorded it: the convolutions up to the last one a bucket needs.
     ready = any("convolutions_until_ready" in c for r in rows for c in r["schedule"])
-    # The sharded step's buckets leave as reduce-scatters and return as all-gathers.
-    kinds = ("all-reduce", "reduce-scatter", "all-gather")
+    # The sharded step's buckets leave as reduce-scatters and return as all-gathers; the fp8
+    # wire's as all-to-alls and all-gathers of u8 chunks.
+    kinds = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
     named = any(c["op"] != "all-reduce" for r in rows for c in r["schedule"])
+    fp8 = any("u8[" in c["shape"] for r in rows for c in r["schedule"])
     lines = [
         "Each gradient "
         + ("bucket's collective" if named else "all-reduce")
@@ -777,7 +794,9 @@ def overlap_schedule_table(doc: dict[str, Any]) -> str:
         "convolutions (of all of forward and backward) scheduled "
         + ("up to the last one its bucket needs, " if ready else "")
         + "before its start and between its start and its done"
-        + (" (each bucket by its whole size)" if named else "")
+        + (" (each bucket by its whole size" if named else "")
+        + ("; fp8 chunks by their operands" if fp8 else "")
+        + (")" if named else "")
         + ":",
         "",
         f"| variant | per GPU | {'collective' if named else 'all-reduce'} |"
@@ -787,18 +806,15 @@ def overlap_schedule_table(doc: dict[str, Any]) -> str:
     ]
     for r in rows:
         for c in r["schedule"]:
-            if c["op"] in kinds and "bf16" in c["shape"]:
-                sizes = [int(n) for n in re.findall(r"bf16\[(\d+)\]", c["shape"])]
-                # A synchronous reduce-scatter shows only its output, 1/n of the bucket.
-                alone = c["op"] == "reduce-scatter" and len(sizes) == 1
-                size = sizes[0] * r["hosts"] * r["gpus_per_host"] if alone else max(sizes)
-                what = f"{c['op']} bf16[{size}]" if named else f"bf16[{size}]"
-                until = f" {c['convolutions_until_ready']} |" if ready else ""
-                lines.append(
-                    f"| {_overlap_variant(r)} | {r['per_device_batch']} | {what} |{until} "
-                    f"{c['convolutions_before_start']} | {c['convolutions_between']} | "
-                    f"{c['convolutions']} |"
-                )
+            what = _bucket_collective(c, r, named) if c["op"] in kinds else None
+            if what is None:
+                continue
+            until = f" {c['convolutions_until_ready']} |" if ready else ""
+            lines.append(
+                f"| {_overlap_variant(r)} | {r['per_device_batch']} | {what} |{until} "
+                f"{c['convolutions_before_start']} | {c['convolutions_between']} | "
+                f"{c['convolutions']} |"
+            )
     return "\n".join(lines)
 
 

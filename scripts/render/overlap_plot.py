@@ -4,6 +4,8 @@
       docs/overlap_2xH100.png --device=H100
   python -m scripts.render.overlap_plot docs/benchmarks/bench_overlap_deferred_2xH200.json \
       docs/overlap_told_2xH200.png --variants=overlap_cap,peer
+  python -m scripts.render.overlap_plot docs/benchmarks/bench_overlap_last_apart_2x1_2xH200.json \
+      docs/overlap_last_2xH200.png --variants=overlap_cap,last2mib_uncombined
 
 One row per (variant, per-GPU batch) of the raw file's 2 processes x 1 GPU rows of `--variants`
 (by default no_overlap and overlap), told or not as the raw file ran them; the horizontal

@@ -1416,3 +1416,17 @@ def test_bench_overlap_loop_timing_runs_the_step_with_stop_flags(monkeypatch):
     assert row["loop_images_per_s"] == pytest.approx(2 / statistics.mean(samples))
     peer = bench_overlap._prepare(args, "peer", 2, 1, 1)
     assert peer["looped"] is None and traced == [False, True]  # the cached step, no stop flags
+
+
+def test_the_told_overlap_variant_compiles_as_the_trainer_does_told():
+    # `told` stands for the trainer's step across hosts: the XLA options it sets where the
+    # network was told (`comm.tell_xla_network`) are the variant's, on the 64K config's buckets.
+    from configs import resnet50_64k
+    from jia_jax import train
+    from scripts.bench import overlap as bench_overlap
+
+    comm = resnet50_64k.get_config().comm
+    assert comm.tell_xla_network
+    variant = bench_overlap.VARIANTS["told"]
+    assert set(variant) == {"xla"}
+    assert train.step_compiler_options(comm, xla_told=True) == variant["xla"]

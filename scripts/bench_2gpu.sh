@@ -34,6 +34,7 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh last      # a small last bucket against the told
 #                                                     # default; fp8 in the default's buckets
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh last_apart  # the same, nothing combined
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh last_one_host  # the small last bucket on one host
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -281,6 +282,12 @@ case "$1" in
     # in the default's buckets (8 MiB of fp8 values), with each step's optimized HLO kept.
     told_rounds last overlap_cap,last512k_cap,last2mib_cap,fp8_8mib_cap --budget_s=540 \
       --hlo_dir="$OUT/hlo_last"
+    ;;
+  last_one_host)
+    # The 64K config's small last bucket inside one host (one process on both GPUs, buckets
+    # packed after backward): its extra all-reduce against the plan without it, in turns.
+    python3 -m scripts.bench.overlap --layouts=1x1,1x2 --batches=256,64 --variants=overlap,no_last \
+      --steps=20 --rounds=2 --budget_s=300 --out="$OUT/bench_overlap_last_1x2.json"
     ;;
   last_apart)
     # The same, nothing combined (combining capped at 16 MiB joined the small last bucket to the

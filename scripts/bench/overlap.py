@@ -171,6 +171,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The trainer's step as it compiles it told: the config's buckets (its small last one
     # included), nothing combined.
     "told": {"xla": _UNCOMBINED},
+    # Without the 64K config's small last bucket: on one host, where the buckets are packed after
+    # backward, whether the extra all-reduce costs anything.
+    "no_last": {"comm.last_bucket_bytes": 0},
     "last512k_uncombined": {"comm.last_bucket_bytes": MIB // 2, "xla": _UNCOMBINED},
     "last2mib_uncombined": {"comm.last_bucket_bytes": 2 * MIB, "xla": _UNCOMBINED},
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.

@@ -161,6 +161,10 @@ def get_config() -> ml_collections.ConfigDict:
     # Explicit strategies: each bucket's collective runs while backward computes the buckets after
     # it (`allreduce.hold_until_all_reduced`; docs/benchmarks.md, "Across hosts"). Same mean.
     config.comm.overlap = True
+    # With `overlap`: release the buckets before the last to the optimizer once backward has
+    # packed the last one, so their update (LARS is per layer) runs while the last bucket's
+    # all-reduce is on the wire, instead of after it. Not yet measured, so off. Same values.
+    config.comm.release_before_last = False
     # Explicit strategies: pack the buckets only once backward has produced every gradient
     # ("always"), or as it produces them ("never"), or "always" where the mesh has one node or
     # its nodes are processes of one host ("auto"). Packed during backward, BatchNorm's backward

@@ -251,6 +251,7 @@ def reduce_gradients(
     last_bucket_bytes: int = 0,
     after_backward: bool = False,
     packed: bool = True,
+    release_before_last: bool = False,
 ) -> Any:
     """Averages per-device gradients over every device of the mesh.
 
@@ -279,6 +280,9 @@ def reduce_gradients(
         reduced flat as a `psum` of its leaves (no copy into a bucket; XLA's combiner merges the
         all-reduces as its thresholds allow), and concatenates a hierarchical one only for its
         reduce-scatter (and an fp8 one always). The same sums, up to their order.
+      release_before_last: With `overlap`, release the buckets before the last once backward
+        has packed the last (`hold_until_all_but_last_reduced`), not once the last is reduced:
+        their leaves' update may run under the last bucket's all-reduce. The values are the same.
 
     Returns:
       The mean over all devices, same structure, shapes and dtypes as `grads`, identical on every
@@ -316,6 +320,7 @@ def reduce_gradients(
         overlap=overlap,
         after_backward=after_backward,
         packed=packed,
+        release_before_last=release_before_last,
     )
 
 
@@ -330,6 +335,7 @@ def reduce_buckets(
     overlap: bool = False,
     after_backward: bool = False,
     packed: bool = True,
+    release_before_last: bool = False,
 ) -> Any:
     """`reduce_gradients` of `grads` packed as `plan` says, without its checks and its one-device
     shortcut: the buckets are packed and reduced even where the mesh has one device."""
@@ -347,21 +353,27 @@ def reduce_buckets(
     packed = bucketing.concatenated(packed, plan.wire_dtype)
     buckets = pack(grads, plan) if packed else split(grads, plan)
 
-    reduced = []
-    for bucket, segments, nbytes in zip(buckets, plan.buckets, plan.bucket_nbytes()):
+    def reduce(bucket, segments, nbytes):
         hierarchical = bucketing.reduces_hierarchically(strategy, nbytes, hybrid_crossover_bytes)
         if fp8:  # the mean itself: scaled chunks cannot be summed on the wire
-            reduced.append(_fp8_mean(bucket, hierarchical, node_axis, gpu_axis))
-        elif not hierarchical:
-            reduced.append(_flat_sum(bucket, node_axis, gpu_axis))
-        elif packed:
-            reduced.append(_hierarchical_sum(bucket, node_axis, gpu_axis))
-        else:  # the reduce-scatter needs one array to shard
-            total = _hierarchical_sum(jnp.concatenate(bucket), node_axis, gpu_axis)
-            reduced.append(tuple(_pieces(total, segments)))
+            return _fp8_mean(bucket, hierarchical, node_axis, gpu_axis)
+        if not hierarchical:
+            return _flat_sum(bucket, node_axis, gpu_axis)
+        if packed:
+            return _hierarchical_sum(bucket, node_axis, gpu_axis)
+        # The reduce-scatter needs one array to shard.
+        total = _hierarchical_sum(jnp.concatenate(bucket), node_axis, gpu_axis)
+        return tuple(_pieces(total, segments))
 
-    if overlap:
-        reduced = hold_until_all_reduced(reduced)
+    stages = list(zip(buckets, plan.buckets, plan.bucket_nbytes()))
+    if overlap and release_before_last and stages:
+        reduced = [reduce(*stage) for stage in stages[:-1]]
+        reduced, last = hold_until_all_but_last_reduced(reduced, stages[-1][0])
+        reduced.append(reduce(last, *stages[-1][1:]))
+    else:
+        reduced = [reduce(*stage) for stage in stages]
+        if overlap:
+            reduced = hold_until_all_reduced(reduced)
     # The plan was made from `grads`' own dtypes, so `unpack` restores them. fp32 and bf16 share
     # fp32's exponent range, so their sums cannot overflow where the gradients did not: they are
     # divided here, where the division fuses into the slices' consumers (no pass of its own).
@@ -409,6 +421,21 @@ def hold_until_all_reduced(reduced: list[Any]) -> list[Any]:
     backward, where the optimizer needs all gradients anyway. An identity: values are unchanged.
     """
     return list(jax.lax.optimization_barrier(tuple(reduced)))
+
+
+def hold_until_all_but_last_reduced(
+    reduced: list[Any], last_bucket: Any
+) -> tuple[list[Any], Any]:
+    """The reduced buckets before the last, and the last bucket's packed gradients, each usable
+    only once all of them exist.
+
+    `hold_until_all_reduced` without the last bucket's wait: the buckets before it are released
+    where backward has packed the last one, so whatever reads them (the optimizer's update of
+    their leaves) may run while the last bucket's all-reduce is on the wire, which starts there
+    too; only the last bucket's own leaves wait for it. An identity: values are unchanged.
+    """
+    *held, last = jax.lax.optimization_barrier((*reduced, last_bucket))
+    return held, last
 
 
 def stacked_mean(grads: Any, wire_dtype: Any) -> Any:

@@ -27,8 +27,9 @@ from absl import logging
 #   order of fp32 additions). The device count itself is compared (``num_devices``): it sets the
 #   per-device BatchNorm batch.
 # - `comm` strategy, buckets and crossover may change (`comm.first_bucket_bytes`,
-#   `comm.last_bucket_bytes`, `comm.start_when_ready`, `comm.pack_after_backward`, `comm.concatenate_buckets` and
-#   `comm.tell_xla_network` may also be absent, in checkpoints from before they existed): every
+#   `comm.last_bucket_bytes`, `comm.release_before_last`, `comm.start_when_ready`,
+#   `comm.pack_after_backward`, `comm.concatenate_buckets` and `comm.tell_xla_network` may also
+#   be absent, in checkpoints from before they existed): every
 #   strategy computes the same mean (up to summation order); so may `comm.network`, which only
 #   picks the plan, and what XLA is told of it, which only moves the schedule. `comm.dtype`, the
 #   precision on the wire, is compared.
@@ -64,6 +65,7 @@ FREE_ON_RESUME = (
     "comm.start_when_ready",
     "comm.hybrid_crossover_bytes",
     "comm.overlap",
+    "comm.release_before_last",
     "comm.pack_after_backward",
     "comm.concatenate_buckets",
     "comm.network",

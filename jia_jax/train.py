@@ -246,6 +246,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
             last_bucket_bytes=comm.get("last_bucket_bytes", 0),
             after_backward=after_backward,
             packed=packed,
+            release_before_last=comm.get("release_before_last", False),
         )
         # Keep the running BN averages identical on every device (cheap: a few KB).
         new_stats, metrics = allreduce.pmean_packed((new_stats, metrics), mesh_lib.BATCH_AXES)

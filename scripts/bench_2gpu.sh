@@ -35,6 +35,8 @@
 #                                                     # default; fp8 in the default's buckets
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh last_apart  # the same, nothing combined
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh last_one_host  # the small last bucket on one host
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh release   # the update under the last bucket's
+#                                                     # all-reduce, against the told step
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -282,6 +284,11 @@ case "$1" in
     # in the default's buckets (8 MiB of fp8 values), with each step's optimized HLO kept.
     told_rounds last overlap_cap,last512k_cap,last2mib_cap,fp8_8mib_cap --budget_s=540 \
       --hlo_dir="$OUT/hlo_last"
+    ;;
+  release)
+    # The update of the buckets before the last under the last bucket's all-reduce
+    # (comm.release_before_last) against the trainer's told step and the plain peer.
+    told_rounds release told,told_release,peer --budget_s=540 --hlo_dir="$OUT/hlo_release"
     ;;
   last_one_host)
     # The 64K config's small last bucket inside one host (one process on both GPUs, buckets

@@ -28,16 +28,17 @@ def _grads(rng: np.random.Generator, devices: int) -> dict[str, np.ndarray]:
 
 
 def test_overlapped_mean_equals_the_plain_one_bit_for_bit():
-    # The barrier is an identity on the reduced buckets, and a larger first bucket or a smaller
-    # last one only moves bucket boundaries: each value is summed over the same devices by the same collective in the
+    # The barriers are identities on the reduced buckets (and the last one's gradients), and a
+    # larger first bucket or a smaller last one only moves bucket boundaries: each value is summed over the same devices by the same collective in the
     # same wire dtype, so the mean is the same to the last bit, for every strategy and wire dtype
     # (one program for all of them: one compile). Not for `hybrid` with other limits: a bucket
     # that grows past the crossover, or shrinks below it, is summed another way, another order of
     # the same terms (still the mean, checked below).
     mesh = mesh_lib.create_mesh(2, 4)
     stacked = _grads(np.random.default_rng(0), 8)
-    # (overlap, first_bucket_bytes, last_bucket_bytes)
-    forms = ((False, 0, 0), (True, 0, 0), (True, 512, 0), (True, 0, 96))
+    # (overlap, first_bucket_bytes, last_bucket_bytes, release_before_last)
+    forms = ((False, 0, 0, False), (True, 0, 0, False), (True, 512, 0, False),
+             (True, 0, 96, False), (True, 0, 0, True))
     cases = [(s, w, *f) for s in allreduce.STRATEGIES for w in WIRES for f in forms]
 
     def per_device(g):
@@ -52,8 +53,9 @@ def test_overlapped_mean_equals_the_plain_one_bit_for_bit():
                 overlap=overlap,
                 first_bucket_bytes=first,
                 last_bucket_bytes=last,
+                release_before_last=release,
             )
-            for strategy, wire, overlap, first, last in cases
+            for strategy, wire, overlap, first, last, release in cases
         ]
 
     fn = jax.shard_map(
@@ -61,10 +63,11 @@ def test_overlapped_mean_equals_the_plain_one_bit_for_bit():
     )
     means = dict(zip(cases, jax.device_get(jax.jit(fn)(stacked))))
     for strategy, wire, *_ in cases[:: len(forms)]:
-        plain = means[strategy, wire, False, 0, 0]
+        plain = means[strategy, wire, False, 0, 0, False]
         u = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}[wire]
         for k in stacked:
-            for form in forms[1:] if strategy != "hybrid" else forms[1:2]:
+            # hybrid: where the plan is the default's
+            for form in (f for f in forms[1:] if strategy != "hybrid" or f[1:3] == (0, 0)):
                 np.testing.assert_array_equal(plain[k], means[strategy, wire, *form][k])
             # And it is the mean: within the wire's rounding of 8 terms (8 u of the largest
             # |term|).
@@ -95,13 +98,16 @@ def _closure(instructions, name: str) -> set[str]:
     return seen
 
 
-def _step_hlo(overlap: bool, first_bucket_bytes: int = 0, last_bucket_bytes: int = 0) -> str:
+def _step_hlo(
+    overlap: bool, first_bucket_bytes: int = 0, last_bucket_bytes: int = 0, release: bool = False
+) -> str:
     """The HLO of the tiny train step on the 2x4 mesh (`flat`, several buckets)."""
     mesh = mesh_lib.create_mesh(2, 4)
     config = tiny_config("flat")
     config.comm.overlap = overlap
     config.comm.first_bucket_bytes = first_bucket_bytes
     config.comm.last_bucket_bytes = last_bucket_bytes
+    config.comm.release_before_last = release
     _, state, step = build(config, mesh)
     batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in global_batch().items()}
     return step.lower(state, batch).as_text(dialect="hlo")
@@ -131,6 +137,29 @@ def test_each_bucket_leaves_with_its_gradients_and_is_awaited_after_all_of_them(
     # Without overlap no barrier holds the buckets (the test can fail).
     assert "opt-barrier" not in _step_hlo(False)
 
+
+
+def test_release_before_last_holds_the_other_buckets_only_until_the_last_is_packed():
+    # `comm.release_before_last`: one barrier takes every other bucket's sum and the last
+    # bucket's packed gradients; the last bucket's all-reduce reads the barrier, so no other
+    # bucket's sum (hence no update of its leaves) waits for the last all-reduce.
+    hlo = _step_hlo(True, release=True)
+    ins = _instructions(hlo)
+    reduces = [n for n, (op, _) in ins.items() if op == "all-reduce"]
+    packed = [n for n in reduces if ins[ins[n][1][0]][0] == "concatenate"]
+    [barrier] = [n for n, (op, _) in ins.items() if op == "opt-barrier"]
+    behind = _closure(ins, barrier)
+    # The last gradient bucket alone leaves after the barrier, its packed gradients read through
+    # it; the statistics' sum (the one packed all-reduce neither before nor after it) is not held.
+    late = [n for n in reduces if barrier in _closure(ins, n)]
+    held = [n for n in packed if n in behind]
+    assert len(late) == 1 and len(held) >= 2 and len(packed) == len(held) + 1, (late, held)
+    assert ins[ins[ins[late[0]][1][0]][1][0]][0] == "opt-barrier" and late[0] not in behind
+    # Without it, every bucket's sum is behind the barrier (the test can fail).
+    plain = _instructions(_step_hlo(True))
+    [plain_barrier] = [n for n, (op, _) in plain.items() if op == "opt-barrier"]
+    assert not any(plain_barrier in _closure(plain, n)
+                   for n, (op, _) in plain.items() if op == "all-reduce")
 
 
 def test_the_step_packs_its_first_and_last_buckets_to_their_limits():

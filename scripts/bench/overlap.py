@@ -171,6 +171,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The trainer's step as it compiles it told: the config's buckets (its small last one
     # included), nothing combined.
     "told": {"xla": _UNCOMBINED},
+    # The same with the buckets before the last released to the update once backward has packed
+    # the last (`comm.release_before_last`): their update under the last bucket's all-reduce.
+    "told_release": {"comm.release_before_last": True, "xla": _UNCOMBINED},
     # Without the 64K config's small last bucket: on one host, where the buckets are packed after
     # backward, whether the extra all-reduce costs anything.
     "no_last": {"comm.last_bucket_bytes": 0},

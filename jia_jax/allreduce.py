@@ -262,20 +262,16 @@ def reduce_gradients(
       strategy: "flat" (one all-reduce over both axes per bucket), "hierarchical" (reduce-scatter
         over gpu, all-reduce over node, all-gather over gpu) or "hybrid" (hierarchical for buckets
         smaller than `hybrid_crossover_bytes`, flat for the others).
-      bucket_bytes: Tensor-fusion threshold, see `plan_buckets`.
+      bucket_bytes, first_bucket_bytes, last_bucket_bytes, leaf_order: The buckets' limits and
+        the leaves' order, see `plan_buckets`.
       wire_dtype: Dtype of the buckets on the wire; with "float8_e4m3fn" each bucket's mean
         crosses the network as `fp8_wire.mean` sends it, scaled chunks in fp8 (`_fp8_mean`).
       hybrid_crossover_bytes: Bucket size (wire bytes) from which "hybrid" uses the flat all-reduce.
-      node_axis: Mesh axis across hosts.
-      gpu_axis: Mesh axis across the devices of one host.
-      leaf_order: Bucketing order of the leaves, see `plan_buckets`.
+      node_axis, gpu_axis: Mesh axes across hosts and across the devices of one host.
       overlap: Let each bucket's collective run while backward computes the buckets after it
         (`hold_until_all_reduced`); the values are the same.
-      first_bucket_bytes: Limit of the first bucket, see `plan_buckets`.
-      last_bucket_bytes: Limit of the last bucket, see `plan_buckets`.
       after_backward: Pack the buckets only once backward has produced every gradient
-        (`hold_until_backward_ends`); no bucket then leaves during backward. The values are
-        the same.
+        (`hold_until_backward_ends`); no bucket then leaves during backward. Same values.
       packed: Concatenate each bucket into one array for its all-reduce; False sends a bucket
         reduced flat as a `psum` of its leaves (no copy into a bucket; XLA's combiner merges the
         all-reduces as its thresholds allow), and concatenates a hierarchical one only for its

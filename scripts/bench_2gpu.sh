@@ -36,7 +36,8 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh last_apart  # the same, nothing combined
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh last_one_host  # the small last bucket on one host
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh release   # the update under the last bucket's
-#                                                     # all-reduce, against the told step
+#                                                     # all-reduce, and fp8 between two hosts,
+#                                                     # against the told step
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -287,8 +288,10 @@ case "$1" in
     ;;
   release)
     # The update of the buckets before the last under the last bucket's all-reduce
-    # (comm.release_before_last) against the trainer's told step and the plain peer.
-    told_rounds release told,told_release,peer --budget_s=540 --hlo_dir="$OUT/hlo_release"
+    # (comm.release_before_last), and the fp8 wire's one all-gather a bucket between the two
+    # hosts, against the trainer's told step and the plain peer.
+    told_rounds release told,told_release,told_fp8,peer --budget_s=540 \
+      --hlo_dir="$OUT/hlo_release"
     ;;
   last_one_host)
     # The 64K config's small last bucket inside one host (one process on both GPUs, buckets

@@ -156,9 +156,37 @@ def test_hierarchical_fp8_crosses_nodes_in_fp8_and_stays_in_the_gradients_dtype_
     )
     across, inside = "{{0,4},{1,5},{2,6},{3,7}}", "{{0,1,2,3},{4,5,6,7}}"
     stages = sorted((op, groups, result.strip("(")[:2] == "u8") for result, op, groups in found)
-    # Across nodes only a 1/4 shard (251 values, 126 a chunk), as fp8 bytes with its scales.
+    # Across the 2 nodes only a 1/4 shard (251 values, 126 a chunk), as fp8 bytes with its
+    # scales, in one all-gather (two nodes: test below).
     assert stages == [("all-gather", inside, False), ("all-gather", across, True),
-                      ("all-to-all", across, True), ("reduce-scatter", inside, False)], found
+                      ("reduce-scatter", inside, False)], found
+
+
+def test_between_two_devices_one_all_gather_and_one_rounding(mesh):
+    # Over the node axis of the 2x4 mesh (pairs of devices): one all-gather of u8, no
+    # all-to-all, and each value within one fp8 rounding of each device's chunk (in its own
+    # scale) of the float64 mean, the same on both devices of a pair.
+    rng = np.random.default_rng(4)
+    size = 1003  # two chunks of 502 values a device
+    x = (rng.choice([-1.0, 1.0], (8, size)) * 10.0 ** rng.uniform(-7, 0, (8, size))).astype(
+        np.float32
+    )
+    fn = per_device(mesh, lambda b: fp8_wire.mean(b, "node"))
+    out = np.asarray(fn(x))
+    hlo = fn.lower(x).compile().as_text()
+    assert re.findall(r"(all-to-all|all-gather|all-reduce)\(", hlo) == ["all-gather"]
+    chunk = -(-size // 2)
+    for gpu in range(4):
+        pair = x[[gpu, 4 + gpu]].astype(np.float64)  # devices (node 0, gpu) and (node 1, gpu)
+        assert (out[gpu] == out[4 + gpu]).all()
+        padded = np.zeros((2, 2 * chunk))
+        padded[:, :size] = pair
+        rows = padded.reshape(2, 2, chunk)
+        scales = np.abs(rows).max(axis=2, keepdims=True) / FP8_MAX
+        allowed = rounding(rows, scales).mean(axis=0).reshape(-1)[:size]
+        allowed += 2.0**-23 * np.abs(pair).mean(axis=0)  # the fp32 sum of two terms
+        error = np.abs(out[gpu] - pair.mean(axis=0))
+        assert (error <= allowed).all(), (gpu, (error - allowed).max())
 
 
 def test_on_one_node_hierarchical_fp8_sends_no_fp8(mesh):

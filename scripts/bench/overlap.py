@@ -174,6 +174,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The same with the buckets before the last released to the update once backward has packed
     # the last (`comm.release_before_last`): their update under the last bucket's all-reduce.
     "told_release": {"comm.release_before_last": True, "xla": _UNCOMBINED},
+    # The fp8 wire in the default's buckets (8 MiB of fp8 values) as the trainer compiles it
+    # told: between 2 hosts one all-gather a bucket (jia_jax/fp8_wire.py).
+    "told_fp8": {"comm.dtype": "float8_e4m3fn", "comm.bucket_bytes": 8 * MIB, "xla": _UNCOMBINED},
     # Without the 64K config's small last bucket: on one host, where the buckets are packed after
     # backward, whether the extra all-reduce costs anything.
     "no_last": {"comm.last_bucket_bytes": 0},

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 # `comm.dtype` of the fp8 wire (jia_jax/fp8_wire.py): each bucket's mean as an all-to-all and an
-# all-gather of scaled 1-byte chunks, over every device (flat) or across nodes (hierarchical).
+# all-gather of scaled 1-byte chunks (between two devices one all-gather), over every device
+# (flat) or across nodes (hierarchical).
 FP8_WIRE = "float8_e4m3fn"
 
 

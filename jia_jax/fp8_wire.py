@@ -13,15 +13,15 @@ halves of a ring all-reduce, each moving 8-bit values with their scales:
    gathers all of them.
 
 Each device sends 2 (n - 1) / n bytes per element of the bucket, what a ring all-reduce sends per
-element in a 1-byte dtype. Every element is rounded twice to e4m3's 3 significant bits: each
-time off by at most 2^-4 of itself or, among fp8's subnormals, 2^-10 of its chunk's scale (half
-their spacing), whichever is larger. Between two devices (e.g. the two nodes of the hierarchical
-form) one all-gather of the scaled chunks sends the same byte per element in one collective
-instead of two (over a socket network each has a fixed cost of its own), and each device adds
-both buckets in fp32, the same two terms on both: every element is rounded once. A non-finite gradient makes its chunk's scale non-finite,
-hence that chunk of the mean NaN on every device, as the finite check of loss scaling needs
-(jia_jax/precision.py). The all-reduce strategies call it over every device (flat) or across
-nodes only (hierarchical: jia_jax/allreduce.py).
+element in a 1-byte dtype. Every element is rounded twice to e4m3's 3 significant bits: each time
+off by at most 2^-4 of itself or, among fp8's subnormals, 2^-10 of its chunk's scale (half their
+spacing), whichever is larger. Between two devices (e.g. the two nodes of the hierarchical form) one
+all-gather of the scaled chunks sends the same byte per element in one collective instead of two
+(over a socket network each has a fixed cost of its own), and each device adds both buckets in fp32,
+the same two terms on both: every element is rounded once. A non-finite gradient makes its chunk's
+scale non-finite, hence that chunk of the mean NaN on every device, as the finite check of loss
+scaling needs (jia_jax/precision.py). The all-reduce strategies call it over every device (flat) or
+across nodes only (hierarchical: jia_jax/allreduce.py).
 """
 
 from __future__ import annotations

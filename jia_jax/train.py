@@ -208,8 +208,8 @@ def _per_device_step(model, config, comm, mesh, image_shape):
     leaf_order = None if xla_reduces else call_order.backward_leaf_order(model, image_shape)
     after_backward = packs_after_backward(comm, mesh)
     packed = comm.get("concatenate_buckets", True)
+    last = comm.get("last_bucket_bytes", 0)
     if not xla_reduces:
-        last = comm.get("last_bucket_bytes", 0)
         logging.info(
             "gradients: %s all-reduce of %g MiB buckets%s in %s, %s, sent %s backward",
             comm.strategy, comm.bucket_bytes / comm_model.MIB,
@@ -243,7 +243,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
             leaf_order=leaf_order,
             overlap=comm.overlap,
             first_bucket_bytes=comm.first_bucket_bytes,
-            last_bucket_bytes=comm.get("last_bucket_bytes", 0),
+            last_bucket_bytes=last,
             after_backward=after_backward,
             packed=packed,
             release_before_last=comm.get("release_before_last", False),

@@ -3105,15 +3105,26 @@ def test_records_shared_memory_prose_quotes_the_json():
     ])
 
 
+def _hosts_rows(doc: dict) -> dict:
+    """(strategy, hosts, per GPU) -> row of a `scripts.bench.hosts` raw file."""
+    return {(r["strategy"], r["hosts"], r["per_device_batch"]): r for r in doc["results"]}
+
+
+def _trainer_efficiency(rows: dict, batch: int) -> str:
+    """The trainer's 2 x 1 efficiency at `batch`, recomputed from its logged rates (not read from
+    the bench's own field)."""
+    one, two = rows["default", 1, batch], rows["default", 2, batch]
+    return f"{two['images_per_s'] / (2 * one['images_per_s']):.3f}"
+
+
 def test_trainer_across_hosts_today_and_the_tcp_counters_prose_quotes_the_json():
     """Today's trainer against the peer across 2 emulated hosts x 1 GPU, the kernel's TCP
     counters of both calls, and what limits 64 images per GPU."""
     hosts = load("bench_hosts_2x1_2xH200.json")
-    rows = {(r["strategy"], r["hosts"], r["per_device_batch"]): r for r in hosts["results"]}
+    rows = _hosts_rows(hosts)
 
-    def eff(batch):  # recomputed from the rates, not read from the bench's own field
-        one, two = rows["default", 1, batch], rows["default", 2, batch]
-        return f"{two['images_per_s'] / (2 * one['images_per_s']):.3f}"
+    def eff(batch):
+        return _trainer_efficiency(rows, batch)
 
     peer = {b: f"{rows['peer', 2, b]['efficiency']:.3f}" for b in (256, 64)}
     link = load("link_tcp_counters_2x1_2xH200.json")
@@ -3162,15 +3173,10 @@ def test_trainer_across_hosts_today_and_the_tcp_counters_prose_quotes_the_json()
         f"GPU waited for it from {traced['timeline']['compute_ms'][-3][1]:.1f} to "
         f"{wire[0][1]:.1f} ms; the last bucket ({nbytes[-1] / 1e6:.1f} MB)",
     ])
-    now = {(r["strategy"], r["hosts"], r["per_device_batch"]): r
-           for r in load("bench_hosts_last_2x1_2xH200.json")["results"]}
-    def now_eff(batch):  # recomputed from the rates
-        two, one = now["default", 2, batch], now["default", 1, batch]
-        return f"{two['images_per_s'] / (2 * one['images_per_s']):.3f}"
-
+    now = _hosts_rows(load("bench_hosts_last_2x1_2xH200.json"))
     assert_quoted(read("README.md"), [
-        f"it kept {now_eff(256)} of two H200s at 256 images per GPU "
-        f"and {now_eff(64)} at 64, against "
+        f"it kept {_trainer_efficiency(now, 256)} of two H200s at 256 images per GPU "
+        f"and {_trainer_efficiency(now, 64)} at 64, against "
         f"{now['peer', 2, 256]['efficiency']:.3f} and {now['peer', 2, 64]['efficiency']:.3f} for "
         f"the plain peer step; the code before it, in another call, {eff(256)} and {eff(64)} "
         f"against {peer[256]} and {peer[64]}",
@@ -3611,8 +3617,7 @@ def test_fp8_and_last_bucket_answers_agree_with_the_json():
     fp8 = _overlap_rows("bench_overlap_fp8_2x1_2xH200.json")
     last = _overlap_rows("bench_overlap_last_2x1_2xH200.json")
     apart = _overlap_rows("bench_overlap_last_apart_2x1_2xH200.json")
-    hosts = {(r["strategy"], r["hosts"], r["per_device_batch"]): r
-             for r in load("bench_hosts_last_2x1_2xH200.json")["results"]}
+    hosts = _hosts_rows(load("bench_hosts_last_2x1_2xH200.json"))
 
     def e(table, variant, batch):
         return f"{table['2x1', variant, batch]['eff']:.3f}"
@@ -3648,9 +3653,6 @@ def test_fp8_and_last_bucket_answers_agree_with_the_json():
 
     one = {b: fp8["1x1", "overlap", b]["images_per_s"] for b in (64, 256)}
 
-    def trainer(batch):  # recomputed from the logged rates
-        two, single = hosts["default", 2, batch], hosts["default", 1, batch]
-        return f"{two['images_per_s'] / (2 * single['images_per_s']):.3f}"
     assert_quoted(
         _section("## Across hosts"),
         [
@@ -3678,8 +3680,8 @@ def test_fp8_and_last_bucket_answers_agree_with_the_json():
             "the default with nothing combined",
             f"last all-reduce took {traced_last_ms('last2mib_uncombined'):.2f} ms after backward, "
             f"against {traced_last_ms('overlap_cap'):.2f} ms",
-            f"kept {trainer(256)} of two GPUs at 256 images per GPU "
-            f"and {trainer(64)} at 64, where the plain peer, timed "
+            f"kept {_trainer_efficiency(hosts, 256)} of two GPUs at 256 images per GPU "
+            f"and {_trainer_efficiency(hosts, 64)} at 64, where the plain peer, timed "
             f"in-process in the same call, kept {hosts['peer', 2, 256]['efficiency']:.3f} and "
             f"{hosts['peer', 2, 64]['efficiency']:.3f}",
         ],

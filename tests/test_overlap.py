@@ -29,11 +29,11 @@ def _grads(rng: np.random.Generator, devices: int) -> dict[str, np.ndarray]:
 
 def test_overlapped_mean_equals_the_plain_one_bit_for_bit():
     # The barriers are identities on the reduced buckets (and the last one's gradients), and a
-    # larger first bucket or a smaller last one only moves bucket boundaries: each value is summed over the same devices by the same collective in the
-    # same wire dtype, so the mean is the same to the last bit, for every strategy and wire dtype
-    # (one program for all of them: one compile). Not for `hybrid` with other limits: a bucket
-    # that grows past the crossover, or shrinks below it, is summed another way, another order of
-    # the same terms (still the mean, checked below).
+    # larger first bucket or a smaller last one only moves bucket boundaries: each value is summed
+    # over the same devices by the same collective in the same wire dtype, so the mean is the same
+    # to the last bit, for every strategy and wire dtype (one program for all of them: one compile).
+    # Not for `hybrid` with other limits: a bucket that grows past the crossover, or shrinks below
+    # it, is summed another way, another order of the same terms (still the mean, checked below).
     mesh = mesh_lib.create_mesh(2, 4)
     stacked = _grads(np.random.default_rng(0), 8)
     # (overlap, first_bucket_bytes, last_bucket_bytes, release_before_last)

@@ -784,7 +784,6 @@ def overlap_schedule_table(doc: dict[str, Any]) -> str:
     ready = any("convolutions_until_ready" in c for r in rows for c in r["schedule"])
     # The sharded step's buckets leave as reduce-scatters and return as all-gathers; the fp8
     # wire's as all-to-alls and all-gathers of u8 chunks.
-    kinds = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all")
     named = any(c["op"] != "all-reduce" for r in rows for c in r["schedule"])
     fp8 = any("u8[" in c["shape"] for r in rows for c in r["schedule"])
     lines = [
@@ -806,7 +805,7 @@ def overlap_schedule_table(doc: dict[str, Any]) -> str:
     ]
     for r in rows:
         for c in r["schedule"]:
-            what = _bucket_collective(c, r, named) if c["op"] in kinds else None
+            what = _bucket_collective(c, r, named)
             if what is None:
                 continue
             until = f" {c['convolutions_until_ready']} |" if ready else ""

@@ -34,7 +34,8 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh last      # a small last bucket against the told
 #                                                     # default; fp8 in the default's buckets
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh last_apart  # the same, nothing combined
-#   OUT=/tmp/out bash scripts/bench_2gpu.sh last_one_host  # the small last bucket on one host
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh last_one_host  # the small last bucket and the
+#                                                     # release on one host
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh release   # the update under the last bucket's
 #                                                     # all-reduce, and fp8 between two hosts,
 #                                                     # against the told step
@@ -294,10 +295,11 @@ case "$1" in
       --hlo_dir="$OUT/hlo_release"
     ;;
   last_one_host)
-    # The 64K config's small last bucket inside one host (one process on both GPUs, buckets
-    # packed after backward): its extra all-reduce against the plan without it, in turns.
-    python3 -m scripts.bench.overlap --layouts=1x1,1x2 --batches=256,64 --variants=overlap,no_last \
-      --steps=20 --rounds=2 --budget_s=300 --out="$OUT/bench_overlap_last_1x2.json"
+    # The 64K config's small last bucket and release before it inside one host (one process on
+    # both GPUs, buckets packed after backward): against the plan without either, in turns.
+    python3 -m scripts.bench.overlap --layouts=1x1,1x2 --batches=256,64 \
+      --variants=overlap,no_last_release --steps=20 --rounds=2 --budget_s=300 \
+      --out="$OUT/bench_overlap_last_1x2.json"
     ;;
   last_apart)
     # The same, nothing combined (combining capped at 16 MiB joined the small last bucket to the

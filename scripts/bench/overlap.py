@@ -180,6 +180,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Without the 64K config's small last bucket: on one host, where the buckets are packed after
     # backward, whether the extra all-reduce costs anything.
     "no_last": {"comm.last_bucket_bytes": 0},
+    # Neither the small last bucket nor the release before it: the 64K config's step before both.
+    "no_last_release": {"comm.last_bucket_bytes": 0, "comm.release_before_last": False},
     "last512k_uncombined": {"comm.last_bucket_bytes": MIB // 2, "xla": _UNCOMBINED},
     "last2mib_uncombined": {"comm.last_bucket_bytes": 2 * MIB, "xla": _UNCOMBINED},
     # The other strategies (jia_jax/allreduce.py), overlapped as the default is.

@@ -191,6 +191,19 @@ def packs_after_backward(
     return choice == "always"
 
 
+def late_buckets(comm: ml_collections.ConfigDict, after_backward: bool) -> tuple[int, bool]:
+    """`comm.last_bucket_bytes` and `comm.release_before_last` as the step applies them.
+
+    Both serve buckets that leave during backward, the last alone after it. Packed after
+    backward (`packs_after_backward`) every bucket leaves at once, so neither is applied there:
+    inside one host (2 H200s, one process) the 64K config's step with both ran 2.7% slower
+    queued at 64 images per GPU, and no faster at 256 (docs/benchmarks.md, "Across hosts").
+    """
+    if after_backward:
+        return 0, False
+    return comm.get("last_bucket_bytes", 0), comm.get("release_before_last", False)
+
+
 def _per_device_step(model, config, comm, mesh, image_shape):
     """The `shard_map`ped part of the step: local gradients, then their reduction by `comm`.
 
@@ -208,14 +221,15 @@ def _per_device_step(model, config, comm, mesh, image_shape):
     leaf_order = None if xla_reduces else call_order.backward_leaf_order(model, image_shape)
     after_backward = packs_after_backward(comm, mesh)
     packed = comm.get("concatenate_buckets", True)
-    last = comm.get("last_bucket_bytes", 0)
+    last, release = late_buckets(comm, after_backward)
     if not xla_reduces:
         logging.info(
-            "gradients: %s all-reduce of %g MiB buckets%s in %s, %s, sent %s backward",
+            "gradients: %s all-reduce of %g MiB buckets%s in %s, %s, sent %s backward%s",
             comm.strategy, comm.bucket_bytes / comm_model.MIB,
             f" (the last of {last / comm_model.MIB:g} MiB)" if last else "", comm.dtype,
             "concatenated" if bucketing.concatenated(packed, comm.dtype) else "as their leaves",
             "after" if after_backward else "during",
+            ", the others updated under the last one's all-reduce" if release else "",
         )
 
     def per_device(params, batch_stats, scale, batch, key):
@@ -246,7 +260,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
             last_bucket_bytes=last,
             after_backward=after_backward,
             packed=packed,
-            release_before_last=comm.get("release_before_last", False),
+            release_before_last=release,
         )
         # Keep the running BN averages identical on every device (cheap: a few KB).
         new_stats, metrics = allreduce.pmean_packed((new_stats, metrics), mesh_lib.BATCH_AXES)

@@ -99,10 +99,15 @@ def _closure(instructions, name: str) -> set[str]:
 
 
 def _step_hlo(
-    overlap: bool, first_bucket_bytes: int = 0, last_bucket_bytes: int = 0, release: bool = False
+    overlap: bool,
+    first_bucket_bytes: int = 0,
+    last_bucket_bytes: int = 0,
+    release: bool = False,
+    mesh_shape: tuple[int, int] = (2, 4),
 ) -> str:
-    """The HLO of the tiny train step on the 2x4 mesh (`flat`, several buckets)."""
-    mesh = mesh_lib.create_mesh(2, 4)
+    """The HLO of the tiny train step on the 2x4 mesh, or `mesh_shape` (`flat`, several
+    buckets)."""
+    mesh = mesh_lib.create_mesh(*mesh_shape)
     config = tiny_config("flat")
     config.comm.overlap = overlap
     config.comm.first_bucket_bytes = first_bucket_bytes
@@ -160,6 +165,18 @@ def test_release_before_last_holds_the_other_buckets_only_until_the_last_is_pack
     [plain_barrier] = [n for n, (op, _) in plain.items() if op == "opt-barrier"]
     assert not any(plain_barrier in _closure(plain, n)
                    for n, (op, _) in plain.items() if op == "all-reduce")
+
+
+def test_one_node_packing_after_backward_applies_no_last_bucket_and_no_release():
+    # On one node the buckets are packed after backward ("auto"): a last bucket of its own and
+    # the release before it serve only buckets that leave during backward, so the step is the
+    # one without them; on two nodes (packed during backward) both change it (can fail).
+    def hlo(mesh_shape, last, release):
+        return _step_hlo(True, 0, last, release, mesh_shape)
+
+    assert hlo((1, 8), 512, True) == hlo((1, 8), 0, False)
+    assert hlo((2, 4), 512, False) != hlo((2, 4), 0, False)
+    assert hlo((2, 4), 0, True) != hlo((2, 4), 0, False)
 
 
 def test_the_step_packs_its_first_and_last_buckets_to_their_limits():

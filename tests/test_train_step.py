@@ -288,16 +288,20 @@ def test_pack_after_backward_holds_the_gradients_where_the_config_says(
     assert line in caplog.text
 
 
-def test_the_log_names_the_last_buckets_own_limit(caplog):
+def test_the_log_names_the_last_buckets_own_limit_and_the_release(caplog):
     config = tiny_config("flat")
     config.comm.last_bucket_bytes = 1 << 20
+    config.comm.release_before_last = True
     mesh = mesh_lib.create_mesh(2, 4)
     model, tx, step = build_step(config, mesh)
     _, state = train.state_initializer(model, tx, mesh, (16, 16, 1), config.precision, seed=0)
     batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in global_batch().items()}
     with caplog.at_level("INFO"):
         step.lower(state, batch)  # the reduction is built, and logged, for the batch's shape
-    line = "flat all-reduce of 0.00390625 MiB buckets (the last of 1 MiB) in float32, concatenated"
+    line = (
+        "flat all-reduce of 0.00390625 MiB buckets (the last of 1 MiB) in float32, concatenated, "
+        "sent during backward, the others updated under the last one's all-reduce"
+    )
     assert line in caplog.text
 
 

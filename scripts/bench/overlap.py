@@ -425,20 +425,27 @@ def _prepare(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
         "queued": [],
         "fields": {
             "compile_s": compile_s,
-            **_plan_fields(variant, config, resolved),
+            **_plan_fields(variant, config, resolved, setup["mesh"]),
         },
     }
 
 
-def _plan_fields(variant: str, config: Any, resolved: dict[str, Any]) -> dict[str, Any]:
-    """The plan a row ran: strategy (the peer's and the sharded step's by name), buckets, and
-    what 'auto' resolved to."""
+def _plan_fields(
+    variant: str, config: Any, resolved: dict[str, Any], mesh: Any
+) -> dict[str, Any]:
+    """The plan a row ran: strategy (the peer's and the sharded step's by name), buckets (the
+    last bucket and the release as the step applies them on `mesh`), and what 'auto' resolved
+    to."""
+    from jia_jax import train
+
     named = next((n for n in ("peer", "sharded") if variant.startswith(n)), None)
+    last, release = train.late_buckets(config.comm, train.packs_after_backward(config.comm, mesh))
     return {
         "strategy": named or config.comm.strategy,
         "bucket_bytes": config.comm.bucket_bytes,
         "first_bucket_bytes": config.comm.first_bucket_bytes,
-        "last_bucket_bytes": config.comm.last_bucket_bytes,
+        "last_bucket_bytes": last,
+        "release_before_last": release,
         **resolved,
     }
 
@@ -502,7 +509,7 @@ def _measure_pgle(args, variant: str, batch: int, processes: int, gpus: int) -> 
             row.update(_traced(step, state, setup["batch"]))
     finally:
         jax.config.update("jax_enable_pgle", False)
-    row.update(compile_s=compile_s, **_plan_fields(variant, config, resolved))
+    row.update(compile_s=compile_s, **_plan_fields(variant, config, resolved, setup["mesh"]))
     return row
 
 

@@ -146,6 +146,7 @@ def get_config() -> ml_collections.ConfigDict:
     # The last bucket's limit (0: none of its own), counted from the end: backward produces the
     # stem's and the first stage's gradients last, and their bucket can only leave after it; a
     # small last bucket lets the gradients before it leave while the first stage's backward runs.
+    # Applied only where the buckets are packed during backward (`pack_after_backward`).
     config.comm.last_bucket_bytes = 0
     # Start each bucket's all-reduce as soon as backward has packed it, where XLA would wait
     # (`train.step_compiler_options`). Across a slow network with 256 images per GPU, with a
@@ -163,8 +164,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.comm.overlap = True
     # With `overlap`: release the buckets before the last to the optimizer once backward has
     # packed the last one, so their update (LARS is per layer) runs while the last bucket's
-    # all-reduce is on the wire, instead of after it. Same values. Measured across hosts only
-    # (on in configs/resnet50_64k.py), so off here.
+    # all-reduce is on the wire, instead of after it. Same values. Applied only where the
+    # buckets are packed during backward; measured across hosts only (on in
+    # configs/resnet50_64k.py), so off here.
     config.comm.release_before_last = False
     # Explicit strategies: pack the buckets only once backward has produced every gradient
     # ("always"), or as it produces them ("never"), or "always" where the mesh has one node or

@@ -52,7 +52,8 @@ def get_config() -> ml_collections.ConfigDict:
     # The buckets before the last go to the update (LARS is per layer) while the last bucket's
     # all-reduce is on the wire. Same values bit for bit; across 2 emulated hosts of one H200
     # the step kept 0.945 of two GPUs at 256 images per GPU and 0.793 at 64, against 0.942 and
-    # 0.782 without, in one call (docs/benchmarks.md, "Across hosts").
+    # 0.782 without, in one call (docs/benchmarks.md, "Across hosts"). On one host, where the
+    # buckets are packed after backward, neither this nor the last bucket applies.
     config.comm.release_before_last = True
     config.log_every_steps = 10
     config.eval_every_steps = 200

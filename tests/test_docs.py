@@ -3173,13 +3173,16 @@ def test_trainer_across_hosts_today_and_the_tcp_counters_prose_quotes_the_json()
         f"GPU waited for it from {traced['timeline']['compute_ms'][-3][1]:.1f} to "
         f"{wire[0][1]:.1f} ms; the last bucket ({nbytes[-1] / 1e6:.1f} MB)",
     ])
-    now = _hosts_rows(load("bench_hosts_last_2x1_2xH200.json"))
+    now = _hosts_rows(load("bench_hosts_release_2x1_2xH200.json"))
+    last = _hosts_rows(load("bench_hosts_last_2x1_2xH200.json"))
     assert_quoted(read("README.md"), [
         f"it kept {_trainer_efficiency(now, 256)} of two H200s at 256 images per GPU "
         f"and {_trainer_efficiency(now, 64)} at 64, against "
         f"{now['peer', 2, 256]['efficiency']:.3f} and {now['peer', 2, 64]['efficiency']:.3f} for "
-        f"the plain peer step; the code before it, in another call, {eff(256)} and {eff(64)} "
-        f"against {peer[256]} and {peer[64]}",
+        f"the plain peer step, with {now['default', 2, 256]['exposed_comm_ms']:.1f} ms of "
+        "communication a step exposed at 256; with the last bucket alone, in another call, "
+        f"{_trainer_efficiency(last, 256)} and {_trainer_efficiency(last, 64)} against "
+        f"{last['peer', 2, 256]['efficiency']:.3f} and {last['peer', 2, 64]['efficiency']:.3f}",
     ])
 
 
@@ -3699,3 +3702,77 @@ def test_fp8_and_last_bucket_answers_agree_with_the_json():
             f"GPU against {e(apart, 'overlap_cap', 256)} without",
         ],
     )
+
+
+def test_release_fp8_gather_and_one_host_answers_agree_with_the_json():
+    """The update under the last bucket's all-reduce, fp8 in one all-gather a bucket, the
+    trainer with both levers, and the 64K step on one host, in benchmarks.md and README."""
+    rel = _overlap_rows("bench_overlap_release_2x1_2xH200.json")
+    one = _overlap_rows("bench_overlap_last_1x2_2xH200.json")
+    hosts = _hosts_rows(load("bench_hosts_release_2x1_2xH200.json"))
+
+    def e(table, layout, variant, batch, kind="eff"):
+        return f"{table[layout, variant, batch][kind]:.3f}"
+
+    def r(variant, batch, kind="eff"):
+        return e(rel, "2x1", variant, batch, kind)
+
+    def exposed(variant, batch):
+        return f"{rel['2x1', variant, batch]['exposed_comm_ms']:.1f}"
+
+    def placed(variant, batch):
+        return [(c["shape"], c["convolutions_before_start"])
+                for c in rel["2x1", variant, batch]["schedule"]]
+
+    # The release leaves every collective where it was.
+    assert all(placed("told_release", b) == placed("told", b) for b in (64, 256))
+    wire = [c for c in rel["2x1", "told_fp8", 64]["schedule"] if "u8[" in c["shape"]]
+    gathers = [c for c in wire if c["op"] == "all-gather" and "u8[2," in c["shape"]]
+    assert len(gathers) == len(wire) == len([p for p in placed("told", 64) if "bf16" in p[0]])
+    peer = {b: f"{hosts['peer', 2, b]['efficiency']:.3f}" for b in (256, 64)}
+    trainer_exposed = {b: f"{hosts['default', 2, b]['exposed_comm_ms']:.1f}" for b in (256, 64)}
+    peer_exposed = {b: f"{hosts['peer', 2, b]['exposed_comm_ms']:.1f}" for b in (256, 64)}
+    section = _section("## Across hosts")
+    assert_quoted(section, [
+        f"The step kept {r('told_release', 256)} of two GPUs at 256 images per GPU and "
+        f"{r('told_release', 64)} at 64, against {r('told', 256)} and {r('told', 64)} for the "
+        f"told default",
+        f"and {r('told_release', 256, 'synced_eff')} and {r('told_release', 64, 'synced_eff')} "
+        f"synced against {r('told', 256, 'synced_eff')} and {r('told', 64, 'synced_eff')}; the "
+        f"traced exposed communication was {exposed('told_release', 256)} ms a step against "
+        f"{exposed('told', 256)} at 256",
+        f"the first leaving after {gathers[0]['convolutions_before_start']} convolutions at 64",
+        f"It kept {r('told_fp8', 64)} of two GPUs at 64 against the told default's "
+        f"{r('told', 64)}, but {r('told_fp8', 256)} at 256 against {r('told', 256)}, with less "
+        f"exposed communication there ({exposed('told_fp8', 256)} ms a step against "
+        f"{exposed('told', 256)})",
+        f"kept {_trainer_efficiency(hosts, 256)} of two GPUs at 256 images per GPU and "
+        f"{_trainer_efficiency(hosts, 64)} at 64, where the plain peer, timed in-process in the "
+        f"same call, kept {peer[256]} and {peer[64]}; traced, {trainer_exposed[256]} and "
+        f"{trainer_exposed[64]} ms of communication a step were exposed, against the peer's "
+        f"{peer_exposed[256]} and {peer_exposed[64]}",
+        f"(the peer kept {r('peer', 256)} and {r('peer', 64)} there)",
+        f"with both kept {e(one, '1x2', 'overlap', 256)} of two GPUs at 256 images per GPU and "
+        f"{e(one, '1x2', 'overlap', 64)} at 64, against {e(one, '1x2', 'no_last_release', 256)} "
+        f"and {e(one, '1x2', 'no_last_release', 64)} with neither (`no_last_release`; synced "
+        f"{e(one, '1x2', 'overlap', 256, 'synced_eff')} and "
+        f"{e(one, '1x2', 'overlap', 64, 'synced_eff')} against "
+        f"{e(one, '1x2', 'no_last_release', 256, 'synced_eff')} and "
+        f"{e(one, '1x2', 'no_last_release', 64, 'synced_eff')}",
+    ])
+    # What ran on one host: both levers in the `overlap` rows, neither in the others.
+    assert one["1x2", "overlap", 64]["last_bucket_bytes"] > 0
+    assert one["1x2", "no_last_release", 64]["last_bucket_bytes"] == 0
+    assert_quoted(read("README.md"), [
+        f"on one host the 64K step with both ran {e(one, '1x2', 'overlap', 64)} of two H200s at "
+        f"64 images per GPU against {e(one, '1x2', 'no_last_release', 64)} without",
+        f"with one all-gather a bucket between the two nodes, in another call, "
+        f"{r('told_fp8', 256)} against {r('told', 256)} at 256 and {r('told_fp8', 64)} against "
+        f"{r('told', 64)} at 64",
+        f"the step kept {r('told_release', 256)} of two GPUs at 256 images per GPU and "
+        f"{r('told_release', 64)} at 64, against {r('told', 256)} and {r('told', 64)} without, so "
+        "the ResNet-50 64K config sets it",
+    ])
+    from configs import resnet50_64k
+
+    assert resnet50_64k.get_config().comm.release_before_last

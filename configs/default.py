@@ -57,7 +57,8 @@ def get_config() -> ml_collections.ConfigDict:
     # GPU decoding: nvImageCodec's decoder options besides that one, space-separated
     # `module:option=value` (its documentation lists them), e.g.
     # "nvjpeg_hw_decoder:preallocate_batch_size=256" to size the hardware decoder's buffers up
-    # front instead of growing them batch by batch. "" leaves the library's defaults.
+    # front instead of growing them batch by batch (on one H200 no faster end to end,
+    # docs/input_pipeline.md, "Tuning"). "" leaves the library's defaults.
     config.data.gpu_decoder_options = ""
     # GPU decoding: decoders per GPU taking the batches in turn, each with its own CUDA stream
     # and tile ring (another ring of tiles in GPU memory each). Each decoder already prepares its

@@ -3776,3 +3776,36 @@ def test_release_fp8_gather_and_one_host_answers_agree_with_the_json():
     from configs import resnet50_64k
 
     assert resnet50_64k.get_config().comm.release_before_last
+
+
+def test_decoder_buffers_sized_up_front_prose_quotes_the_json():
+    """nvJPEG's hardware decoder with its buffers grown or sized up front, in turns on one H200
+    (`bench_gpu_decode.sh prealloc`), in input_pipeline.md's "Tuning"."""
+    record = load("bench_gpu_decode_prealloc_1xH200.json")
+    ratio = {(bool(r["decoder_options"]), r["round"]): f"{r['ratio']:.3f}"
+             for r in record["results"]}
+    for r in record["results"]:
+        assert r["ratio"] == pytest.approx(r["images_per_s"] / r["synthetic_images_per_s"])
+    runs = {}
+    for run in record["runs"]:
+        [result] = run["results"]
+        if result["variant"] == "gpu":
+            sized = any("preallocate" in o for o in run["args"]["override"])
+            runs[sized, len([k for k in runs if k[0] == sized]) + 1] = dict(result["intervals"])
+
+    def at(sized, step):
+        return f"{runs[sized, 1][step]:,.0f} and {runs[sized, 2][step]:,.0f}"
+
+    def first(sized):  # images/s over steps 1-150: 3 intervals of 50 steps
+        rates = [
+            3 / sum(1 / runs[sized, k][s] for s in (50, 100, 150)) for k in (1, 2)
+        ]
+        return f"{rates[0]:,.0f} and {rates[1]:,.0f}"
+
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"{ratio[False, 1]} and {ratio[False, 2]} of the synthetic speed growing, "
+        f"{ratio[True, 1]} and {ratio[True, 2]} sized",
+        f"the interval to step 100 ran {at(False, 100)} images/s growing against "
+        f"{at(True, 100)} sized, the one to step 150 {at(False, 150)} against {at(True, 150)}; "
+        f"over the first 150 steps {first(False)} images/s against {first(True)}",
+    ])

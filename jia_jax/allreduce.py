@@ -145,7 +145,7 @@ def split(tree: Any, plan: BucketPlan) -> list[tuple[jax.Array, ...]]:
 def packed_dtype(plan: BucketPlan) -> np.dtype:
     """The dtype of the packed buckets: the wire's, but for an fp8 wire the gradients' own
     (`fp8_wire` scales each chunk into fp8 at the collective)."""
-    if plan.wire_dtype == fp8_wire.DTYPE:
+    if bucketing.is_fp8_wire(plan.wire_dtype):
         return np.dtype(jnp.result_type(*plan.dtypes)) if plan.dtypes else np.dtype(np.float32)
     return plan.wire_dtype
 
@@ -336,7 +336,7 @@ def reduce_buckets(
     """`reduce_gradients` of `grads` packed as `plan` says, without its checks and its one-device
     shortcut: the buckets are packed and reduced even where the mesh has one device."""
     devices = jax.lax.axis_size((node_axis, gpu_axis))
-    fp8 = plan.wire_dtype == fp8_wire.DTYPE
+    fp8 = bucketing.is_fp8_wire(plan.wire_dtype)
     divide_first = divide_before_sum(plan.wire_dtype) and not fp8
     if divide_first:
         # fp16's range is small: divide in fp32 before the cast, so the sum on the wire is bounded
@@ -442,7 +442,7 @@ def stacked_mean(grads: Any, wire_dtype: Any) -> Any:
     `reduce_gradients` does (before for fp16, whose range a sum over many devices can overflow).
     """
     wire = jnp.dtype(wire_dtype)
-    if wire == fp8_wire.DTYPE:
+    if bucketing.is_fp8_wire(wire):
         raise ValueError(fp8_wire.NOT_BY_XLA)
     first = divide_before_sum(wire)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 # `comm.dtype` of the fp8 wire (jia_jax/fp8_wire.py): each bucket's mean as an all-to-all and an
 # all-gather of scaled 1-byte chunks (between two devices one all-gather), over every device
 # (flat) or across nodes (hierarchical).
@@ -62,10 +64,16 @@ def _last_bucket(
     return tail
 
 
+def is_fp8_wire(wire_dtype: Any) -> bool:
+    """Whether `wire_dtype`, a `comm.dtype` name or a dtype (or scalar type), is the fp8 wire."""
+    name = wire_dtype if isinstance(wire_dtype, str) else np.dtype(wire_dtype).name
+    return name == FP8_WIRE
+
+
 def concatenated(packed: bool, wire_dtype: Any) -> bool:
     """Whether each bucket is sent as one array: where asked (`comm.concatenate_buckets`), and
     always on the fp8 wire, whose chunks are scaled over a whole bucket."""
-    return packed or str(wire_dtype) == FP8_WIRE
+    return packed or is_fp8_wire(wire_dtype)
 
 
 def reduces_hierarchically(strategy: str, nbytes: int, crossover_bytes: int) -> bool:

@@ -491,7 +491,7 @@ def resolve(
     # one GPU of each node; across nodes of several GPUs its flat all-to-all sends more than a
     # ring (every GPU's chunks cross the network), which the ring model does not price: the
     # model plans it hierarchical (its inside stages, in the gradients' dtype, priced at 1 byte).
-    fp8 = comm.dtype == bucketing.FP8_WIRE
+    fp8 = bucketing.is_fp8_wire(comm.dtype)
     strategies = _candidates(comm.strategy, AUTO, ("hierarchical",) if fp8 else STRATEGIES)
     if set(strategies) - {*STRATEGIES, "xla"}:
         raise ValueError(f"comm.strategy must be 'auto', 'xla' or one of {STRATEGIES}.")

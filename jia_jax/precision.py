@@ -66,7 +66,7 @@ def check_wire_dtype(wire: str, compute: jnp.dtype, strategy: str) -> None:
             f"gradients above fp16's underflow); with {jnp.dtype(compute).name} compute use "
             "comm.dtype='bfloat16' (the same bytes) or 'float32'."
         )
-    if wire == bucketing.FP8_WIRE and strategy == "xla":
+    if bucketing.is_fp8_wire(wire) and strategy == "xla":
         raise ValueError(fp8_wire.NOT_BY_XLA)
 
 

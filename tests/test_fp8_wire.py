@@ -282,3 +282,10 @@ def test_two_processes_of_four_devices_get_the_one_process_mean_to_the_bit(mesh)
             np.testing.assert_array_equal(
                 np.float32(got[str(device)]), expected[device], err_msg=f"device {device}"
             )
+
+
+def test_the_fp8_wire_is_recognised_by_name_and_by_dtype():
+    # One predicate for `comm.dtype` strings (config, communication model) and dtypes (plans).
+    assert bucketing.is_fp8_wire("float8_e4m3fn") and bucketing.is_fp8_wire(jnp.float8_e4m3fn)
+    assert bucketing.is_fp8_wire(jnp.dtype("float8_e4m3fn"))
+    assert not any(map(bucketing.is_fp8_wire, ("bfloat16", jnp.dtype("float8_e5m2"), jnp.uint8)))

@@ -196,8 +196,9 @@ def late_buckets(comm: ml_collections.ConfigDict, after_backward: bool) -> tuple
 
     Both serve buckets that leave during backward, the last alone after it. Packed after
     backward (`packs_after_backward`) every bucket leaves at once, so neither is applied there:
-    inside one host (2 H200s, one process) the 64K config's step with both ran 2.7% slower
-    queued at 64 images per GPU, and no faster at 256 (docs/benchmarks.md, "Across hosts").
+    inside one host (2 H200s, one process) the 64K config's step with both kept 0.987 of two
+    GPUs at 64 images per GPU against 1.014 without, and no more at 256 (docs/benchmarks.md,
+    "Across hosts"). The communication model plans the same buckets (`resolve_comm`).
     """
     if after_backward:
         return 0, False
@@ -299,8 +300,10 @@ def resolve_comm(
         return comm
     leaves = jax.tree.leaves(params)
     order = call_order.backward_leaf_order(model, image_shape)
+    # The buckets the step will send: a last bucket of their own only where it applies.
+    last, _ = late_buckets(comm, packs_after_backward(comm, mesh))
     plan = comm_model.resolve(
-        comm,
+        ml_collections.ConfigDict({**comm.to_dict(), "last_bucket_bytes": last}),
         node=mesh.shape[mesh_lib.NODE_AXIS],
         gpu=mesh.shape[mesh_lib.GPU_AXIS],
         leaf_sizes=[math.prod(leaves[i].shape) for i in order],

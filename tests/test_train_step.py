@@ -214,6 +214,31 @@ def test_auto_communication_plan_trains_like_an_explicit_one():
     assert _tree_max_abs_diff(explicit.params, chosen.params) < 1e-5
 
 
+def test_resolve_comm_plans_a_last_bucket_only_where_the_step_sends_one(monkeypatch):
+    # 'auto' is planned for the buckets the step sends: the config's last bucket where they are
+    # packed during backward (two nodes), none where after it (one node: `train.late_buckets`).
+    from jia_jax import comm_model
+
+    config = tiny_config("auto")
+    config.comm.bucket_bytes = config.comm.hybrid_crossover_bytes = -1
+    config.comm.last_bucket_bytes = 1 << 20
+    seen = []
+    resolve = comm_model.resolve
+
+    def spy(comm, **kwargs):
+        seen.append(comm.last_bucket_bytes)
+        return resolve(comm, **kwargs)
+
+    monkeypatch.setattr(comm_model, "resolve", spy)
+    for nodes in (2, 1):
+        mesh = mesh_lib.create_mesh(nodes, 8 // nodes)
+        model, tx, _ = build_step(config, mesh)
+        _, state = train.state_initializer(model, tx, mesh, (16, 16, 1), config.precision, seed=0)
+        comm = train.resolve_comm(config.comm, model, mesh, state.params, (16, 16, 1))
+        assert comm.last_bucket_bytes == 1 << 20  # the config itself is kept
+    assert seen == [1 << 20, 0]
+
+
 def test_resolve_comm_plans_for_the_network_the_config_names(monkeypatch):
     # resolve_comm hands `comm_model.resolve` the links of `comm.network` when the run spans
     # hosts (here pretended), NVLink only on one host; an unknown name fails clearly.

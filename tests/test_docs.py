@@ -3729,6 +3729,9 @@ def test_release_fp8_gather_and_one_host_answers_agree_with_the_json():
     wire = [c for c in rel["2x1", "told_fp8", 64]["schedule"] if "u8[" in c["shape"]]
     gathers = [c for c in wire if c["op"] == "all-gather" and "u8[2," in c["shape"]]
     assert len(gathers) == len(wire) == len([p for p in placed("told", 64) if "bf16" in p[0]])
+    late = [p for p in placed("told_fp8", 256) if "u8[" in p[0]]
+    early = [p for p in placed("told", 256) if "bf16[" in p[0]]
+    assert all(a[1] > b[1] for a, b in zip(late[:3], early[:3]))  # the first three left later
     peer = {b: f"{hosts['peer', 2, b]['efficiency']:.3f}" for b in (256, 64)}
     trainer_exposed = {b: f"{hosts['default', 2, b]['exposed_comm_ms']:.1f}" for b in (256, 64)}
     peer_exposed = {b: f"{hosts['peer', 2, b]['exposed_comm_ms']:.1f}" for b in (256, 64)}
@@ -3746,6 +3749,8 @@ def test_release_fp8_gather_and_one_host_answers_agree_with_the_json():
         f"{r('told', 64)}, but {r('told_fp8', 256)} at 256 against {r('told', 256)}, with less "
         f"exposed communication there ({exposed('told_fp8', 256)} ms a step against "
         f"{exposed('told', 256)})",
+        f"the first all-gather after {late[0][1]} convolutions against the first all-reduce "
+        f"after {early[0][1]}, the third after {late[2][1]} against {early[2][1]}",
         f"kept {_trainer_efficiency(hosts, 256)} of two GPUs at 256 images per GPU and "
         f"{_trainer_efficiency(hosts, 64)} at 64, where the plain peer, timed in-process in the "
         f"same call, kept {peer[256]} and {peer[64]}; traced, {trainer_exposed[256]} and "

@@ -15,6 +15,7 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh nccl      # the told step with NCCL's GPU-side settings
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_half # XLA told half the network's bandwidth
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_half64  # at 64 images: x0.5, x1, x2, twice
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh fp8_told_half  # fp8 and bf16 told x1 and x0.5, at 256
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_scale_trainer  # the trainer told x0.5, x1, x2
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh cmdbuf    # convolutions in XLA's command buffers
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh after     # comm.pack_after_backward: fusion and rates
@@ -43,14 +44,15 @@
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
 peers=peer_ad_psum,peer_ad_psum_raveled,peer_concat_buckets
-told_runs() {  # told_runs BATCHES HLO SCALE_RUN...: the told step (overlap_cap) across 2
-  # emulated hosts x 1 GPU, XLA told SCALE times the emulated bandwidth, one run per SCALE_RUN
-  # (e.g. 0.5_1), the first with the one-GPU rows; HLO non-empty keeps each run's HLO.
+told_runs() {  # told_runs BATCHES HLO SCALE_RUN...: the told step (overlap_cap, or the
+  # variants TOLD_VARIANTS names) across 2 emulated hosts x 1 GPU, XLA told SCALE times the
+  # emulated bandwidth, one run per SCALE_RUN (e.g. 0.5_1), the first with the one-GPU rows; HLO
+  # non-empty keeps each run's HLO.
   local batches=$1 hlo=$2 layouts=1x1,2x1 run
   shift 2
   for run in "$@"; do
     python3 -m scripts.bench.overlap --layouts=$layouts --batches="$batches" \
-      --variants=overlap_cap --steps=10 --tell_xla_network=emulated \
+      --variants="${TOLD_VARIANTS:-overlap_cap}" --steps=10 --tell_xla_network=emulated \
       --told_bandwidth="${run%_*}" ${hlo:+--hlo_dir="$OUT/hlo_told_x$run"} \
       --out="$OUT/bench_told_${batches/,/_}_x$run.json"
     layouts=2x1
@@ -193,6 +195,13 @@ case "$1" in
     # of one setting differed; and told twice the bandwidth, which places each done earlier
     # (the traced told step's wire sat idle between buckets). Six runs that alternate the three.
     told_runs 64 "" 1_1 0.5_1 2_1 1_2 0.5_2 2_2
+    ;;
+  fp8_told_half)
+    # The fp8 wire in the default's buckets (told_fp8) against the told bf16 step, XLA told the
+    # network's bandwidth or half of it, at 256 images per GPU: told the full bandwidth XLA
+    # started the fp8 buckets later in backward than bf16's (it starts a collective only as
+    # early as its estimate needs, and fp8 has half the bytes). Runs alternate.
+    TOLD_VARIANTS=told_fp8,told told_runs 256 hlo 1_1 0.5_1 1_2 0.5_2
     ;;
   told_scale_trainer)
     # The trainer itself (its logged rate, 2 emulated hosts x 1 GPU against one GPU) told the

@@ -847,6 +847,10 @@ def test_harness_times_every_step_and_queues_one_more():
 
 def _cpu_processes(monkeypatch, devices: int) -> None:
     """Child processes of the multi-process benchmarks simulate `devices` CPU devices, over gloo."""
+    # This process's backend starts first, with the suite's 8 devices: a benchmark that reads
+    # the environment in-process (e.g. its record's device kind) would otherwise start it with
+    # the children's flags, leaving every later test of this worker with their device count.
+    jax.devices()
     monkeypatch.setenv("JIA_JAX_PLATFORM", "cpu")
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv("JAX_CPU_COLLECTIVES_IMPLEMENTATION", "gloo")

@@ -134,6 +134,11 @@ def build_trainer(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) ->
     return Trainer(data, steps, model, schedule, tx, init_state, abstract_state)
 
 
+# The progress lines after this one time steps slowed by the trace (and its start, which waits
+# for every step dispatched).
+TRACE_STARTS = "tracing steps"
+
+
 class Tracing:
     """A `jax.profiler` trace of the steps `profile.first_step` .. + `profile.steps` - 1.
 
@@ -156,6 +161,7 @@ class Tracing:
         """Call before dispatching `step`; `state` is the input of that step."""
         if step == self._first:
             jax.block_until_ready(state)
+            logging.info("%s %d-%d", TRACE_STARTS, self._first, self._end - 1)
             jax.profiler.start_trace(self._log_dir, profiler_options=self._options)
             self._running = True
         elif step == self._end:

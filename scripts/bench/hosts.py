@@ -81,6 +81,31 @@ def logged_launch_ms(log: str) -> list[float]:
     return [p["launch_ms"] for p in harness.trainer_progress(log)[1:] if "launch_ms" in p]
 
 
+def profile_first_step(args: argparse.Namespace) -> int:
+    """The first traced step (`config.profile.first_step`, the loop's 0-based step index):
+    after the last timed step's progress line. The loop logs a step `loop.METRICS_LAG` steps
+    after dispatching it, and starting the trace waits for every step dispatched, which a timed
+    interval must not hold (traced from index `--steps` + 1, the interval to step `--steps`
+    held it: docs/benchmarks/bench_hosts_release_2x1_2xH200.json's last rates)."""
+    from jia_jax import loop
+
+    return args.steps + loop.METRICS_LAG
+
+
+def timed_lines(log: str) -> str:
+    """The trainer's log up to its trace's start: the progress lines after it hold the wait
+    for the steps in flight, the trace's start and the traced steps."""
+    from jia_jax import loop
+
+    return log.split(loop.TRACE_STARTS)[0]
+
+
+def after_timed(args: argparse.Namespace) -> int:
+    """Steps a profiled row runs after the timed ones: up to its trace, the trace, and 2 more
+    for the trace's end."""
+    return profile_first_step(args) - 1 - args.steps + args.profile_steps + 2
+
+
 def trainer_args(args: argparse.Namespace, batch: int, devices: int, strategy: str) -> list[str]:
     """Config and overrides of one row (without the launcher's own flags)."""
     out = [
@@ -88,7 +113,7 @@ def trainer_args(args: argparse.Namespace, batch: int, devices: int, strategy: s
         "--config.data.name=synthetic",
         f"--config.global_batch_size={batch * devices}",
         f"--config.microbatch_size={batch}",
-        f"--config.total_steps={args.steps + (args.profile_steps + 2 if args.profile_steps else 0)}",
+        f"--config.total_steps={args.steps + (after_timed(args) if args.profile_steps else 0)}",
         f"--config.log_every_steps={args.log_every}",
         "--config.optimizer.warmup_epochs=0",
         "--config.checkpoint_every_steps=100000",
@@ -163,7 +188,7 @@ def host_row(
     profiled = args.profile_steps and strategy in args.profile_strategies
     if profiled:
         overrides += [
-            f"--config.profile.first_step={args.steps + 1}",
+            f"--config.profile.first_step={profile_first_step(args)}",
             f"--config.profile.steps={args.profile_steps}",
         ]
     config, rest = overrides[0].split("=", 1)[1], overrides[1:]
@@ -179,7 +204,7 @@ def host_row(
             *rest,
         ]
         log = run(command, env, variant.get("source"))
-        timed = log.split("profile of steps")[0] if profiled else log
+        timed = timed_lines(log)
         rate, loss, rates = steady_rate(timed)
         row = {
             "command": " ".join(command),

@@ -52,7 +52,7 @@ def test_a_benchmarks_timed_lines_end_before_its_trace_starts(tmp_path, caplog, 
     # after it, the wait for the steps in flight, the start and the traced steps). Traced from
     # its `profile_first_step`, every timed step's line comes before that start; traced from the
     # step after the last timed one, the last timed line came after it (the second case).
-    from scripts.bench import hosts
+    from scripts.bench import harness, hosts
 
     args = argparse.Namespace(steps=3, profile_steps=1)
     first = hosts.profile_first_step(args) if bench_first_step else args.steps + 1
@@ -69,6 +69,6 @@ def test_a_benchmarks_timed_lines_end_before_its_trace_starts(tmp_path, caplog, 
     )
     with caplog.at_level("INFO"):
         loop.train_and_evaluate(config, str(tmp_path))
-    timed = [p["step"] for p in hosts.harness.trainer_progress(hosts.timed_lines(caplog.text))]
+    timed = [p["step"] for p in harness.trainer_progress(hosts.timed_lines(caplog.text))]
     assert loop.TRACE_STARTS in caplog.text
     assert timed and (timed[-1] == args.steps) == bench_first_step, timed

@@ -101,9 +101,9 @@ def timed_lines(log: str) -> str:
 
 
 def after_timed(args: argparse.Namespace) -> int:
-    """Steps a profiled row runs after the timed ones: up to its trace, the trace, and 2 more
-    for the trace's end."""
-    return profile_first_step(args) - 1 - args.steps + args.profile_steps + 2
+    """Steps a profiled row runs after the timed ones: up to its trace, the traced steps, and
+    the one before which the loop stops the trace."""
+    return profile_first_step(args) - args.steps + args.profile_steps + 1
 
 
 def trainer_args(args: argparse.Namespace, batch: int, devices: int, strategy: str) -> list[str]:

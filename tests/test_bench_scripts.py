@@ -947,6 +947,18 @@ def test_bench_hosts_peer_rows_come_from_an_overlap_run_of_the_same_layout():
             "0.850 | 7.5 | 0.8 |") in render_benchmarks.hosts_table(doc)
 
 
+def test_hosts_table_names_the_run_of_a_file_merged_from_several_calls():
+    row = {"hosts": 2, "gpus_per_host": 1, "strategy": "default", "per_device_batch": 64,
+           "images_per_s": 160.0, "efficiency": 0.8, "told": "emulated",
+           "overrides": ["--config.comm.dtype=float8_e4m3fn"]}
+    doc = {"results": [row, {**row, "run": 2}],
+           "environment": {"device_kind": "cpu", "device_count": 2, "jax_version": "0",
+                           "xla_flags": ""}}
+    table = render_benchmarks.hosts_table(doc)
+    assert "| 2x1 | default comm.dtype=float8_e4m3fn, XLA told | - | 64 |" in table
+    assert "| 2x1 | default comm.dtype=float8_e4m3fn, XLA told (run 2) | - | 64 |" in table
+
+
 def test_bench_hosts_times_more_variants_in_process_told_as_the_trainer():
     # The trainer's own step beside its loop: --in_process adds variants to the peer (once
     # each, the peer first), told the network where asked, and each row says it was told.

@@ -3173,16 +3173,16 @@ def test_trainer_across_hosts_today_and_the_tcp_counters_prose_quotes_the_json()
         f"GPU waited for it from {traced['timeline']['compute_ms'][-3][1]:.1f} to "
         f"{wire[0][1]:.1f} ms; the last bucket ({nbytes[-1] / 1e6:.1f} MB)",
     ])
-    now = _hosts_rows(load("bench_hosts_release_2x1_2xH200.json"))
-    last = _hosts_rows(load("bench_hosts_last_2x1_2xH200.json"))
+    now = _hosts_rows(load("bench_hosts_timed_2x1_2xH200.json"))
+    before = _hosts_rows(load("bench_hosts_release_2x1_2xH200.json"))
     assert_quoted(read("README.md"), [
         f"it kept {_trainer_efficiency(now, 256)} of two H200s at 256 images per GPU "
         f"and {_trainer_efficiency(now, 64)} at 64, against "
         f"{now['peer', 2, 256]['efficiency']:.3f} and {now['peer', 2, 64]['efficiency']:.3f} for "
         f"the plain peer step, with {now['default', 2, 256]['exposed_comm_ms']:.1f} ms of "
-        "communication a step exposed at 256; with the last bucket alone, in another call, "
-        f"{_trainer_efficiency(last, 256)} and {_trainer_efficiency(last, 64)} against "
-        f"{last['peer', 2, 256]['efficiency']:.3f} and {last['peer', 2, 64]['efficiency']:.3f}",
+        "communication a step exposed at 256; in another call "
+        f"{_trainer_efficiency(before, 256)} and {_trainer_efficiency(before, 64)} against "
+        f"{before['peer', 2, 256]['efficiency']:.3f} and {before['peer', 2, 64]['efficiency']:.3f}",
     ])
 
 
@@ -3816,4 +3816,69 @@ def test_decoder_buffers_sized_up_front_prose_quotes_the_json():
         f"the interval to step 100 ran {at(False, 100)} images/s growing against "
         f"{at(True, 100)} sized, the one to step 150 {at(False, 150)} against {at(True, 150)}; "
         f"over the first 150 steps {first(False)} images/s against {first(True)}",
+    ])
+
+
+def test_trainer_timed_before_its_trace_and_fp8_at_64_prose_quotes_the_json():
+    """The trainer timed before its trace, the fp8 wire told half the bandwidth at 256 and the
+    trainer with the fp8 wire at 64, in benchmarks.md's across-hosts section and README."""
+    hosts = _hosts_rows(load("bench_hosts_timed_2x1_2xH200.json"))
+    half = [r for r in load("bench_overlap_fp8_told_half_2x1_2xH200.json")["results"]
+            if r["layout"] == "2x1"]
+    runs = {(r["run"], r["variant"]): r for r in half}
+    fp8 = {(r["run"], bool(r.get("overrides")), r["hosts"]): r
+           for r in load("bench_hosts_fp8_64_2x1_2xH200.json")["results"]}
+
+    def first(run, variant):  # convolutions before the first gradient bucket's collective
+        return runs[run, variant]["schedule"][0]["convolutions_before_start"]
+
+    def rate(run, variant):
+        return f"{runs[run, variant]['images_per_s']:,.0f}"
+
+    def trainer(run, wire_fp8):
+        two, one = fp8[run, wire_fp8, 2], fp8[run, False, 1]
+        return f"{two['images_per_s'] / (2 * one['images_per_s']):.3f}"
+
+    # Runs 2 and 4 were told half the bandwidth, 1 and 3 all of it.
+    assert all(("x0.5" in runs[n, "told"]["told"]) == (n % 2 == 0) for n in (1, 2, 3, 4))
+    assert all(runs[n, "told_fp8"]["images_per_s"] < runs[n, "told"]["images_per_s"]
+               for n in (1, 2, 3, 4))
+    gaps = sorted((runs[n, "told_fp8"]["images_per_s"] / runs[n, "told"]["images_per_s"], n)
+                  for n in (1, 2, 3, 4))
+    worst, best = gaps[0][1], gaps[-1][1]
+    one_gpu_ms = 64 / fp8[1, False, 1]["images_per_s"] * 1e3
+    bf16_bytes = 2 * sum(int(c["shape"].split("[")[1].split("]")[0])
+                         for c in runs[1, "told"]["schedule"] if "bf16[" in c["shape"])
+    told_gbps = float(hosts["default", 2, 256]["told"].split("nic_speed_gbps=")[1].split(",")[0])
+    assert all(("float8_e4m3fn" in " ".join(r.get("overrides", []))) == wire
+               for (_, wire, _), r in fp8.items())
+    section = _section("## Across hosts")
+    assert_quoted(section, [
+        f"kept {_trainer_efficiency(hosts, 256)} of two GPUs at 256 images per GPU and "
+        f"{_trainer_efficiency(hosts, 64)} at 64, where the plain peer, timed in-process in the "
+        f"same call, kept {hosts['peer', 2, 256]['efficiency']:.3f} and "
+        f"{hosts['peer', 2, 64]['efficiency']:.3f}. Traced, "
+        f"{hosts['default', 2, 256]['exposed_comm_ms']:.1f} and "
+        f"{hosts['default', 2, 64]['exposed_comm_ms']:.1f} ms of communication a step were "
+        f"exposed, against the peer's {hosts['peer', 2, 256]['exposed_comm_ms']:.1f} and "
+        f"{hosts['peer', 2, 64]['exposed_comm_ms']:.1f}",
+        f"moved bf16's first all-reduce from after {first(1, 'told')} of the "
+        f"{runs[1, 'told']['schedule'][0]['convolutions']} convolutions to after "
+        f"{first(2, 'told')}, but fp8's first all-gather only from after {first(1, 'told_fp8')} "
+        f"to after {first(2, 'told_fp8')}",
+        f"from {rate(worst, 'told_fp8')} against {rate(worst, 'told')} images/s to "
+        f"{rate(best, 'told_fp8')} against {rate(best, 'told')}",
+        f"bf16 told half ran as told the bandwidth ({rate(2, 'told')} and {rate(4, 'told')} "
+        f"against {rate(1, 'told')} and {rate(3, 'told')})",
+        f"kept {trainer(1, True)} and {trainer(2, True)} of two GPUs in two calls one after "
+        f"another, against the default's {trainer(1, False)} and {trainer(2, False)}",
+        f"the one-GPU step takes about {one_gpu_ms:.1f} ms, 0.85 of two GPUs leaves "
+        f"{64 / (0.85 * fp8[1, False, 1]['images_per_s']) * 1e3 - one_gpu_ms:.1f} ms more, and "
+        f"the {bf16_bytes / 1e6:.1f} MB of bf16 gradients need about "
+        f"{bf16_bytes / (told_gbps * 1e9) * 1e3:.0f} ms of a link told {told_gbps:.1f} GB/s",
+    ])
+    assert_quoted(read("README.md"), [
+        f"the trainer with it at 64 images per GPU kept {trainer(1, True)} and "
+        f"{trainer(2, True)} of two H200s against bf16's {trainer(1, False)} and "
+        f"{trainer(2, False)}, in two calls",
     ])

@@ -668,14 +668,16 @@ def link_table(doc: dict[str, Any]) -> str:
 
 
 def _hosts_strategy(row: dict[str, Any]) -> str:
-    """A hosts row's strategy with its `--row_variant`: overrides, and the checkout it ran."""
+    """A hosts row's strategy with its `--row_variant`: overrides, and the checkout it ran; the
+    run of a file that holds several."""
     parts = [row["strategy"]] + [o.removeprefix("--config.") for o in row.get("overrides", [])]
     if "source" in row:
         parts.append(f"(trainer of {os.path.basename(row['source'].rstrip('/'))})")
     if row.get("timing") == "in-process":
         parts.append("(timed in-process, against its own one-GPU step)")
     told = {"": ", XLA untold"}.get(row["told"], ", XLA told") if "told" in row else ""
-    return " ".join(parts) + told
+    run = f" (run {row['run']})" if "run" in row else ""  # a file merged from several calls
+    return " ".join(parts) + told + run
 
 
 def hosts_table(doc: dict[str, Any]) -> str:

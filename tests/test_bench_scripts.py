@@ -1117,6 +1117,52 @@ def test_bench_overlap_tells_the_hosts_xla_the_network_and_marks_their_rows(monk
     assert "--loop_timing" in workers[-1]
 
 
+def test_bench_overlap_keeps_each_process_collective_spans(monkeypatch):
+    # The trace figures are averaged over the processes, but each process's collective kernels
+    # are kept as its own: one process reaching a collective first waits in it for the other.
+    from scripts.bench import emulated_hosts
+    from scripts.bench import overlap as bench_overlap
+    from scripts.bench.profile_trace import Kernel
+
+    kernels = [Kernel("fusion", 1000.0, 3000.0, "s0", "fusion"),
+               Kernel("ncclDevKernel_AllReduce", 4500.0, 5250.0, "s1", "collective"),
+               Kernel("ncclDevKernel_AllGather", 2000.0, 2500.0, "s1", "collective")]
+    assert bench_overlap.collective_spans(kernels) == [[1.0, 1.5], [3.5, 4.25]]
+    rows = [{"variant": "overlap", "per_device_batch": 8, "images_per_s": 1.0,
+             "exposed_comm_ms": exposed, "idle_ms": 0.0, "queued_collectives_ms": [spans]}
+            for exposed, spans in ((1.0, [[0.0, 5.0]]), (3.0, [[0.0, 1.0]]))]
+
+    def run(module_args, processes, gpus, nccl, timeout):
+        return [0, 0], [bench_overlap._ROW + json.dumps(r) for r in rows]
+
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setattr(emulated_hosts, "run", run)
+    args = argparse.Namespace(
+        tell_xla_network="", steps=1, warmup_steps=0, rounds=1, batches=[8],
+        variants=["overlap"], layout_variants={}, tiny=False, hlo_dir="", nccl={}, timeout_s=9,
+        told_bandwidth=1.0, loop_timing=False,
+    )
+    [row] = bench_overlap._layout_rows(args, "2x1", math.inf)
+    assert row["exposed_comm_ms"] == 2.0
+    assert row["queued_collectives_ms"] == [[[[0.0, 5.0]]], [[[0.0, 1.0]]]]
+
+
+def test_collectives_table_shows_each_process_time_per_traced_step():
+    schedule = [{"op": "all-reduce", "shape": "((bf16[8]{0}), bf16[8]{0})"},
+                {"op": "all-reduce", "shape": "((f32[2]{0}), f32[2]{0})"}]
+    row = {"layout": "2x1", "variant": "told", "per_device_batch": 64, "schedule": schedule,
+           "queued_collectives_ms": [[[[0.0, 5.0], [6.0, 6.5], [10.0, 11.0], [12.0, 12.25]]],
+                                     [[[1.0, 2.0], [3.0, 3.5], [9.0, 10.0], [11.0, 11.25]]]]}
+    one = {"layout": "1x1", "variant": "overlap", "per_device_batch": 64,
+           "queued_collectives_ms": [[[]]]}
+    table = render_benchmarks.overlap_collectives_table({"results": [one, row]})
+    lines = [line for line in table.splitlines() if line.startswith("| told")]
+    assert lines == ["| told | 64 | 1 | all-reduce bf16[8] | 5.00 | 1.00 |",
+                     "| told | 64 | 1 | all-reduce f32[2] | 0.50 | 0.50 |",
+                     "| told | 64 | 2 | all-reduce bf16[8] | 1.00 | 1.00 |",
+                     "| told | 64 | 2 | all-reduce f32[2] | 0.25 | 0.25 |"]
+
+
 def test_bench_hosts_takes_the_median_after_the_compile_interval():
     log = "\n".join(
         f"I0 loop.py] step {s:3d}/90 | learning_rate 0.1 | loss {l} | top1 0 | {r} img/s | ETA 0:00:01"

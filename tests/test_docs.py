@@ -3882,3 +3882,36 @@ def test_trainer_timed_before_its_trace_and_fp8_at_64_prose_quotes_the_json():
         f"{trainer(2, True)} of two H200s against bf16's {trainer(1, False)} and "
         f"{trainer(2, False)}, in two calls",
     ])
+
+
+def test_which_process_waits_prose_quotes_the_json():
+    """Each process's time in each collective of the told step's traced steps (2 x 1 H200)."""
+    record = load("bench_overlap_collectives_2x1_2xH200.json")
+    rows = {r["per_device_batch"]: r for r in record["results"] if r["layout"] == "2x1"}
+    one = {r["per_device_batch"]: r for r in record["results"] if r["layout"] == "1x1"}
+
+    def took(batch):  # [process][collective] ms, the first GPU of each
+        return [[b - a for a, b in gpus[0]] for gpus in rows[batch]["queued_collectives_ms"]]
+
+    per_step = len(rows[256]["schedule"])
+    later = slice(per_step, 3 * per_step)  # the second and third traced steps
+    t256, t64 = took(256), took(64)
+    assert len(t256[0]) == len(t64[0]) == 3 * per_step
+    apart = max(abs(a - b) for a, b in zip(t256[0][later], t256[1][later]))
+    firsts = [(t256[0][k], t256[1][k]) for k in (per_step, 2 * per_step)]
+    waits = [sorted((t64[0][k], t64[1][k])) for k in (per_step, 2 * per_step)]
+
+    def eff(batch):
+        return f"{rows[batch]['images_per_s'] / (2 * one[batch]['images_per_s']):.3f}"
+
+    assert_quoted(_section("## Across hosts"), [
+        f"the told step kept {eff(256)} of two GPUs at 256 images per GPU and {eff(64)} at 64",
+        f"both processes spent the same time in every collective, within {apart:.2f} ms: the "
+        f"first bucket's all-reduce took {firsts[0][0]:.2f} and {firsts[0][1]:.2f} ms in the "
+        f"second step and {firsts[1][0]:.2f} and {firsts[1][1]:.2f} ms in the third",
+        f"one process spent {waits[0][1]:.2f} and {waits[1][1]:.2f} ms in the first bucket's "
+        f"all-reduce of those steps where the other spent {waits[0][0]:.2f} and "
+        f"{waits[1][0]:.2f}: it had reached the bucket {waits[0][1] - waits[0][0]:.0f} to "
+        f"{waits[1][1] - waits[1][0]:.0f} ms before the other",
+        f"the one-GPU step left the GPU idle {one[64]['idle_ms']:.1f} ms a step",
+    ])

@@ -4,8 +4,9 @@ Each row is one (layout, per-device batch, variant) of the trainer's ResNet-50 6
 (`scripts/bench/trainer_step.py`: synthetic data, LARS, bf16, the `flat` strategy's 16 MiB bf16
 buckets)
 timed in-process, synced and queued (`harness.time_train_step`); then three queued steps are traced
-for the NCCL time no compute kernel overlaps (`exposed_comm_ms`) and the idle time, and one synced
-step for a timeline of its kernels. Layouts, `PROCESSESxGPUS`, each process on its own GPUs:
+for the NCCL time no compute kernel overlaps (`exposed_comm_ms`), the idle time and each process's
+collective kernels (`queued_collectives_ms`), and one synced step for a timeline of its kernels.
+Layouts, `PROCESSESxGPUS`, each process on its own GPUs:
 
   * `1x1`: one GPU, the baseline of every efficiency in the run;
   * `2x1`: two processes that are two hosts to NCCL (`emulated_hosts`: sockets on loopback);
@@ -341,6 +342,15 @@ def timeline(kernels: Sequence[Any]) -> dict[str, Any]:
     }
 
 
+def collective_spans(kernels: Sequence[Any]) -> list[list[float]]:
+    """Each collective kernel of a trace, start and end in ms from the trace's first kernel: per
+    process, the same collective lasts longer where that process reached it first (it waits for
+    the others) or the wire was slow for all."""
+    t0 = min(k.start_us for k in kernels)
+    spans = sorted((k.start_us, k.end_us) for k in kernels if k.kind == "collective")
+    return [[round((a - t0) / 1000, 3), round((b - t0) / 1000, 3)] for a, b in spans]
+
+
 def _build(args: argparse.Namespace, variant: str, batch: int, processes: int, gpus: int):
     import jax
 
@@ -540,15 +550,14 @@ def _traced(compiled, state, batch: dict[str, Any]) -> dict[str, Any]:
             state, _ = harness.time_steps(compiled, state, batch, 1, queued=True)
         with jax.profiler.trace(one_dir):
             state, _ = harness.time_steps(compiled, state, batch, 1, queued=False)
-        per_gpu = [
-            profile_trace.summarize(k, steps=3)
-            for k in profile_trace.load_kernels(queued_dir).values()
-        ]
+        queued_kernels = list(profile_trace.load_kernels(queued_dir).values())
+        per_gpu = [profile_trace.summarize(k, steps=3) for k in queued_kernels]
         one = list(profile_trace.load_kernels(one_dir).values())[0]
     return {
         "exposed_comm_ms": statistics.mean(s["collective_exposed_us"] for s in per_gpu) / 1e3,
         "idle_ms": statistics.mean(s["idle_us"] for s in per_gpu) / 1e3,
         "timeline": timeline(one),
+        "queued_collectives_ms": [collective_spans(k) for k in queued_kernels],
     }
 
 
@@ -654,6 +663,11 @@ def _layout_rows(
             others = [p[i] for p in per_process[1:] if i < len(p) and "exposed_comm_ms" in p[i]]
             for key in ("exposed_comm_ms", "idle_ms"):
                 row[key] = statistics.mean([first[key], *(o[key] for o in others)])
+            if "queued_collectives_ms" in first:  # per process: which one waited for which
+                row["queued_collectives_ms"] = [
+                    first["queued_collectives_ms"],
+                    *(o["queued_collectives_ms"] for o in others),
+                ]
         rows.append(row)
     if len(rows) < len(args.batches) * (len(variants) if processes * gpus > 1 else 1):
         rows.append({"layout": layout, "error": f"exit codes {codes}", "log_tail": logs[0][-3000:]})

@@ -14,7 +14,8 @@ import json
 
 def render(source: str) -> str:
     """The block for `source`: a path of a raw file, `<overlap raw file>#schedule` (where XLA put
-    each all-reduce), `<profile raw file>#bandwidth` (its kernels furthest below the memory's
+    each all-reduce), `<overlap raw file>#collectives` (each process's time in each collective),
+    `<profile raw file>#bandwidth` (its kernels furthest below the memory's
     speed), or `scaling:<table name>`."""
     if source.startswith("scaling:"):
         # Imported here: the scaling tables need JAX (for parameter shapes), the others do not.
@@ -34,6 +35,11 @@ def render(source: str) -> str:
         from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
 
         table = benchmarks.bandwidth_table(source.removesuffix("#bandwidth"))
+    elif source.endswith("#collectives"):
+        from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
+
+        with open(source.removesuffix("#collectives")) as f:
+            table = benchmarks.overlap_collectives_table(json.load(f))
     elif source.endswith("#schedule"):
         from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
 

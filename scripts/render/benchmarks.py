@@ -819,6 +819,38 @@ def overlap_schedule_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def overlap_collectives_table(doc: dict[str, Any]) -> str:
+    """How long each process spent in each collective kernel of its traced queued steps (rows
+    with `queued_collectives_ms`): equal where the wire set the time, longer in the process that
+    reached the collective first and waited for the others."""
+    rows = [r for r in doc["results"] if any(g[0] for g in r.get("queued_collectives_ms", []))]
+    processes = max(len(r["queued_collectives_ms"]) for r in rows)
+    lines = [
+        "Each collective kernel of the traced queued steps, ms in it per process (its first GPU), "
+        "named as XLA's schedule orders them:",
+        "",
+        "| variant | per GPU | traced step | collective |"
+        + "".join(f" process {p} |" for p in range(processes)),
+        "| --- | ---: | ---: | --- |" + " ---: |" * processes,
+    ]
+    for r in rows:
+        spans = [gpus[0] for gpus in r["queued_collectives_ms"]]
+        names = [_collective_name(c) for c in r.get("schedule", [])]
+        per_step = len(names) or len(spans[0])
+        for i in range(min(len(s) for s in spans)):
+            name = names[i % per_step] if names else f"#{i % per_step + 1}"
+            took = "".join(f" {s[i][1] - s[i][0]:.2f} |" for s in spans)
+            lines.append(f"| {_overlap_variant(r)} | {r['per_device_batch']} | "
+                         f"{i // per_step + 1} | {name} |{took}")
+    return "\n".join(lines)
+
+
+def _collective_name(c: dict[str, Any]) -> str:
+    """A schedule entry as its op and result shape (the tuple's last part)."""
+    shape = c["shape"].rsplit(", ", 1)[-1].rstrip(")")
+    return f"{c['op']} {re.sub(r'[{][0-9,]*[}]', '', shape)}"
+
+
 def repro_table(doc: dict[str, Any]) -> str:
     """Each combination of JAX's recoverable mode and a `get_live_nodes` polling thread under a
     data-parallel loop across emulated hosts."""

@@ -15,8 +15,8 @@ import json
 def render(source: str) -> str:
     """The block for `source`: a path of a raw file, `<overlap raw file>#schedule` (where XLA put
     each all-reduce), `<overlap raw file>#collectives` (each process's time in each collective),
-    `<profile raw file>#bandwidth` (its kernels furthest below the memory's
-    speed), or `scaling:<table name>`."""
+    `<profile raw file>#bandwidth` (its kernels furthest below the memory's speed), or
+    `scaling:<table name>`."""
     if source.startswith("scaling:"):
         # Imported here: the scaling tables need JAX (for parameter shapes), the others do not.
         from scripts.render import scaling  # pylint: disable=import-outside-toplevel

@@ -822,8 +822,10 @@ def overlap_schedule_table(doc: dict[str, Any]) -> str:
 def overlap_collectives_table(doc: dict[str, Any]) -> str:
     """How long each process spent in each collective kernel of its traced queued steps (rows
     with `queued_collectives_ms`): equal where the wire set the time, longer in the process that
-    reached the collective first and waited for the others."""
-    rows = [r for r in doc["results"] if any(g[0] for g in r.get("queued_collectives_ms", []))]
+    reached the collective first and waited for the others. Each step runs the collectives of
+    the row's `schedule` in its order."""
+    rows = [r for r in doc["results"]
+            if "schedule" in r and any(g[0] for g in r.get("queued_collectives_ms", []))]
     processes = max(len(r["queued_collectives_ms"]) for r in rows)
     lines = [
         "Each collective kernel of the traced queued steps, ms in it per process (its first GPU), "
@@ -835,13 +837,11 @@ def overlap_collectives_table(doc: dict[str, Any]) -> str:
     ]
     for r in rows:
         spans = [gpus[0] for gpus in r["queued_collectives_ms"]]
-        names = [_collective_name(c) for c in r.get("schedule", [])]
-        per_step = len(names) or len(spans[0])
+        names = [_collective_name(c) for c in r["schedule"]]
         for i in range(min(len(s) for s in spans)):
-            name = names[i % per_step] if names else f"#{i % per_step + 1}"
             took = "".join(f" {s[i][1] - s[i][0]:.2f} |" for s in spans)
             lines.append(f"| {_overlap_variant(r)} | {r['per_device_batch']} | "
-                         f"{i // per_step + 1} | {name} |{took}")
+                         f"{i // len(names) + 1} | {names[i % len(names)]} |{took}")
     return "\n".join(lines)
 
 

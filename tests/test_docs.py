@@ -3915,3 +3915,38 @@ def test_which_process_waits_prose_quotes_the_json():
         f"{waits[1][1] - waits[1][0]:.0f} ms before the other",
         f"the one-GPU step left the GPU idle {one[64]['idle_ms']:.1f} ms a step",
     ])
+
+
+def test_crop_in_the_step_program_prose_quotes_the_json():
+    """The train step with the GPU path's crop apart or in its program, in input_pipeline.md."""
+    import statistics
+
+    record = load("crop_in_step_1xH200.json")
+    rounds = record["args"]["rounds"]
+    rows = {(r["per_gpu"], r["variant"]): r for r in record["results"]}
+
+    def medians(row):  # each round's median queued step, ms
+        each = len(row["samples_s"]) // rounds
+        assert each * rounds == len(row["samples_s"])
+        return [statistics.median(row["samples_s"][i * each:(i + 1) * each]) * 1e3
+                for i in range(rounds)]
+
+    def beyond(variant):  # ms a step beyond the step alone, recomputed
+        return (rows[256, variant]["step_time_s"] - rows[256, "alone"]["step_time_s"]) * 1e3
+
+    at64 = {v: medians(rows[64, v]) for v in ("alone", "apart", "fused")}
+    every = sorted(m for ms in at64.values() for m in ms)
+    # Two modes, far apart: the slow one at least 4 ms above the fast one's top.
+    slow = [m for m in every if m > 15]
+    fast = [m for m in every if m <= 15]
+    assert min(slow) - max(fast) > 4
+    count = {v: sum(m > 15 for m in ms) for v, ms in at64.items()}
+    words = {0: "none", 1: "one round", 2: "two"}
+    assert_quoted(" ".join(read("docs/input_pipeline.md").split()), [
+        f"the crop added {beyond('apart'):.2f} ms a step apart and {beyond('fused'):.2f} in the "
+        "step's program",
+        f"{min(fast):.2f} to {max(fast):.2f} ms a step or {min(slow):.2f} to {max(slow):.2f}: "
+        f"`alone` in {words[count['alone']]} of three, `apart` in {words[count['apart']]}, "
+        f"`fused` in {words[count['fused']]}",
+    ])
+    assert rounds == 3

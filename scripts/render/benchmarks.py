@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import re
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -880,6 +881,33 @@ def killed_table(path: str, doc: dict[str, Any]) -> str:
     return "\n".join(["```", *said, "```"])
 
 
+def crop_in_step_table(doc: dict[str, Any]) -> str:
+    """The train step with the GPU path's crop apart or in its program (scripts/bench/
+    crop_in_step.py): rates, ms a step beyond the step alone, and each round's median step."""
+    rounds = doc["args"]["rounds"]
+    model = {"resnet50": "ResNet-50", "alexnet_bn": "AlexNet-BN"}[doc["args"]["train_model"]]
+    lines = [
+        f"The trainer's step on one GPU ({_where(doc)}; {model} 64K config, bf16; one step in "
+        f"flight ahead; the crop's products `{doc['results'][0]['crop_kernel']}`; {rounds} "
+        "rounds, each variant in turn):",
+        "",
+        "| per GPU | variant | images/s | mean images/s | synced images/s | ms a step beyond "
+        "`alone` | median ms a step, each round |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in doc["results"]:
+        each = len(r["samples_s"]) // rounds
+        medians = [statistics.median(r["samples_s"][i * each:(i + 1) * each]) * 1e3
+                   for i in range(rounds)]
+        beyond = f"{r['ms_beyond_alone']:.2f}" if "ms_beyond_alone" in r else "-"
+        lines.append(
+            f"| {r['per_gpu']} | {r['variant']} | {r['images_per_s']:.0f} | "
+            f"{r['mean_images_per_s']:.0f} | {r['synced_images_per_s']:.0f} | {beyond} | "
+            + ", ".join(f"{m:.2f}" for m in medians) + " |"
+        )
+    return "\n".join(lines)
+
+
 def table(path: str) -> str:
     """The table of one raw file, of whichever benchmark wrote it."""
     if path.endswith(".kernels.json.gz"):
@@ -891,6 +919,8 @@ def table(path: str) -> str:
     if "runs" in doc and "statistics" in doc["runs"][0]:
         return bn_variance_table(doc)
     first = (doc.get("results") or [{}])[0]
+    if first.get("variant") == "alone" and "crop_kernel" in first:
+        return crop_in_step_table(doc)
     if "op" in first and "channels" in first:
         return bn_reductions_table(doc)
     if "kernel" in first and "variant" in first:

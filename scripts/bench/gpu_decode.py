@@ -465,34 +465,22 @@ def crop(args: argparse.Namespace) -> dict[str, Any]:
     """ms a batch and top kernels of the crop-and-resize program on one GPU (see `crop` above)."""
     import jax  # pylint: disable=import-outside-toplevel
 
-    from jia_jax import crop_resize, crop_windows  # pylint: disable=import-outside-toplevel
-    from scripts.bench import input as bench_input  # pylint: disable=import-outside-toplevel
+    from jia_jax import crop_resize  # pylint: disable=import-outside-toplevel
+    from scripts.bench import crop_in_step  # pylint: disable=import-outside-toplevel
 
     device, rows = jax.local_devices()[0], []
-    rng = np.random.default_rng(0)
-    width, height = bench_input.WIDTH, bench_input.HEIGHT  # the generated JPEGs' size
     for per_gpu in args.per_gpu:
-        windows = [crop_windows.train_window(rng, width, height) for _ in range(per_gpu)]
-        plan = crop_resize.plan_tiles(
-            np.array([w for w, _ in windows], np.float64),
-            np.tile([width, height], (per_gpu, 1)),
-            np.array([f for _, f in windows]),
-            np.ones(per_gpu, bool),
-            args.image_size,
-            args.canvas,
+        inputs = crop_in_step.crop_inputs(per_gpu, args.image_size, args.canvas)
+        one_tile_each = inputs.pop("one_tile_each")
+        tiles, example, params = jax.device_put(
+            (inputs["tiles"], inputs["example"], inputs["params"]), device
         )
-        plan = crop_resize.pad_plan(plan, crop_resize.padded_count(per_gpu, per_gpu), per_gpu)
-        tiles = jax.device_put(
-            rng.integers(0, 256, (len(plan.example), args.canvas, args.canvas, 3), np.uint8),
-            device,
-        )
-        example, params = jax.device_put((plan.example, plan.params), device)
         for kernel in args.crop_kernels:
             program = functools.partial(
                 crop_resize.crop_resize, batch=per_gpu, image_size=args.image_size,
-                one_tile_each=crop_resize.is_one_tile_each(plan, per_gpu), kernel=kernel,
+                one_tile_each=one_tile_each, kernel=kernel,
             )
-            row = {"per_gpu": per_gpu, "tiles": len(plan.example), "kernel": kernel}
+            row = {"per_gpu": per_gpu, "tiles": len(inputs["example"]), "kernel": kernel}
             rows.append(_time_crop(row, program, tiles, example, params, args.repeats))
     return {"canvas": args.canvas, "image_size": args.image_size, "results": rows}
 

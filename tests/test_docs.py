@@ -1260,6 +1260,11 @@ def test_render_names_the_machine_without_its_pool_label(tmp_path):
     assert "(4x H100 80GB HBM3 (one host, NVLink))" in caption and "nvidia" not in caption
 
 
+def _eff(table: dict, variant: str, batch: int, layout: str = "2x1", kind: str = "eff") -> str:
+    """An `_overlap_rows` table's efficiency (`kind`: "eff", "synced_eff") as the docs print it."""
+    return f"{table[layout, variant, batch][kind]:.3f}"
+
+
 def _overlap_rows(name: str) -> dict:
     """(layout, variant, per GPU) -> row of an overlap raw file, with its efficiencies (over the
     median step, synced, and over the mean step where timed) where the file has a one-GPU row of
@@ -1789,8 +1794,7 @@ def test_first_bucket_answers_agree_with_the_json():
     assert four["2x2", "auto", 256]["resolved"]["bucket_bytes"] == 16 << 20
     assert four["2x2", "auto", 256]["schedule"] == four["2x2", "overlap", 256]["schedule"]
 
-    def e(table, variant, batch, layout="2x1"):
-        return f"{table[layout, variant, batch]['eff']:.3f}"
+    e = _eff
 
     def start(table, variant, batch, i=0):
         return grads(table, variant, batch)[i]["convolutions_before_start"]
@@ -2226,8 +2230,7 @@ def test_late_buckets_at_64_answers_agree_with_the_json_and_hlo():
     assert late == list(range(105, 158))
     assert early[:3] == [53, 55, 57] and wgrad_first == list(range(53, 158, 2))
 
-    def e(table, variant, batch):
-        return f"{table['2x1', variant, batch]['eff']:.3f}"
+    e = _eff
 
     def buckets(table, variant, batch):
         return [c for c in table["2x1", variant, batch]["schedule"] if "bf16" in c["shape"]]
@@ -3423,8 +3426,7 @@ def test_sharded_update_prose_quotes_the_json_and_hlo():
     first, apart, slow = (_overlap_rows(f"bench_overlap_sharded{n}_2x1_2xH200.json")
                           for n in ("", "_apart", "_slow"))
 
-    def e(table, variant, batch):
-        return f"{table['2x1', variant, batch]['eff']:.3f}"
+    e = _eff
 
     def ready(table, variant, batch, op):
         return [c["convolutions_until_ready"] for c in table["2x1", variant, batch]["schedule"]
@@ -3622,8 +3624,7 @@ def test_fp8_and_last_bucket_answers_agree_with_the_json():
     apart = _overlap_rows("bench_overlap_last_apart_2x1_2xH200.json")
     hosts = _hosts_rows(load("bench_hosts_last_2x1_2xH200.json"))
 
-    def e(table, variant, batch):
-        return f"{table['2x1', variant, batch]['eff']:.3f}"
+    e = _eff
 
     def buckets(table, variant, batch, dtype="bf16"):
         return [c for c in table["2x1", variant, batch]["schedule"] if dtype in c["shape"]]
@@ -3712,7 +3713,7 @@ def test_release_fp8_gather_and_one_host_answers_agree_with_the_json():
     hosts = _hosts_rows(load("bench_hosts_release_2x1_2xH200.json"))
 
     def e(table, layout, variant, batch, kind="eff"):
-        return f"{table[layout, variant, batch][kind]:.3f}"
+        return _eff(table, variant, batch, layout, kind)
 
     def r(variant, batch, kind="eff"):
         return e(rel, "2x1", variant, batch, kind)

@@ -917,6 +917,32 @@ def test_bench_hosts_rates_emulated_hosts_against_one_device(tmp_path, monkeypat
     assert "| 2x1 | default (trainer of before), XLA told | - | 2 |" in table
 
 
+def test_bench_hosts_rounds_repeat_every_row_against_its_own_one_gpu_row(monkeypatch, tmp_path):
+    # Round by round, in the same order; each round's efficiency against its own one-GPU rate.
+    calls = []
+    rates = iter([100.0, 150.0, 160.0, 50.0, 90.0, 80.0])
+
+    def one_gpu_row(args, batch, env):
+        calls.append(("one", batch))
+        return {"images_per_s": next(rates)}
+
+    def host_row(args, batch, strategy, env, variant):
+        calls.append((strategy, batch, tuple((variant or {}).get("overrides", []))))
+        return {"images_per_s": next(rates)}
+
+    monkeypatch.setattr(bench_hosts, "one_gpu_row", one_gpu_row)
+    monkeypatch.setattr(bench_hosts, "host_row", host_row)
+    doc = bench_hosts.main(["--hosts=2", "--gpus_per_host=1", "--batches=64", "--rounds=2",
+                            "--row_variant=--config.seed=5", f"--out={tmp_path / 'h.json'}"])
+    seeded = ("--config.seed=5",)
+    assert calls == [("one", 64), ("default", 64, ()), ("default", 64, seeded)] * 2
+    rows = doc["results"]
+    assert [r["run"] for r in rows] == [1, 1, 1, 2, 2, 2]
+    assert [r["efficiency"] for r in rows] == [1.0, 0.75, 0.8, 1.0, 0.9, 0.8]
+    table = render_benchmarks.hosts_table(doc)
+    assert "| 2x1 | default seed=5 (run 2) | - | 64 | 80 | 0.800 |" in table
+
+
 def test_bench_hosts_row_variant_says_what_is_wrong():
     with pytest.raises(SystemExit):
         bench_hosts.main(["--row_variant=watch_peers=false"])

@@ -20,6 +20,9 @@ told nothing: `comm.tell_xla_network`).
   python -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches=256 \
       --row_variant=--config.distributed.watch_peers=false --row_variant=source=/tmp/before
 
+`--rounds=N` runs all of those rows N times in turn, each round against a one-GPU row of its own
+and its rows tagged `run`: the emulated link drifts within a call, so compare a round's rows.
+
 `--peer` adds the plain peer on the same layout (`scripts/bench/overlap.py`'s `peer`: the trainer's
 forward/backward and update with the buckets reduced after backward), timed in-process by that
 script in the same call, its efficiency against that script's one-GPU step. `--in_process` names
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import itertools
 import json
 import os
 import re
@@ -303,6 +307,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--strategies", type=harness.strings, default=[DEFAULT])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--log_every", type=int, default=10)
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="every row this many times in turn, each round's rows tagged `run` (from 1)",
+    )
     parser.add_argument("--profile_steps", type=int, default=0)
     parser.add_argument("--profile_strategies", type=harness.strings, default=[DEFAULT])
     parser.add_argument(
@@ -358,7 +366,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     devices = args.hosts * args.gpus_per_host
     # The environment comes last (harness.close_record).
     doc: dict[str, Any] = {"args": vars(args), "results": []}
-    for batch in args.batches:
+    # Rounds repeat every row in the same order, each against its own one-GPU row: the emulated
+    # link drifts within a call, so variants compared round by round see alike links.
+    tags = [{"run": r + 1} for r in range(args.rounds)] if args.rounds > 1 else [{}]
+    for tag, batch in itertools.product(tags, args.batches):
         base = one_gpu_row(args, batch, env)
         doc["results"].append(
             {
@@ -368,6 +379,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 "per_device_batch": batch,
                 **base,
                 "efficiency": 1.0,
+                **tag,
             }
         )
         harness.write_json(args.out, doc)
@@ -384,6 +396,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 "per_device_batch": batch,
                 "xla_flags": flags,
                 **(variant or {}),
+                **tag,
             }
             row_env = {**env, "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {flags}".strip()}
             try:

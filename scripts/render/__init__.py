@@ -35,16 +35,11 @@ def render(source: str) -> str:
         from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
 
         table = benchmarks.bandwidth_table(source.removesuffix("#bandwidth"))
-    elif source.endswith("#collectives"):
+    elif (view := source.rpartition("#")[2]) in ("schedule", "collectives"):
         from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
 
-        with open(source.removesuffix("#collectives")) as f:
-            table = benchmarks.overlap_collectives_table(json.load(f))
-    elif source.endswith("#schedule"):
-        from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
-
-        with open(source.removesuffix("#schedule")) as f:
-            table = benchmarks.overlap_schedule_table(json.load(f))
+        with open(source.removesuffix(f"#{view}")) as f:
+            table = benchmarks.OVERLAP_VIEWS[view](json.load(f))
     else:
         from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
 

@@ -852,6 +852,10 @@ def _collective_name(c: dict[str, Any]) -> str:
     return f"{c['op']} {re.sub(r'[{][0-9,]*[}]', '', shape)}"
 
 
+# The views of an overlap raw file besides its rates (`scripts.render <file>#<view>`).
+OVERLAP_VIEWS = {"schedule": overlap_schedule_table, "collectives": overlap_collectives_table}
+
+
 def repro_table(doc: dict[str, Any]) -> str:
     """Each combination of JAX's recoverable mode and a `get_live_nodes` polling thread under a
     data-parallel loop across emulated hosts."""

@@ -107,6 +107,13 @@ def get_config() -> ml_collections.ConfigDict:
         }
     )
 
+    # How the train step's kernels reach the GPU. `convolution_graphs`: cuDNN's convolutions in
+    # XLA's command buffers too, so that a step launches a few graphs where it launched hundreds
+    # of kernels ("auto": on GPUs, unless XLA_FLAGS sets --xla_gpu_enable_command_buffer; or
+    # "always", "never"). The first step runs without them (jia_jax/step_graphs.py says why).
+    # The same step; measured in docs/benchmarks.md, "One GPU".
+    config.launch = ml_collections.ConfigDict({"convolution_graphs": "auto"})
+
     config.precision = ml_collections.ConfigDict()
     config.precision.compute = "bfloat16"
     # Dynamic loss scaling, used only with float16 compute.

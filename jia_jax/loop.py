@@ -27,6 +27,7 @@ from jia_jax import precision
 from jia_jax import preemption as preemption_lib
 from jia_jax import recipe
 from jia_jax import schedules
+from jia_jax import step_graphs
 from jia_jax import train
 from jia_jax import workdir_lock
 
@@ -418,7 +419,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         minimum=config.precision.loss_scale.minimum,
         limit=config.precision.loss_scale.max_skips_at_minimum,
     )
-    train_step = train.make_train_step(trainer.model, trainer.tx, trainer.schedule, config, mesh)
+    train_step = step_graphs.for_training(
+        train.make_train_step(trainer.model, trainer.tx, trainer.schedule, config, mesh),
+        config.launch.convolution_graphs,
+        os.environ.get("XLA_FLAGS", ""),
+    )
     eval_step = train.make_eval_step(trainer.model, config, mesh) if trainer.data.eval else None
 
     # Held from before the workdir's first write to the run's end: a second run stops here.

@@ -57,6 +57,8 @@ FREE_ON_RESUME = (
     "data.gpu_decode_depth",
     "data.gpu_tile_ring_depth",
     "distributed.*",
+    # How the step's kernels are launched: the same step (jia_jax/step_graphs.py).
+    "launch.*",
     "mesh.*",
     "comm.strategy",
     "comm.bucket_bytes",

@@ -3,8 +3,8 @@
 # parts that each fit a 10-minute call; run from the repository root on a GPU machine:
 #   OUT=/tmp/out bash scripts/bench_1gpu.sh input   # input per core, end to end, one image's stages
 #   OUT=/tmp/out bash scripts/bench_1gpu.sh step    # the step vs flax, torch.compile; its profile
-#   OUT=/tmp/out bash scripts/bench_1gpu.sh cmdbuf  # the trainer at 64 images with convolutions
-#                                                   # in XLA's command buffers, per update mode
+#   OUT=/tmp/out bash scripts/bench_1gpu.sh graphs  # the trainer with and without convolutions
+#                                                   # in XLA's command buffers (BATCH, ROUNDS)
 # On a machine with more GPUs, `input` also measures them all (one process, cores - 1 workers).
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
@@ -13,9 +13,9 @@ data=/tmp/jia_bench_data
 prepare_jpegs() {  # the generated JPEGs of scripts/bench/input.py, unless there
   python3 -c "from scripts.bench import input as b; b.prepare('$data', 1024, 'array_record')"
 }
-train64() {  # train64 FLAG ...: the trainer at 64 images per GPU, 600 steps, 16 cores
-  taskset -c 0-15 python3 -m scripts.bench.train_input --data_dir=$data --per_gpu=64 \
-    --steps=600 --log_every=100 --timeout_s=150 "$@" || true
+train_at() {  # train_at BATCH FLAG ...: the trainer at BATCH images per GPU, 600 steps, 16 cores
+  taskset -c 0-15 python3 -m scripts.bench.train_input --data_dir=$data --per_gpu="$1" \
+    --steps=600 --log_every=100 --timeout_s=150 "${@:2}" || true
 }
 case "$1" in
   input)
@@ -45,36 +45,22 @@ case "$1" in
     tar czf "$OUT/hlo.tgz" -C /tmp jia_jax_hlo
     python3 -m scripts.render "$OUT/profile_1gpu.json.kernels.json.gz" "$OUT/bench_peers.json"
     ;;
-  cmdbuf)
-    # `python -m jia_jax.main` at 64 images per GPU (600 steps, one run after another, 16 cores) on
-    # synthetic data under each set of XLA flags in SETS (';'-separated; an empty set = none), then
-    # none again, then on the GPU input path (nvImageCodec) under each set in GPU_SETS (the last
-    # of SETS unless given) and none. By default SETS is none and convolutions in XLA's command
-    # buffers under each of jax 0.11's update modes: ALWAYS_UPDATE (XLA's default: a graph is
-    # updated when a buffer moves), SKIP_TEMP (the temporary buffers kept at one address by
-    # remapping virtual memory) and SKIP_PROFILED (no update for the buffers that did not move in
-    # the first runs); jax 0.10 has neither.
+  graphs)
+    # `python -m jia_jax.main` at BATCH images per GPU (64 unless set; 600 steps, 16 cores) on
+    # synthetic data and on the GPU input path (nvImageCodec, 8 record-reading workers), with
+    # the step's convolutions in XLA's command buffers (launch.convolution_graphs=auto, the
+    # default) and without (never), one run after another, ROUNDS rounds (2 unless set).
     prepare_jpegs
-    cb=--xla_gpu_enable_command_buffer=+CONVOLUTION
-    mode=--xla_gpu_command_buffer_update_mode
-    remap="$cb $mode=SKIP_TEMP;$cb $mode=SKIP_PROFILED"
-    IFS=';' read -r -a sets <<<"${SETS-;$cb;$remap}"
-    IFS=';' read -r -a gpu_sets <<<"${GPU_SETS-${sets[-1]};}"
-    gpu_sets+=("")  # read drops a trailing empty set
-    # An unknown flag or value ends the trainer with XLA's list of flags: say which, first.
-    for flags in "${sets[@]}"; do
-      XLA_FLAGS="$XLA_FLAGS $flags" python3 -c "import jax; jax.devices()" 2>&1 |
-        grep -v -P '^\t' | head -n 3 | sed "s|^|[$flags] |" || true
-    done
-    i=0
-    for flags in "${sets[@]}" ""; do
-      i=$((i + 1))
-      train64 --variants=synthetic --xla_flags="$flags" --out="$OUT/cmdbuf64_$i.json"
-    done
-    for flags in "${gpu_sets[@]}"; do
-      i=$((i + 1))
-      train64 --variants=gpu --num_workers=8 --xla_flags="$flags" --out="$OUT/cmdbuf64_$i.json"
+    batch=${BATCH:-64}
+    for round in $(seq "${ROUNDS:-2}"); do
+      for variant in synthetic gpu; do
+        for graphs in auto never; do
+          train_at "$batch" --variants=$variant --num_workers=8 \
+            --override=--config.launch.convolution_graphs=$graphs \
+            --out="$OUT/graphs${batch}_${round}_${variant}_${graphs}.json"
+        done
+      done
     done
     ;;
-  *) echo "usage: $0 input|step|cmdbuf" >&2; exit 2 ;;
+  *) echo "usage: $0 input|step|graphs" >&2; exit 2 ;;
 esac

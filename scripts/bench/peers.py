@@ -138,16 +138,33 @@ def _plain_flax_step(model, trainer_state):
 
 
 def run_jax(case: dict[str, Any], args: argparse.Namespace, cache: dict[str, Any]) -> dict:
-    """Compiles and times the trainer's or the plain flax step."""
+    """Compiles and times the trainer's or the plain flax step; the trainer's as it trains, with
+    its convolutions in command buffers where `launch.convolution_graphs` says (primed: the
+    first step runs compiled without them, `jia_jax.step_graphs`)."""
+    import os
+
+    import jax
+
+    from jia_jax import step_graphs
+
     step, state, data = _jax_step(case, args, cache)
     batch = case["per_device_batch"]
+    mode = case_config(case, args).launch.convolution_graphs
     start = time.perf_counter()
-    compiled = step.lower(state, data).compile()
+    lowered = step.lower(state, data)
+    graphs = case["kind"] == "trainer" and step_graphs.wanted(
+        mode, jax.default_backend(), os.environ.get("XLA_FLAGS", "")
+    )
+    if graphs:
+        compiled, (state, _) = step_graphs.compile_primed(lowered, state, data)
+    else:
+        compiled = lowered.compile()
     compile_s = time.perf_counter() - start
     _, synced, queued = harness.time_train_step(
         compiled, state, data, args.steps, args.warmup_steps
     )
-    return {"compile_s": compile_s, **harness.step_rates(batch, synced, queued)}
+    row = {"compile_s": compile_s, **harness.step_rates(batch, synced, queued)}
+    return {**row, "convolution_graphs": graphs} if case["kind"] == "trainer" else row
 
 
 def run_torch(model_name: str, batch: int, args: argparse.Namespace) -> dict[str, Any]:

@@ -1,0 +1,128 @@
+"""Tests for jia_jax.step_graphs: when the step's convolutions go into command buffers, the option
+that puts them there, and the priming order (the executable without them runs first)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import default
+from jia_jax import recipe
+from jia_jax import step_graphs
+
+
+@pytest.mark.parametrize(
+    "mode, platform, flags, expected",
+    [
+        ("auto", "gpu", "", True),
+        ("auto", "gpu", "--xla_gpu_autotune_level=4", True),
+        ("auto", "gpu", "--xla_gpu_enable_command_buffer=+FUSION", False),  # the user's choice
+        ("auto", "cpu", "", False),
+        ("always", "gpu", "--xla_gpu_enable_command_buffer=", True),
+        ("always", "cpu", "", False),  # no command buffers off GPUs
+        ("never", "gpu", "", False),
+    ],
+)
+def test_wanted(mode, platform, flags, expected):
+    assert step_graphs.wanted(mode, platform, flags) is expected
+
+
+def test_a_bad_mode_names_the_field_and_the_choices():
+    with pytest.raises(ValueError, match=r"launch.convolution_graphs='on' is not one of"):
+        step_graphs.wanted("on", "gpu", "")
+    with pytest.raises(ValueError, match="always"):
+        step_graphs.for_training(jax.jit(lambda x: x), "yes", "")
+
+
+def test_the_option_names_kinds_this_xla_knows():
+    """XLA refuses an unknown kind ('... is not a valid enum value'); the option must list only
+    known ones, convolutions among them, on the jax versions the code runs on."""
+    kinds = step_graphs.WITH_CONVOLUTIONS.split(",")
+    assert "CONVOLUTION" in kinds and "FUSION" in kinds and len(set(kinds)) == len(kinds)
+    lowered = jax.jit(lambda x: 2 * x).lower(jnp.ones(3))
+    compiled = lowered.compile({step_graphs.OPTION: step_graphs.WITH_CONVOLUTIONS})
+    np.testing.assert_array_equal(compiled(jnp.ones(3)), 2 * np.ones(3))
+    with pytest.raises(Exception, match="not a valid enum value"):
+        lowered.compile({step_graphs.OPTION: "FUSION,NOT_A_KIND"})
+
+
+class _FakeLowered:
+    """Records each compile's options; its executables record each call."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def compile(self, options=None):
+        name = "graphs" if options == {step_graphs.OPTION: step_graphs.WITH_CONVOLUTIONS} else (
+            "plain" if options is None else f"other {options}"
+        )
+        self.calls.append(f"compile {name}")
+
+        def run(*args):
+            self.calls.append(f"run {name}")
+            return name, args
+
+        return run
+
+
+class _FakeStep:
+    def __init__(self):
+        self.calls = []
+
+    def lower(self, *args):
+        self.calls.append("lower")
+        return _FakeLowered(self.calls)
+
+
+def test_the_first_step_runs_without_graphs_and_every_later_one_with_them():
+    """The capture of a convolution cuDNN has not run in the process fails (unknown cudnn
+    status 5003): the executable without graphs must run before the one with them ever does."""
+    fake = _FakeStep()
+    step = step_graphs.GraphStep(fake)
+    assert step("s0", "b") == ("plain", ("s0", "b"))
+    assert step("s1", "b") == ("graphs", ("s1", "b"))
+    assert step("s2", "b") == ("graphs", ("s2", "b"))
+    assert fake.calls.index("run plain") < fake.calls.index("run graphs")
+    assert fake.calls.count("lower") == 1 and fake.calls.count("run plain") == 1
+    assert fake.calls.count("compile graphs") == 1 and fake.calls.count("run graphs") == 2
+
+
+def test_graph_step_trains_as_the_jitted_step_with_donated_state():
+    """Through jax's own lower/compile/call with the state donated: the same values as the
+    jitted step, step for step (off GPUs the option changes nothing), and no donated input is
+    read twice (the plain run's outputs are what the next step gets)."""
+
+    def update(state, batch):
+        new = {"w": state["w"] - 0.1 * jnp.mean(batch) * state["w"], "n": state["n"] + 1}
+        return new, {"norm": jnp.linalg.norm(new["w"])}
+
+    jitted = jax.jit(update, donate_argnums=0)
+    batches = [jnp.full((4,), float(i + 1)) for i in range(4)]
+    start = {"w": jnp.arange(3.0), "n": jnp.zeros((), jnp.int32)}
+    expected_w = np.arange(3.0)
+    state = jax.tree.map(jnp.copy, start)
+    step = step_graphs.GraphStep(jitted)
+    for batch in batches:
+        state, metrics = step(state, batch)
+        expected_w = expected_w - 0.1 * np.mean(np.asarray(batch, np.float64)) * expected_w
+        np.testing.assert_allclose(np.asarray(state["w"]), expected_w, rtol=1e-6)
+        np.testing.assert_allclose(float(metrics["norm"]), np.linalg.norm(expected_w), rtol=1e-6)
+    assert int(state["n"]) == len(batches)
+
+
+def test_for_training_leaves_the_step_as_it_is_off_gpus():
+    jitted = jax.jit(lambda x: x)
+    assert step_graphs.for_training(jitted, "always", "") is jitted  # this test runs on CPU
+
+
+def test_the_setting_is_free_on_resume():
+    """How kernels are launched is not the run's maths: a checkpoint from before the setting
+    existed, or with another value, resumes without allow_config_change."""
+    config = default.get_config()
+    assert config.launch.convolution_graphs == "auto"
+    current = recipe.of_run(config.to_json(), num_devices=8)
+    del config["launch"]
+    meta = {"step": 5, "seed": 0, "config": config.to_json(), "num_devices": 8}
+    recipe.check_resume(meta, current, allow_change=False, step=5, directory="/c")
+    current["launch.convolution_graphs"] = "never"
+    recipe.check_resume(meta, current, allow_change=False, step=5, directory="/c")

@@ -89,7 +89,8 @@ FREE_ON_RESUME = (
 # on one H100: the step with it ran at 0.996 / 0.992 of the step without it at 256 / 64 images)
 # and broke autodiff inside `jax.shard_map` with replicated params;
 # `xla.command_buffer_convolutions` (off by default) only changed how the step's kernels were
-# launched, and with it the trainer failed on an H200 (docs/benchmarks.md, "The same on one H200");
+# launched, and with it the trainer failed on an H200 (docs/benchmarks.md, "The same on one H200";
+# `launch.convolution_graphs` does it primed, jia_jax/step_graphs.py);
 # `comm.deferred_buckets` (the first buckets summed under the next step's forward, off by default)
 # applied the same updates bit for bit, one program later, and was measured slower (docs/
 # benchmarks.md, "Does summing the first buckets under the next step's forward hide them?");

@@ -912,6 +912,62 @@ def crop_in_step_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def graphs_capture_table(doc: dict[str, Any]) -> str:
+    """Runs of the step with convolutions in command buffers, by how they got there and where
+    their convolutions' algorithms came from: which trained and which failed."""
+    lines = [
+        f"ResNet-50 at 64 images on one GPU ({doc['provenance']['device']}; runs one after "
+        "another, each a process of its own):",
+        "",
+        "| call | run | program | convolutions in graphs | autotuning cache | result |",
+        "| ---: | --- | --- | --- | --- | --- |",
+    ]
+    for r in doc["rows"]:
+        if not r["ok"]:
+            result = "failed: " + r["error"].removeprefix("jax.errors.JaxRuntimeError: ")
+        elif "queued_ms" in r:
+            result = f"{r['queued_ms']:.2f} ms a step queued"
+        else:
+            result = f"{r['images_per_s']:.0f} images/s, launch {r['launch_ms']:.1f} ms a step"
+        env = "".join(f", {k}={v}" for k, v in r.get("env", {}).items())
+        program = r["program"] + (f", strategy {r['strategy']}" if "strategy" in r else "")
+        lines.append(
+            f"| {r['call']} | {r['run']} | {program}{env} | {r['graphs']} | "
+            f"{r['autotune_cache']} | {result} |"
+        )
+    return "\n".join(lines)
+
+
+def graphs_runs_table(doc: dict[str, Any]) -> str:
+    """The trainer with and without its convolutions in command buffers, on synthetic data and
+    on the GPU input path, round by round; each run's rate over the same round's synthetic run
+    of the same setting."""
+    runs = [r for r in doc["runs"] if "images_per_s" in r]
+    synthetic = {(r["round"], r["convolution_graphs"]): r["images_per_s"]
+                 for r in runs if r["variant"] == "synthetic"}
+    lines = [
+        f"`python -m jia_jax.main` at {doc['runs'][0]['args']['per_gpu']} images per GPU "
+        f"({doc['provenance']['device']}; ResNet-50 64K config, bf16; the trainer's median "
+        "images/s over the logged intervals after the first):",
+        "",
+        "| round | data | `launch.convolution_graphs` | images/s | launch ms a step | input wait "
+        "| over synthetic |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in doc["runs"]:
+        if "images_per_s" not in r:
+            lines.append(f"| {r['round']} | {r['variant']} | {r['convolution_graphs']} | "
+                         f"{r['error']} | | | |")
+            continue
+        base = synthetic.get((r["round"], r["convolution_graphs"]))
+        ratio = f"{r['images_per_s'] / base:.3f}" if base else "-"
+        lines.append(
+            f"| {r['round']} | {r['variant']} | {r['convolution_graphs']} | "
+            f"{r['images_per_s']:,.0f} | {r['launch_ms']:.1f} | {r['input_wait']:.0%} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
 def table(path: str) -> str:
     """The table of one raw file, of whichever benchmark wrote it."""
     if path.endswith(".kernels.json.gz"):
@@ -920,6 +976,10 @@ def table(path: str) -> str:
         doc = json.load(f)
     if "log" in doc:
         return killed_table(path, doc)
+    if "rows" in doc and "autotune_cache" in doc["rows"][0]:
+        return graphs_capture_table(doc)
+    if "runs" in doc and "convolution_graphs" in doc["runs"][0]:
+        return graphs_runs_table(doc)
     if "runs" in doc and "statistics" in doc["runs"][0]:
         return bn_variance_table(doc)
     first = (doc.get("results") or [{}])[0]

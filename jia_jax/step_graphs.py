@@ -1,19 +1,20 @@
 """The train step with its convolutions in XLA's command buffers (CUDA graphs), primed.
 
-At 64 images per GPU the host's part of a ResNet-50 step (handing ~1,400 kernels to the GPU) takes
-nearly as long as the step (docs/benchmarks.md, "One GPU"). XLA records most kernels into command
-buffers, launched as one graph each, but not cuDNN's convolutions, which split the step into
-many short graphs, unless told (`CONVOLUTION` among `xla_gpu_enable_command_buffer`'s kinds).
+At 64 images per GPU the host's part of a ResNet-50 step (handing ~1,400 kernels to the GPU)
+takes nearly as long as the step (docs/input_pipeline.md, "At 64 images per GPU the host sets
+the pace"). XLA records most kernels into command buffers, launched as one graph each, but not
+cuDNN's convolutions, which split the step into many short graphs, unless told (`CONVOLUTION`
+among `xla_gpu_enable_command_buffer`'s kinds).
 
 Told, XLA records each graph on the executable's first run, capturing every convolution's cuDNN
 call. That capture failed (`unknown cudnn status: 5003`) whenever the process had not run those
-convolutions before: where their algorithms came from a cache (XLA's autotuning cache, JAX's
-compilation cache) instead of from autotuning them in the process. Measured on one H200: the
-same step primed by one run of the executable compiled without convolutions in graphs trained,
-unprimed it failed (docs/benchmarks.md, "Convolutions in command buffers, primed"). So
-`GraphStep` runs the first step compiled without them, which runs every convolution, and every
-later step compiled with them. The two executables compute the same function: only how their
-kernels are launched differs.
+convolutions before: where their algorithms came from XLA's autotuning cache instead of from
+autotuning them in the process (JAX's compilation cache skips autotuning alike). Measured on one
+H200, the same step primed by one run of the executable compiled without convolutions in graphs
+trained, and unprimed failed (docs/benchmarks.md, "Convolutions in command buffers, primed").
+So `GraphStep` runs the first step compiled without them, which runs every convolution, and
+every later step compiled with them. The two executables compute the same function: only how
+their kernels are launched differs.
 """
 
 from __future__ import annotations

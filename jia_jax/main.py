@@ -34,6 +34,7 @@ from jia_jax import loop
 from jia_jax import nvimgcodec_quiet
 from jia_jax import os_thread_names
 from jia_jax import process_per_gpu
+from jia_jax import step_graphs
 from jia_jax import xla_network
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -265,6 +266,13 @@ def main(argv: list[str]) -> None:
         exit_with_error(console.error_text(error))
     except jax.errors.JaxRuntimeError as error:
         text = memory_error_text(error, _CONFIG.value)
+        if text is None and _MODE.value == "train":
+            text = step_graphs.error_text(
+                error,
+                _CONFIG.value.launch.convolution_graphs,
+                jax.default_backend(),
+                os.environ.get("XLA_FLAGS", ""),
+            )
         if text is None or _TRACEBACK.value:
             raise
         exit_with_error(text)

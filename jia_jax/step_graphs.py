@@ -25,6 +25,8 @@ from typing import Any
 import jax
 from absl import logging
 
+from jia_jax import console
+
 MODES = ("auto", "always", "never")
 OPTION = "xla_gpu_enable_command_buffer"
 # XLA's default kinds of command-buffer work (xla/debug_options_flags.cc) and convolutions. A
@@ -88,3 +90,17 @@ def for_training(step: jax.stages.Wrapped, mode: str, xla_flags: str) -> Callabl
         return step
     logging.info("train step: convolutions in XLA's command buffers (launch.convolution_graphs)")
     return GraphStep(step)
+
+
+def error_text(error: BaseException, mode: str, platform: str, xla_flags: str) -> str | None:
+    """One line for a cuDNN failure in a run whose train step launched its convolutions in
+    graphs (`wanted`), naming the setting that launches them one by one; None otherwise."""
+    cudnn = isinstance(error, jax.errors.JaxRuntimeError) and "cudnn" in str(error).lower()
+    if not (cudnn and mode in MODES and wanted(mode, platform, xla_flags)):
+        return None
+    return (
+        f"cuDNN failed in the train step ({console.one_line(str(error), 160)}), whose "
+        "convolutions run in XLA's command buffers (launch.convolution_graphs="
+        f"{mode!r}): rerun with --config.launch.convolution_graphs=never, the same training "
+        "with its kernels launched one by one; --traceback shows where it failed."
+    )

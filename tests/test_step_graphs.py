@@ -126,3 +126,19 @@ def test_the_setting_is_free_on_resume():
     recipe.check_resume(meta, current, allow_change=False, step=5, directory="/c")
     current["launch.convolution_graphs"] = "never"
     recipe.check_resume(meta, current, allow_change=False, step=5, directory="/c")
+
+
+def test_a_cudnn_failure_with_graphs_names_the_setting_that_turns_them_off():
+    failure = jax.errors.JaxRuntimeError(
+        "UNKNOWN: <unknown cudnn status: 5003>\nin xla/stream_executor/cuda/cuda_dnn.cc(5245)"
+    )
+    text = step_graphs.error_text(failure, "auto", "gpu", "")
+    assert "\n" not in text and "unknown cudnn status: 5003" in text
+    assert "--config.launch.convolution_graphs=never" in text
+    assert step_graphs.error_text(failure, "never", "gpu", "") is None  # graphs were off
+    assert step_graphs.error_text(failure, "auto", "cpu", "") is None
+    flags = "--xla_gpu_enable_command_buffer=+CONVOLUTION"  # the user's own graphs: theirs
+    assert step_graphs.error_text(failure, "auto", "gpu", flags) is None
+    other = jax.errors.JaxRuntimeError("INTERNAL: NCCL operation ncclAllReduce failed")
+    assert step_graphs.error_text(other, "auto", "gpu", "") is None
+    assert step_graphs.error_text(ValueError("cudnn"), "auto", "gpu", "") is None

@@ -17,7 +17,8 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_half64  # at 64 images: x0.5, x1, x2, twice
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh fp8_told_half  # fp8 and bf16 told x1 and x0.5, at 256
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_scale_trainer  # the trainer told x0.5, x1, x2
-#   OUT=/tmp/out bash scripts/bench_2gpu.sh cmdbuf    # convolutions in XLA's command buffers
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh graphs    # the trainer with and without convolutions
+#                                                     # in command buffers (BATCHES, ROUNDS)
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh after     # comm.pack_after_backward: fusion and rates
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh leaves    # comm.concatenate_buckets=False likewise
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh loop      # the trainer's loop against its own step
@@ -211,17 +212,15 @@ case "$1" in
       --row_variant="--config.comm.told_bandwidth_scale=2" \
       --out="$OUT/bench_hosts_told_scale_2gpu.json"
     ;;
-  cmdbuf)
-    # Convolutions in XLA's command buffers (in XLA_FLAGS, so the one-GPU rows have it too)
-    # against without: the trainer's logged rate on one GPU and across 2 emulated hosts x 1 GPU,
-    # one run without, then one with (with it the trainer failed on an H200 at 64 images:
-    # docs/benchmarks/trainer_cmdbuf_64_2xH200.log).
-    for run in off on; do
-      flags=""
-      if [[ $run == on ]]; then flags="--xla_gpu_enable_command_buffer=+CONVOLUTION"; fi
-      XLA_FLAGS="$XLA_FLAGS $flags" python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 \
-        --batches=256,64 --strategies=default --out="$OUT/bench_hosts_cmdbuf_$run.json"
-    done
+  graphs)
+    # The trainer (its logged rate, 2 emulated hosts x 1 GPU against one GPU, each round its own)
+    # with its convolutions in XLA's command buffers (launch.convolution_graphs, the default) and
+    # without, at BATCHES images per GPU (64 unless set), ROUNDS rounds (2 unless set), the plain
+    # peer beside.
+    python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches="${BATCHES:-64}" \
+      --strategies=default --rounds="${ROUNDS:-2}" --peer \
+      --row_variant="--config.launch.convolution_graphs=never" \
+      --out="$OUT/bench_hosts_graphs_2x1.json"
     ;;
   after)
     # `comm.pack_after_backward`: the default step's fusion kinds and rate in one process on both
@@ -345,7 +344,7 @@ case "$1" in
       --hlo_dir="$OUT/hlo"
     ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
-       "|told_half|told_half64|told_scale_trainer|cmdbuf|after|leaves|loop|loop_ab|levers64" \
+       "|told_half|told_half64|told_scale_trainer|graphs|after|leaves|loop|loop_ab|levers64" \
        "|sharded|sharded_apart|sharded_slow|sharded_after2|sharded_held|fp8" >&2
      exit 2 ;;
 esac

@@ -19,6 +19,7 @@ their kernels are launched differs.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -63,6 +64,23 @@ def compile_primed(lowered: jax.stages.Lowered, *args: Any) -> tuple[jax.stages.
     """
     graphs = lowered.compile({OPTION: WITH_CONVOLUTIONS})
     return graphs, lowered.compile()(*args)
+
+
+def compile_like_training(
+    lowered: jax.stages.Lowered, mode: str, state: Any, *rest: Any
+) -> tuple[jax.stages.Compiled, Any, bool]:
+    """`lowered`, a train step lowered for `(state, *rest)`, compiled as the trainer runs it
+    (for benchmarks that compile the step themselves): primed, with convolutions in graphs,
+    where `wanted` under `mode` and this process's XLA_FLAGS, else plainly.
+
+    Returns:
+      The compiled step, the state to continue from (the priming step's, if one ran), and
+      whether the convolutions run in graphs.
+    """
+    if not wanted(mode, jax.default_backend(), os.environ.get("XLA_FLAGS", "")):
+        return lowered.compile(), state, False
+    compiled, (state, _) = compile_primed(lowered, state, *rest)
+    return compiled, state, True
 
 
 class GraphStep:

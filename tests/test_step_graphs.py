@@ -142,3 +142,15 @@ def test_a_cudnn_failure_with_graphs_names_the_setting_that_turns_them_off():
     other = jax.errors.JaxRuntimeError("INTERNAL: NCCL operation ncclAllReduce failed")
     assert step_graphs.error_text(other, "auto", "gpu", "") is None
     assert step_graphs.error_text(ValueError("cudnn"), "auto", "gpu", "") is None
+
+
+def test_compile_like_training_off_gpus_compiles_plainly_and_keeps_the_state():
+    """On CPU (no command buffers) the benchmarks' compile is jax's own: no priming step ran,
+    so the state given back is the one passed, still usable."""
+    step = jax.jit(lambda state, x: (state + x, {"sum": jnp.sum(state)}), donate_argnums=0)
+    state = jnp.arange(4.0)
+    compiled, same, graphs = step_graphs.compile_like_training(
+        step.lower(state, 1.0), "auto", state, 1.0
+    )
+    assert graphs is False and same is state
+    np.testing.assert_array_equal(compiled(same, 1.0)[0], np.arange(4.0) + 1)

@@ -141,10 +141,6 @@ def run_jax(case: dict[str, Any], args: argparse.Namespace, cache: dict[str, Any
     """Compiles and times the trainer's or the plain flax step; the trainer's as it trains, with
     its convolutions in command buffers where `launch.convolution_graphs` says (primed: the
     first step runs compiled without them, `jia_jax.step_graphs`)."""
-    import os
-
-    import jax
-
     from jia_jax import step_graphs
 
     step, state, data = _jax_step(case, args, cache)
@@ -152,13 +148,10 @@ def run_jax(case: dict[str, Any], args: argparse.Namespace, cache: dict[str, Any
     mode = case_config(case, args).launch.convolution_graphs
     start = time.perf_counter()
     lowered = step.lower(state, data)
-    graphs = case["kind"] == "trainer" and step_graphs.wanted(
-        mode, jax.default_backend(), os.environ.get("XLA_FLAGS", "")
-    )
-    if graphs:
-        compiled, (state, _) = step_graphs.compile_primed(lowered, state, data)
+    if case["kind"] == "trainer":
+        compiled, state, graphs = step_graphs.compile_like_training(lowered, mode, state, data)
     else:
-        compiled = lowered.compile()
+        compiled, graphs = lowered.compile(), False
     compile_s = time.perf_counter() - start
     _, synced, queued = harness.time_train_step(
         compiled, state, data, args.steps, args.warmup_steps

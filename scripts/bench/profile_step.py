@@ -2,8 +2,9 @@ r"""Where the time of the trainer's step goes: a `jax.profiler` trace, summarise
 
 For each `--cases` entry (`model:mesh:strategy:per_device_batch[:wire dtype]`, e.g.
 `resnet50:1x2:hierarchical:64`) this builds the trainer's own step (`scripts/bench/trainer_step.py`),
-compiles it, times it synced and queued, traces `--trace_steps` queued steps and reports per GPU:
-busy time by kernel kind, collective time overlapped with compute or exposed, idle time (the
+compiles it as the trainer would (its convolutions in command buffers where
+`launch.convolution_graphs` says: the row's `convolution_graphs`), times it synced and queued,
+traces `--trace_steps` queued steps and reports per GPU: busy time by kernel kind, collective time overlapped with compute or exposed, idle time (the
 device waiting for the host), kernels per step, the top kernels, and where the compiled
 schedule places each collective's start and done among the compute instructions. With
 `--png`, the first case's timeline (one step, every GPU, one lane per stream) is drawn.
@@ -27,7 +28,7 @@ from typing import Any
 
 import jax
 
-from jia_jax import train
+from jia_jax import step_graphs, train
 from scripts.bench import harness, profile_trace, trainer_step
 
 # `%name = <shape> all-reduce-start(` (op name right before its parenthesis, never an operand).
@@ -124,8 +125,14 @@ def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, An
         setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"]
     )
     start = time.perf_counter()
-    compiled = step.lower(state, setup["batch"]).compile()
-    row: dict[str, Any] = {**case, "compile_s": time.perf_counter() - start}
+    lowered = step.lower(state, setup["batch"])
+    # As the trainer runs it: its convolutions in command buffers where it would launch them so.
+    compiled, state, graphs = step_graphs.compile_like_training(
+        lowered, config.launch.convolution_graphs, state, setup["batch"]
+    )
+    row: dict[str, Any] = {
+        **case, "compile_s": time.perf_counter() - start, "convolution_graphs": graphs
+    }
     hlo_text = compiled.as_text()
     row["schedule"] = collective_schedule(hlo_text)
     if args.hlo_dir:

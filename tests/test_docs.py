@@ -4017,6 +4017,10 @@ def test_convolution_graphs_step_prose_quotes_the_json():
         f"the trainer kept {kept[0]:.3f} and {kept[1]:.3f} of its synthetic speed with graphs "
         f"against {runs[1, 'gpu', 'never']['kept']:.3f} without",
     ])
+    assert_quoted(read("configs/default.py").replace("#", ""), [
+        f"on one H200 {vs('images_per_s')[0]}x / {vs('images_per_s')[1]}x faster at 256 / 64 "
+        "images per GPU, the host's launch of a step halved",
+    ])
 
 
 def test_convolution_graphs_gpu_path_prose_quotes_the_json():

@@ -4019,7 +4019,7 @@ def test_convolution_graphs_step_prose_quotes_the_json():
     ])
     assert_quoted(read("configs/default.py").replace("#", ""), [
         f"on one H200 {vs('images_per_s')[0]}x / {vs('images_per_s')[1]}x faster at 256 / 64 "
-        "images per GPU, the host's launch of a step halved",
+        "images per GPU, the host's launch of a step halved at 64",
     ])
 
 

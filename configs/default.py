@@ -110,11 +110,10 @@ def get_config() -> ml_collections.ConfigDict:
     # How the train step's kernels reach the GPU. `convolution_graphs`: cuDNN's convolutions in
     # XLA's command buffers (CUDA graphs) too, with the fusions around them, instead of launched
     # one by one between graphs ("auto": on GPUs, unless XLA_FLAGS sets
-    # --xla_gpu_enable_command_buffer; or
-    # "always", "never"). The first step runs without them (jia_jax/step_graphs.py says why).
-    # The same step: on one H200 1.007x / 1.026x faster at 256 / 64 images per GPU, the host's
-    # launch of a step halved at 64 (docs/benchmarks.md, "Convolutions in command buffers,
-    # primed").
+    # --xla_gpu_enable_command_buffer; or "always", "never"). The first step runs without them
+    # (jia_jax/step_graphs.py says why). The same step: on one H200 1.007x / 1.026x faster at
+    # 256 / 64 images per GPU, the host's launch of a step halved at 64 (docs/benchmarks.md,
+    # "Convolutions in command buffers, primed").
     config.launch = ml_collections.ConfigDict({"convolution_graphs": "auto"})
 
     config.precision = ml_collections.ConfigDict()

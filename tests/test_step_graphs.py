@@ -154,3 +154,28 @@ def test_compile_like_training_off_gpus_compiles_plainly_and_keeps_the_state():
     )
     assert graphs is False and same is state
     np.testing.assert_array_equal(compiled(same, 1.0)[0], np.arange(4.0) + 1)
+
+
+def test_the_train_loop_through_a_graph_step_trains_bit_for_bit_as_without(tmp_path, monkeypatch):
+    """The train loop's calls (state, batch, stop flags; metrics fetched late; a checkpoint
+    between) through a `GraphStep`, whose later calls go to an executable compiled apart from
+    jax.jit's own, end in the same parameters and statistics bit for bit (off GPUs the option
+    compiles the same program). Fails if the loop's arguments stop matching the executable's."""
+    from jia_jax import loop
+    from tests.test_resume import OVERRIDES, assert_bitwise_equal, configured, read_state
+
+    config = configured({**OVERRIDES, "total_steps": 5, "checkpoint_every_steps": 3})
+    loop.train_and_evaluate(config, str(tmp_path / "plain"))
+    made, real = [], step_graphs.GraphStep
+
+    def graph_step(step):
+        made.append(real(step))
+        return made[-1]
+
+    monkeypatch.setattr(step_graphs, "GraphStep", graph_step)
+    monkeypatch.setattr(step_graphs, "wanted", lambda mode, platform, flags: True)
+    loop.train_and_evaluate(config, str(tmp_path / "graphs"))
+    [step] = made
+    assert step._graphs is not None  # its later calls went to the executable with the option
+    for at in (3, 5):
+        assert_bitwise_equal(read_state(tmp_path / "graphs", at), read_state(tmp_path / "plain", at))

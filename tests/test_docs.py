@@ -4017,6 +4017,13 @@ def test_convolution_graphs_step_prose_quotes_the_json():
         f"the trainer kept {kept[0]:.3f} and {kept[1]:.3f} of its synthetic speed with graphs "
         f"against {runs[1, 'gpu', 'never']['kept']:.3f} without",
     ])
+    earlier = {(r["kind"], r["per_device_batch"]): f"{r['images_per_s']:,.0f}"
+               for r in load("bench_peers_step_1xH200.json")["results"]
+               if r["model"] == "resnet50" and r["kind"] in ("torch", "flax")}
+    assert_quoted(read("docs/benchmarks.md"), [
+        f"it ran {earlier['torch', 256]} images/s at 256 against plain flax's "
+        f"{earlier['flax', 256]}, and {earlier['torch', 64]} at 64 against {earlier['flax', 64]}",
+    ])
     assert_quoted(read("configs/default.py").replace("#", ""), [
         f"on one H200 {vs('images_per_s')[0]}x / {vs('images_per_s')[1]}x faster at 256 / 64 "
         "images per GPU, the host's launch of a step halved at 64",

@@ -916,7 +916,7 @@ def graphs_capture_table(doc: dict[str, Any]) -> str:
     """Runs of the step with convolutions in command buffers, by how they got there and where
     their convolutions' algorithms came from: which trained and which failed."""
     lines = [
-        f"ResNet-50 at 64 images on one GPU ({doc['provenance']['device']}; runs one after "
+        f"ResNet-50 at 64 images on one GPU ({_where(doc)}; runs one after "
         "another, each a process of its own):",
         "",
         "| call | run | program | convolutions in graphs | autotuning cache | result |",
@@ -947,7 +947,7 @@ def graphs_runs_table(doc: dict[str, Any]) -> str:
                  for r in runs if r["variant"] == "synthetic"}
     lines = [
         f"`python -m jia_jax.main` at {doc['runs'][0]['args']['per_gpu']} images per GPU "
-        f"({doc['provenance']['device']}; ResNet-50 64K config, bf16; the trainer's median "
+        f"({_where(doc)}; ResNet-50 64K config, bf16; the trainer's median "
         "images/s over the logged intervals after the first):",
         "",
         "| round | data | `launch.convolution_graphs` | images/s | launch ms a step | input wait "

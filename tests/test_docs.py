@@ -4059,3 +4059,84 @@ def test_convolution_graphs_gpu_path_prose_quotes_the_json():
         f"graphs (`launch.convolution_graphs`, the default) against "
         f"{never['kept']:.3f} without them",
     ])
+
+
+def test_one_h200_step_today_quotes_the_json():
+    """Where the one-GPU step stands (`bench_1gpu.sh step` with convolutions in command buffers):
+    the rates against both peers, the profile, each lever's gain from its own file, and what a
+    1.15x step would need."""
+    rows = {k: r for k, r in _peers_step_rows("bench_peers_graphs_step_1xH200.json").items()}
+    assert all(r["convolution_graphs"] for k, r in rows.items() if k[2] == "trainer")
+    rate = {k: r["images_per_s"] for k, r in rows.items()}
+    synced = {k: r["synced_images_per_s"] for k, r in rows.items()}
+    r, flax, torch = ({b: rate["resnet50", b, kind, ""] for b in (256, 64)}
+                      for kind in ("trainer", "flax", "torch"))
+    assert flax[256] > torch[256] and flax[64] > torch[64]  # plain flax, the faster peer
+
+    def vs(table, model, b, kind="flax", variant=""):
+        return table[model, b, "trainer", variant] / table[model, b, kind, ""]
+
+    profile = {c["per_device_batch"]: c for c in load("profile_graphs_1xH200.json")["results"]}
+    earlier = {c["per_device_batch"]: c for c in load("profile_1xH200.json")["results"]}
+    split = _kernel_breakdown("profile_graphs_1xH200.json")
+    total = {b: sum(ms for ms, _ in split[b].values()) for b in (256, 64)}
+    idle = {b: c["devices"]["/device:GPU:0"]["idle_us"] / 1e3 for b, c in profile.items()}
+    queued = {b: c["queued_step_s"] * 1e3 for b, c in profile.items()}
+    bn, conv, elementwise = (split[256][k] for k in ("bn/reduction", "conv/gemm", "elementwise"))
+    assert_quoted(_section("## One GPU"), [
+        f"ResNet-50's default step ran {r[256]:,.0f} images/s queued at 256 images per GPU, "
+        f"{vs(rate, 'resnet50', 256):.3f}× plain flax ({flax[256]:,.0f}) and "
+        f"{vs(rate, 'resnet50', 256, 'torch'):.3f}× torch.compile ({torch[256]:,.0f}), and "
+        f"{r[64]:,.0f} at 64, {vs(rate, 'resnet50', 64):.3f}× plain flax ({flax[64]:,.0f}; "
+        f"torch.compile {torch[64]:,.0f}); synced, {vs(synced, 'resnet50', 256):.3f}× and "
+        f"{vs(synced, 'resnet50', 64):.3f}× plain flax. The 64-image step keeps "
+        f"{r[64] / r[256]:.3f} of the 256-image one's rate. AlexNet-BN ran "
+        f"{vs(rate, 'alexnet_bn', 256):.3f}× and {vs(rate, 'alexnet_bn', 64):.3f}× its plain "
+        "flax step.",
+        "default: {:.3f}× and {:.3f}× are two runs of one step.".format(
+            *(rate["alexnet_bn", b, "trainer", "sliced_max_pool"]
+              / rate["alexnet_bn", b, "trainer", ""] for b in (256, 64))),
+        f"Kernels take {total[256]:.2f} ms a step at 256 images (convolutions and GEMMs "
+        f"{conv[0]:.2f}, BatchNorm statistics and other reductions {bn[0]:.2f} in {bn[1]:.0f} "
+        f"kernels, elementwise passes {elementwise[0]:.2f}) and {total[64]:.2f} ms at 64, against "
+        f"{queued[256]:.2f} and {queued[64]:.2f} ms a step queued",
+        f"left the GPU idle {idle[64]:.2f} ms a step, against "
+        f"{earlier[64]['devices']['/device:GPU:0']['idle_us'] / 1e3:.2f} before",
+        f"take {total[64] / total[256]:.3f} of the 256-image step's",
+        f"must take {256e3 / (1.15 * flax[256]):.2f} ms at 256 images instead of "
+        f"{256e3 / r[256]:.2f}, and {64e3 / (1.15 * flax[64]):.2f} ms at 64 instead of "
+        f"{64e3 / r[64]:.2f}; for 0.85 of the 256-image rate the 64-image step must take "
+        f"{64e3 / (0.85 * r[256]):.2f} ms",
+    ])
+    assert all(idle[b] < 0.05 * queued[b] for b in (256, 64))  # "busy the whole step"
+    # Each lever against the same step without it, from its own file.
+    h100 = {k: v["images_per_s"] for k, v in _peers_step_rows("bench_peers_plain_1xH100.json")
+            .items()}
+    plain = "no_space_to_depth_stem+no_sliced_max_pool"
+
+    def gain(variant, joint=" and "):
+        ratios = (h100["resnet50", b, "trainer", variant] / h100["resnet50", b, "trainer", plain]
+                  for b in (256, 64))
+        return joint.join(f"{x:.3f}×" for x in ratios)
+
+    runs = load("bench_peers_kernel_layout_1xH200.json")["runs"]
+    ab = {(run["variant"], run["round"], row["per_device_batch"]): row["images_per_s"]
+          for run in runs for row in run["results"]}
+    layout = [sum(ab["ohwi", k, b] for k in (1, 2)) / sum(ab["hwio", k, b] for k in (1, 2))
+              for b in (256, 64)]
+    both = load("bench_peers_graphs_off_1xH200.json")["results"]
+    graphs = [next(r for r in both if r["per_device_batch"] == b and r["convolution_graphs"])
+              ["images_per_s"] / next(r for r in both if r["per_device_batch"] == b
+                                      and not r["convolution_graphs"])["images_per_s"]
+              for b in (256, 64)]
+    fused = {k: v["images_per_s"] for k, v in _peers_step_rows("bench_peers_fused_1xH100.json")
+             .items()}
+    assert_quoted(_section("## One GPU"), [
+        f"the space-to-depth stem alone {gain('no_sliced_max_pool', ' at 256 images and ')} at 64",
+        f"(`model.sliced_max_pool`) alone {gain('no_space_to_depth_stem')}, both {gain('')}",
+        f"conv kernels stored in cuDNN's layout {layout[0]:.3f}× and {layout[1]:.3f}×",
+        f"convolutions in command buffers {graphs[0]:.3f}× and {graphs[1]:.3f}× queued",
+        "with it ran {:.3f}× and {:.3f}× the default without".format(
+            *(fused["resnet50", b, "trainer", ""] / fused["resnet50", b, "trainer", "no_fused_bn"]
+              for b in (256, 64))),
+    ])

@@ -4140,3 +4140,37 @@ def test_one_h200_step_today_quotes_the_json():
             *(fused["resnet50", b, "trainer", ""] / fused["resnet50", b, "trainer", "no_fused_bn"]
               for b in (256, 64))),
     ])
+
+
+def test_convolution_graphs_across_hosts_prose_quotes_the_json():
+    """The trainer at 64 images across 2 emulated hosts with convolutions in command buffers and
+    without (`bench_2gpu.sh graphs`), against the peer, in benchmarks.md and the README."""
+    results = load("bench_hosts_graphs64_2x1_2xH200.json")["results"]
+    one = {r["run"]: r for r in results if r["hosts"] == 1}
+    on = {r["run"]: r for r in results
+          if r["hosts"] == 2 and r.get("run") and not r.get("overrides")}
+    off = {r["run"]: r for r in results if r.get("overrides")
+           == ["--config.launch.convolution_graphs=never"]}
+    [peer] = [r for r in results if r["strategy"] == "peer"]
+    ms = {k: {n: 128e3 / r["images_per_s"] for n, r in rows.items()}
+          for k, rows in (("on", on), ("off", off))}
+    launch = {k: [x for r in rows.values() for x in r["logged_launch_ms"]]
+              for k, rows in (("on", on), ("off", off))}
+    assert all(peer["images_per_s"] < r["images_per_s"] for r in on.values())
+    assert_quoted(read("docs/benchmarks.md"), [
+        f"the trainer kept {on[1]['efficiency']:.3f} and {on[2]['efficiency']:.3f} of two GPUs, "
+        f"against {off[1]['efficiency']:.3f} and {off[2]['efficiency']:.3f} without "
+        f"({on[1]['images_per_s'] / off[1]['images_per_s']:.3f}× and "
+        f"{on[2]['images_per_s'] / off[2]['images_per_s']:.3f}× the images/s), the host's launch "
+        f"taking {span(launch['on'], '.1f')} ms a step against {span(launch['off'], '.1f')}",
+        f"peer kept {peer['efficiency']:.3f} of its own one-GPU step",
+        f"its {peer['images_per_s']:,.0f} images/s are below either",
+        f"the one-GPU step takes {64e3 / one[1]['images_per_s']:.2f} ms and the trainer's step "
+        f"across the two hosts {ms['on'][1]:.2f} and {ms['on'][2]:.2f} ms; 0.85 of two GPUs "
+        f"would need {64e3 / (0.85 * one[1]['images_per_s']):.2f} ms",
+        f"shortened it by {ms['off'][1] - ms['on'][1]:.1f} and {ms['off'][2] - ms['on'][2]:.1f} ms",
+    ])
+    assert_quoted(read("README.md"), [
+        f"it kept {on[1]['efficiency']:.3f} and {on[2]['efficiency']:.3f} in two rounds against "
+        f"{off[1]['efficiency']:.3f} and {off[2]['efficiency']:.3f} without them",
+    ])

@@ -4222,3 +4222,28 @@ def test_gpu_path_trace_with_graphs_prose_quotes_the_json():
         "synthetic run's speed",
     ])
     assert longest["after"] == "MemcpyH2D"
+
+
+def test_convolution_graphs_one_process_two_gpus_prose_quotes_the_json():
+    """One process on both GPUs of a host at 64 images, with convolutions in command buffers and
+    without, in benchmarks.md and the README."""
+    results = load("bench_hosts_graphs64_1x2_2xH200.json")["results"]
+    [one] = [r for r in results if r["gpus_per_host"] == 1]
+    [on] = [r for r in results if r["gpus_per_host"] == 2 and not r.get("overrides")]
+    [off] = [r for r in results
+             if r.get("overrides") == ["--config.launch.convolution_graphs=never"]]
+    assert on["hosts"] == off["hosts"] == 1
+    assert max(on["logged_launch_ms"]) < min(off["logged_launch_ms"])
+    quotes = [
+        f"the process kept {on['efficiency']:.3f} of two GPUs ({on['images_per_s']:,.0f} "
+        f"images/s), without them {off['efficiency']:.3f} ({off['images_per_s']:,.0f}), the "
+        f"host's launch taking {span(on['logged_launch_ms'], '.1f')} ms a step against "
+        f"{span(off['logged_launch_ms'], '.1f')} for the two GPUs' steps; the one-GPU step takes "
+        f"{64e3 / one['images_per_s']:.2f} ms",
+    ]
+    assert 64e3 / one["images_per_s"] < min(off["logged_launch_ms"])  # "cannot launch as fast"
+    assert_quoted(read("docs/benchmarks.md"), quotes)
+    assert_quoted(read("README.md"), [
+        f"kept {on['efficiency']:.3f} of two GPUs at 64 images per GPU against "
+        f"{off['efficiency']:.3f} without them",
+    ])

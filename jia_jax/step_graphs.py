@@ -54,32 +54,46 @@ def wanted(mode: str, platform: str, xla_flags: str) -> bool:
     return mode == "always" or f"--{OPTION}" not in xla_flags
 
 
-def compile_primed(lowered: jax.stages.Lowered, *args: Any) -> tuple[jax.stages.Compiled, Any]:
+def compile_primed(
+    lowered: jax.stages.Lowered, *args: Any, options: dict[str, Any] | None = None
+) -> tuple[jax.stages.Compiled, Any]:
     """`lowered` compiled with convolutions in command buffers, after one run on `args` of it
     compiled without them (which runs every convolution once in this process).
+
+    Args:
+      lowered: the step, lowered for `args`.
+      *args: its arguments for the priming run.
+      options: other compiler options, given to both compiles (e.g. a benchmark variant's).
 
     Returns:
       The compiled step with graphs, and the outputs of that first run (its donated inputs are
       gone: continue from these).
     """
-    graphs = lowered.compile({OPTION: WITH_CONVOLUTIONS})
-    return graphs, lowered.compile()(*args)
+    graphs = lowered.compile({**(options or {}), OPTION: WITH_CONVOLUTIONS})
+    return graphs, lowered.compile(options)(*args)
 
 
 def compile_like_training(
-    lowered: jax.stages.Lowered, mode: str, state: Any, *rest: Any
+    lowered: jax.stages.Lowered,
+    mode: str,
+    state: Any,
+    *rest: Any,
+    options: dict[str, Any] | None = None,
 ) -> tuple[jax.stages.Compiled, Any, bool]:
     """`lowered`, a train step lowered for `(state, *rest)`, compiled as the trainer runs it
     (for benchmarks that compile the step themselves): primed, with convolutions in graphs,
-    where `wanted` under `mode` and this process's XLA_FLAGS, else plainly.
+    where `wanted` under `mode` and this process's XLA_FLAGS, else plainly; with `options`,
+    other compiler options, either way. Options that set the command-buffer kinds themselves
+    are the caller's choice, as the flag's are: compiled with them alone.
 
     Returns:
       The compiled step, the state to continue from (the priming step's, if one ran), and
       whether the convolutions run in graphs.
     """
-    if not wanted(mode, jax.default_backend(), os.environ.get("XLA_FLAGS", "")):
-        return lowered.compile(), state, False
-    compiled, (state, _) = compile_primed(lowered, state, *rest)
+    own = OPTION in (options or {})
+    if own or not wanted(mode, jax.default_backend(), os.environ.get("XLA_FLAGS", "")):
+        return lowered.compile(options), state, False
+    compiled, (state, _) = compile_primed(lowered, state, *rest, options=options)
     return compiled, state, True
 
 

@@ -1122,7 +1122,7 @@ def test_bench_overlap_tells_the_hosts_xla_the_network_and_marks_their_rows(monk
     args = argparse.Namespace(
         tell_xla_network="emulated", steps=1, warmup_steps=0, rounds=1, batches=[8],
         variants=["overlap"], layout_variants={}, tiny=False, hlo_dir="", nccl={}, timeout_s=9,
-        told_bandwidth=1.0, loop_timing=False,
+        told_bandwidth=1.0, loop_timing=False, convolution_graphs="never",
     )
     two = bench_overlap._layout_rows(args, "2x1", math.inf)
     one = bench_overlap._layout_rows(args, "1x1", math.inf)
@@ -1136,8 +1136,9 @@ def test_bench_overlap_tells_the_hosts_xla_the_network_and_marks_their_rows(monk
     [half] = bench_overlap._layout_rows(halved, "2x1", math.inf)
     assert f"nic_speed_gbps={full / 2e9:.3f}," in seen[-1]
     assert half["told"] == "emulated x0.5 bandwidth"
-    # The workers time the step as the loop runs it only where asked.
+    # The workers time the step as the loop runs it only where asked, compiled as asked.
     assert not any("--loop_timing" in w for w in workers)
+    assert all("--convolution_graphs=never" in w for w in workers)
     looped = argparse.Namespace(**{**vars(args), "loop_timing": True})
     bench_overlap._layout_rows(looped, "2x1", math.inf)
     assert "--loop_timing" in workers[-1]
@@ -1166,7 +1167,7 @@ def test_bench_overlap_keeps_each_process_collective_spans(monkeypatch):
     args = argparse.Namespace(
         tell_xla_network="", steps=1, warmup_steps=0, rounds=1, batches=[8],
         variants=["overlap"], layout_variants={}, tiny=False, hlo_dir="", nccl={}, timeout_s=9,
-        told_bandwidth=1.0, loop_timing=False,
+        told_bandwidth=1.0, loop_timing=False, convolution_graphs="auto",
     )
     [row] = bench_overlap._layout_rows(args, "2x1", math.inf)
     assert row["exposed_comm_ms"] == 2.0
@@ -1492,9 +1493,9 @@ def test_bench_overlap_loop_timing_runs_the_step_with_stop_flags(monkeypatch):
     monkeypatch.setattr(bench_overlap, "_build", lambda *a: (step, setup, default.get_config()))
     monkeypatch.setattr(bench_overlap, "resolved_plan", lambda *a: {})
     monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-    args = argparse.Namespace(warmup_steps=1, loop_timing=True)
+    args = argparse.Namespace(warmup_steps=1, loop_timing=True, convolution_graphs="auto")
     prepared = bench_overlap._prepare(args, "overlap", 2, 1, 1)
-    assert traced == [False, True]
+    assert traced == [False, True] and prepared["fields"]["convolution_graphs"] is False
     bench_overlap._time_round(prepared, 2)
     samples = prepared["looped"]["samples"]
     assert len(samples) == 2 and len(prepared["queued"]) == 2
@@ -1504,6 +1505,54 @@ def test_bench_overlap_loop_timing_runs_the_step_with_stop_flags(monkeypatch):
     assert row["loop_images_per_s"] == pytest.approx(2 / statistics.mean(samples))
     peer = bench_overlap._prepare(args, "peer", 2, 1, 1)
     assert peer["looped"] is None and traced == [False, True]  # the cached step, no stop flags
+
+
+def test_bench_overlap_compiles_each_step_as_the_trainer_does(monkeypatch):
+    """Where the trainer would put the step's convolutions in command buffers, so does the
+    benchmark: each compile (the step, and the loop's with stop flags) primed by one step
+    compiled without them, with the variant's XLA options in both compiles; `never` compiles
+    plainly. Fails if the benchmark times another executable than the trainer runs."""
+    from configs import default
+    from jia_jax import step_graphs
+    from scripts.bench import overlap as bench_overlap
+
+    mesh = jax.make_mesh((1, 1), ("node", "gpu"), devices=jax.devices()[:1])
+
+    class State(typing.NamedTuple):
+        params: jax.Array
+
+    @jax.jit
+    def step(state, batch, stop=None):
+        return State(state.params + batch), {"loss": state.params}
+
+    setup = {"init": lambda: State(jax.numpy.zeros(())), "batch": jax.numpy.ones(()),
+             "mesh": mesh}
+    compiles = []
+    real = step_graphs.compile_like_training
+
+    def recorded(lowered, mode, state, *rest, options=None):
+        out = real(lowered, mode, state, *rest, options=options)
+        compiles.append((len(rest), options, out[2]))
+        return out
+
+    monkeypatch.setattr(bench_overlap, "_build", lambda *a: (step, setup, default.get_config()))
+    monkeypatch.setattr(bench_overlap, "resolved_plan", lambda *a: {})
+    monkeypatch.setattr(step_graphs, "compile_like_training", recorded)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")  # where the trainer uses graphs
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    options = bench_overlap.VARIANTS["overlap_cap"]["xla"]
+    assert options  # a variant with options of its own
+    args = argparse.Namespace(warmup_steps=1, loop_timing=True, convolution_graphs="auto")
+    prepared = bench_overlap._prepare(args, "overlap_cap", 2, 1, 1)
+    assert prepared["fields"]["convolution_graphs"] is True
+    assert compiles == [(1, options, True), (2, options, True)]
+    # A priming step for each executable, then the warm-up step: +1 each.
+    assert float(prepared["state"].params) == 3
+    compiles.clear()
+    plain = bench_overlap._prepare(argparse.Namespace(
+        warmup_steps=1, loop_timing=False, convolution_graphs="never"), "overlap_cap", 2, 1, 1)
+    assert plain["fields"]["convolution_graphs"] is False and float(plain["state"].params) == 1
+    assert compiles == [(1, options, False)]
 
 
 def test_the_told_overlap_variant_compiles_as_the_trainer_does_told():

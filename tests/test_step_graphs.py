@@ -87,6 +87,39 @@ def test_the_first_step_runs_without_graphs_and_every_later_one_with_them():
     assert fake.calls.count("compile graphs") == 1 and fake.calls.count("run graphs") == 2
 
 
+class _OptionsLowered:
+    """Records each compile's options; its executables return their inputs' sum and the
+    options they were compiled with."""
+
+    def __init__(self):
+        self.compiles = []
+
+    def compile(self, options=None):
+        self.compiles.append(options)
+        return lambda state, x: ((state + x, options), None)
+
+
+def test_compile_like_training_gives_other_options_to_both_compiles(monkeypatch):
+    """A benchmark variant's own compiler options reach the priming compile and the one with
+    graphs (there with the command-buffer kinds added); options that set the kinds themselves
+    are the caller's: one plain compile, no priming step."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    other = {"xla_gpu_all_reduce_combine_threshold_bytes": 1 << 20}
+    lowered = _OptionsLowered()
+    compiled, state, graphs = step_graphs.compile_like_training(
+        lowered, "auto", 1, 2, options=other)
+    assert graphs is True
+    assert lowered.compiles == [{**other, step_graphs.OPTION: step_graphs.WITH_CONVOLUTIONS},
+                                other]
+    assert state == (3, other)  # the priming run's: compiled with the options, no graphs
+    assert compiled(0, 1)[0][1] == lowered.compiles[0]
+    theirs = {step_graphs.OPTION: "FUSION"}
+    lowered = _OptionsLowered()
+    _, state, graphs = step_graphs.compile_like_training(lowered, "auto", 1, 2, options=theirs)
+    assert graphs is False and state == 1 and lowered.compiles == [theirs]
+
+
 def test_graph_step_trains_as_the_jitted_step_with_donated_state():
     """Through jax's own lower/compile/call with the state donated: the same values as the
     jitted step, step for step (off GPUs the option changes nothing), and no donated input is

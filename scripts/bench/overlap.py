@@ -38,7 +38,10 @@ A process compiles every variant of a batch first, then times them in turn, `--r
 link drifts within a call, and rows whose samples interleave see the same drift (PGLE variants,
 whose estimator is a global JAX setting, are timed on their own). With `--loop_timing` each round
 then also times `--steps` steps as `jia_jax.loop` runs them (`loop_images_per_s`): the step
-compiled with its stop flags, its metrics fetched to host two steps late.
+compiled with its stop flags, its metrics fetched to host two steps late. Each step is compiled
+as the trainer compiles it (`--convolution_graphs`, `launch.convolution_graphs`: on GPUs its
+convolutions in command buffers, primed by one step compiled without), a variant's XLA options
+in both compiles; rows record `convolution_graphs`.
 
 With `--tell_xla_network=NETWORK` the processes of a layout of several hosts start with XLA's
 latency estimator told their GPUs and that network's links (what `comm.tell_xla_network` sets
@@ -75,7 +78,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from jia_jax import xla_network
+from jia_jax import step_graphs, xla_network
 from scripts.bench import emulated_hosts, harness
 
 MIB = 1 << 20
@@ -409,7 +412,9 @@ def _prepare(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
     resolved = {} if sharded else resolved_plan(config, setup, state.params)
     options = VARIANTS[variant].get("xla")
     start = time.perf_counter()
-    compiled = step.lower(state, setup["batch"]).compile(options)
+    compiled, state, graphs = step_graphs.compile_like_training(
+        step.lower(state, setup["batch"]), args.convolution_graphs, state, setup["batch"],
+        options=options)
     for _ in range(args.warmup_steps):
         state, _ = compiled(state, setup["batch"])
     jax.block_until_ready(state)
@@ -418,12 +423,11 @@ def _prepare(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
     if args.loop_timing and not (sharded or variant.startswith("peer")):
         # The same step with the stop flags as an argument, as `jia_jax.loop` calls it.
         stop = train.stop_flags(setup["mesh"], False)
-        looped = {
-            "compiled": step.lower(state, setup["batch"], stop).compile(options),
-            "stop": stop,
-            "lag": loop_lib.METRICS_LAG,
-            "samples": [],
-        }
+        looped_step, state, _ = step_graphs.compile_like_training(
+            step.lower(state, setup["batch"], stop), args.convolution_graphs, state,
+            setup["batch"], stop, options=options)
+        looped = {"compiled": looped_step, "stop": stop, "lag": loop_lib.METRICS_LAG,
+                  "samples": []}
     return {
         "variant": variant,
         "compiled": compiled,
@@ -435,6 +439,7 @@ def _prepare(args, variant: str, batch: int, processes: int, gpus: int) -> dict[
         "queued": [],
         "fields": {
             "compile_s": compile_s,
+            "convolution_graphs": graphs,
             **_plan_fields(variant, config, resolved, setup["mesh"]),
         },
     }
@@ -628,7 +633,8 @@ def _layout_rows(
         env["XLA_FLAGS"] = xla_network.with_estimator(xla_flags, gpus, link)
         if args.told_bandwidth != 1:
             told = f"{told} x{args.told_bandwidth:g} bandwidth"
-    flags = [f"--{k}={getattr(args, k)}" for k in ("steps", "warmup_steps", "rounds")]
+    flags = [f"--{k}={getattr(args, k)}"
+             for k in ("steps", "warmup_steps", "rounds", "convolution_graphs")]
     flags += ["--loop_timing"] * args.loop_timing
     variants = args.layout_variants.get(layout, args.variants)
     flags += [f"--batches={','.join(map(str, args.batches))}", f"--variants={','.join(variants)}"]
@@ -707,6 +713,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--nccl", type=json.loads, default={"NCCL_SOCKET_NTHREADS": "4",
                                                             "NCCL_NSOCKS_PERTHREAD": "4"})
     parser.add_argument("--tiny", action="store_true", help="a tiny ResNet on 32 px images (CPU)")
+    parser.add_argument(
+        "--convolution_graphs", default="auto", choices=step_graphs.MODES,
+        help="`launch.convolution_graphs`: each step compiled as the trainer compiles it (on GPUs "
+        "its convolutions in command buffers, primed by one step without), or `never`",
+    )
     parser.add_argument(
         "--hlo_dir", default="",
         help="where process 0 writes each compiled step's optimized HLO (LAYOUT_VARIANT_BATCH.hlo)",

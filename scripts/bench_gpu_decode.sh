@@ -185,7 +185,8 @@ esac
 # steps at 256 images, 1,200 at 64: the GPU path's decoding is slower for about its first 150
 # steps) without Python's tracer, which slows the host, and summarised per device
 # (idle: no kernel runs; where the idle gaps sit and what precedes them; busy time per kind, the
-# decoder's kernels included; the top kernels; the host's time in each jitted call) into
+# decoder's kernels included; the top kernels; the host's time in each jitted call, and in the
+# step's calls by what it spends it on, `launch`) into
 # $OUT/gpu_decode_profile.json. PROFILE=0 skips it (about two minutes), for a call that must stay
 # inside 10 minutes.
 if [[ "${PROFILE:-1}" == 1 ]]; then
@@ -203,7 +204,7 @@ for variant in synthetic gpu; do
 done
 python3 - "$runs" "$OUT/gpu_decode_profile.json" "$traced" <<'PY' || echo "profile summary failed"
 import json, re, sys
-from scripts.bench import harness, profile_trace
+from scripts.bench import harness, host_trace, profile_trace
 doc = {"environment": harness.environment(), "variants": {}}
 for variant in ("synthetic", "gpu"):
     run = json.load(open(f"{sys.argv[1]}/profiled_{variant}.json"))["results"][0]
@@ -212,7 +213,12 @@ for variant in ("synthetic", "gpu"):
     events, steps = profile_trace.load_events(f"{workdir}/profile/process_0"), int(sys.argv[3])
     devices = profile_trace.device_summaries(events, steps, 30)
     host = profile_trace.jit_calls(events, steps)
-    doc["variants"][variant] = {"run": run, "devices": devices, "host": host}
+    # The host's time in the train step's calls (its `launch`), by what it spends it on: the
+    # jitted step's, or the executable with graphs' (launch.convolution_graphs).
+    launch = host_trace.breakdown(events, steps,
+                                  call=("PjitFunction(step)", "PjitFunction(jit(step))"))
+    doc["variants"][variant] = {"run": run, "devices": devices, "host": host,
+                                "launch": launch}
     print(variant, {d: round(v["per_step"]["idle_us"] / 1e3, 1) for d, v in devices.items()},
           "ms idle a step")
 json.dump(doc, open(sys.argv[2], "w"), indent=1)

@@ -29,7 +29,7 @@ from typing import Any
 import jax
 
 from jia_jax import step_graphs, train
-from scripts.bench import harness, profile_trace, trainer_step
+from scripts.bench import harness, host_trace, profile_trace, trainer_step
 
 # `%name = <shape> all-reduce-start(` (op name right before its parenthesis, never an operand).
 _ASYNC = re.compile(
@@ -149,7 +149,8 @@ def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, An
         # Queued timing runs two steps more than it times: the trace holds trace_steps + 2.
         state, _ = harness.time_steps(compiled, state, batch, args.trace_steps, queued=True)
     traced = args.trace_steps + 2
-    kernels = profile_trace.load_kernels(log_dir)
+    events = profile_trace.load_events(log_dir)
+    kernels = profile_trace.device_kernels(events)
     row["devices"] = {
         dev: {
             **profile_trace.summarize(ks, traced),
@@ -157,6 +158,8 @@ def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, An
         }
         for dev, ks in kernels.items()
     }
+    # The host's time in the step's calls (the trainer's `launch`), by what it spends it on.
+    row["host"] = host_trace.breakdown(events, traced)
     row["trace_dir"], row["traced_steps"] = log_dir, traced
     row["kernels"] = {
         dev: [(k.name[:80], k.start_us, k.end_us, k.stream, k.kind) for k in ks]

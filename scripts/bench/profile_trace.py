@@ -162,7 +162,7 @@ def find_trace_file(log_dir: str) -> str:
     return max(files, key=os.path.getmtime)
 
 
-def _process_names(events: Sequence[dict]) -> dict[object, str]:
+def process_names(events: Sequence[dict]) -> dict[object, str]:
     """Each process id of a trace's events and its name (its `process_name` metadata event)."""
     return {
         e["pid"]: str(e.get("args", {}).get("name", ""))
@@ -174,7 +174,7 @@ def _process_names(events: Sequence[dict]) -> dict[object, str]:
 def device_kernels(events: Iterable[dict]) -> dict[str, list[Kernel]]:
     """Kernels per GPU (`/device:GPU:i`), sorted by start, from Chrome trace events."""
     events = list(events)
-    gpu_pids = {pid: name for pid, name in _process_names(events).items() if "GPU" in name}
+    gpu_pids = {pid: name for pid, name in process_names(events).items() if "GPU" in name}
     streams = {
         (e["pid"], e["tid"]): e["args"]["name"]
         for e in events
@@ -213,7 +213,7 @@ def jit_calls(events: Iterable[dict], steps: int) -> dict[str, dict[str, float]]
     program's kernels (synchronous in the calling thread). A call the trace records twice, one
     event inside another of the same name on the same thread, counts once."""
     events = list(events)
-    devices = {pid for pid, name in _process_names(events).items() if name.startswith("/device:")}
+    devices = {pid for pid, name in process_names(events).items() if name.startswith("/device:")}
     calls = sorted(  # the outer of two events starting together first
         (e["pid"], e["tid"], e["name"], float(e["ts"]), -float(e["dur"]))
         for e in events

@@ -4247,3 +4247,23 @@ def test_convolution_graphs_one_process_two_gpus_prose_quotes_the_json():
         f"kept {on['efficiency']:.3f} of two GPUs at 64 images per GPU against "
         f"{off['efficiency']:.3f} without them",
     ])
+
+
+def test_host_launch_before_graphs_prose_quotes_the_kept_trace():
+    """Where the host's call of the 64-image step went before its convolutions went into
+    command buffers (the kept synthetic trace), in input_pipeline.md."""
+    from scripts.bench import host_trace
+
+    kept = profile_trace.load_events(
+        str(RAW / "gpu_decode_trace64_synthetic_1xH200.trace.json.gz"))
+    top = {r["name"]: r for r in host_trace.breakdown(kept, 10, n=None)["top"]}
+    launches, update = top["cuGraphLaunch (CudaGraph:N)"], top["command_buffer::update"]
+    convs = [r for name, r in top.items() if name.startswith("cudnn-conv")]
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"{launches['count_per_step']:.0f} launches of XLA's command buffers (`cuGraphLaunch`) "
+        f"took {launches['us_per_step']:,.0f} µs of that call a step, cuDNN's "
+        f"{sum(r['count_per_step'] for r in convs):.0f} convolution calls launched one by one "
+        f"between them {sum(r['us_per_step'] for r in convs):,.0f}, and "
+        f"{update['count_per_step']:.0f} updates of the command buffers' arguments "
+        f"{update['us_per_step']:,.0f}",
+    ])

@@ -62,3 +62,12 @@ def test_on_a_kept_trace_the_self_times_sum_to_the_calls_time():
     executes = sum(1 for e in events if e.get("name") == "command_buffer::execute")
     top = {r["name"]: r for r in got["top"]}
     assert top["command_buffer::execute"]["count_per_step"] == executes / steps
+
+
+def test_the_command_line_prints_the_breakdown_of_a_trace(capsys):
+    trace = KEPT / "gpu_decode_trace64_synthetic_1xH200.trace.json.gz"
+    got = host_trace.main([str(trace), "--steps=10", "--top=3"])
+    lines = capsys.readouterr().out.splitlines()
+    total = f"{got['call_us_per_step']:,.0f}"
+    assert lines[0] == f"host time in the calls: {total} µs a step; by self time:"
+    assert len(lines) == 4 and lines[1].endswith("cuGraphLaunch (CudaGraph:N)")

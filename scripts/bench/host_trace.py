@@ -91,3 +91,26 @@ def breakdown(
         "top": [{"name": name, "us_per_step": us / steps, "count_per_step": count / steps}
                 for name, (us, count) in ranked],
     }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Prints `breakdown` of a trace file or `jax.profiler` log directory, one line a name."""
+    import argparse  # noqa: PLC0415 - the command line only
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trace", help="a *.trace.json.gz file or a jax.profiler log directory")
+    parser.add_argument("--steps", type=int, required=True, help="the steps the trace holds")
+    parser.add_argument("--call", action="append",
+                        help="repeatable: calls whose names start so (default PjitFunction()")
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args(argv)
+    events = profile_trace.load_events(args.trace)
+    got = breakdown(events, args.steps, tuple(args.call or ["PjitFunction("]), args.top)
+    print(f"host time in the calls: {got['call_us_per_step']:,.0f} µs a step; by self time:")
+    for row in got["top"]:
+        print(f"{row['us_per_step']:>10,.0f} µs {row['count_per_step']:>7.1f}x  {row['name']}")
+    return got
+
+
+if __name__ == "__main__":
+    main()

@@ -19,6 +19,8 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh told_scale_trainer  # the trainer told x0.5, x1, x2
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh graphs    # the trainer with and without convolutions
 #                                                     # in command buffers (BATCHES, ROUNDS)
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh graphs_one_host  # the same as one process on both
+#                                                     # GPUs (BATCHES)
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh after     # comm.pack_after_backward: fusion and rates
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh leaves    # comm.concatenate_buckets=False likewise
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh loop      # the trainer's loop against its own step
@@ -222,6 +224,13 @@ case "$1" in
       --row_variant="--config.launch.convolution_graphs=never" \
       --out="$OUT/bench_hosts_graphs_2x1.json"
     ;;
+  graphs_one_host)
+    # The same as one process driving both GPUs (NVLink; launch_local.sh --hosts 1 2), against
+    # one GPU, at BATCHES images per GPU (64,256 unless set; 64 alone took about 3 minutes).
+    python3 -m scripts.bench.hosts --hosts=1 --gpus_per_host=2 --batches="${BATCHES:-64,256}" \
+      --strategies=default --row_variant="--config.launch.convolution_graphs=never" \
+      --out="$OUT/bench_hosts_graphs_1x2.json"
+    ;;
   after)
     # `comm.pack_after_backward`: the default step's fusion kinds and rate in one process on both
     # GPUs (packed after backward there) against XLA's all-reduces (docs/benchmarks.md, "Does
@@ -344,7 +353,7 @@ case "$1" in
       --hlo_dir="$OUT/hlo"
     ;;
   *) echo "usage: $0 steps|comm|small|pgle|overlap|ready|ready_trainer|told|told_trainer|nccl" \
-       "|told_half|told_half64|told_scale_trainer|graphs|after|leaves|loop|loop_ab|levers64" \
+       "|told_half|told_half64|told_scale_trainer|graphs|graphs_one_host|after|leaves|loop|loop_ab|levers64" \
        "|sharded|sharded_apart|sharded_slow|sharded_after2|sharded_held|fp8" >&2
      exit 2 ;;
 esac

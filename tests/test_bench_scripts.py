@@ -1567,3 +1567,44 @@ def test_the_told_overlap_variant_compiles_as_the_trainer_does_told():
     variant = bench_overlap.VARIANTS["told"]
     assert set(variant) == {"xla"}
     assert train.step_compiler_options(comm, xla_told=True) == variant["xla"]
+
+
+def test_bench_hosts_profile_figures_are_per_traced_step_with_each_process_launch(tmp_path):
+    """A profiled row's figures from the trainer's traces (one per process): exposed NCCL and
+    idle time per traced step averaged over the GPUs, and each process's host time in the
+    train step's calls (jax.jit's or the graphs executable's, not another jitted function's)."""
+    import gzip
+
+    from scripts.bench import hosts as bench_hosts
+
+    def x(pid, tid, name, ts, dur):
+        return {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": ts, "dur": dur}
+
+    meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+            {"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "pid": 7, "tid": 3, "name": "thread_name",
+             "args": {"name": "Stream #3(Compute)"}}]
+    traces = [
+        # Process 0: compute [0, 10] and [25, 30], NCCL [5, 20]: 10 µs exposed, 5 idle. Its
+        # host: two step calls of 40 and 60 µs (a launch of 25 inside the first), and a call of
+        # another function that does not count.
+        [x(7, 3, "loop_add_fusion", 0, 10), x(7, 3, "ncclDevKernel_AllReduce", 5, 15),
+         x(7, 3, "loop_add_fusion", 25, 5),
+         x(1, 1, "PjitFunction(jit(step))", 0, 40), x(1, 1, "cuGraphLaunch (CudaGraph:4)", 5, 25),
+         x(1, 1, "PjitFunction(step)", 100, 60), x(1, 1, "PjitFunction(crop_resize)", 200, 99)],
+        # Process 1: compute [0, 30] only; one step call of 20 µs.
+        [x(7, 3, "loop_add_fusion", 0, 30), x(1, 1, "PjitFunction(jit(step))", 0, 20)],
+    ]
+    for i, events in enumerate(traces):
+        run = tmp_path / "profile" / f"process_{i}" / "plugins" / "profile" / "run"
+        run.mkdir(parents=True)
+        with gzip.open(run / "h.trace.json.gz", "wt") as f:
+            json.dump({"traceEvents": meta + events}, f)
+    got = bench_hosts.profile_figures(str(tmp_path), steps=2)
+    assert got["exposed_comm_ms"] == pytest.approx((10 / 2 + 0) / 2 / 1000)
+    assert got["idle_ms"] == pytest.approx((5 / 2 + 0) / 2 / 1000)
+    assert got["launch_ms"] == pytest.approx([100 / 2 / 1000, 20 / 2 / 1000])
+    assert got["launch"]["call_us_per_step"] == 50
+    assert {r["name"]: r["us_per_step"] for r in got["launch"]["top"]} == {
+        "PjitFunction(step)": 30, "cuGraphLaunch (CudaGraph:N)": 12.5,
+        "PjitFunction(jit(step))": 7.5}

@@ -35,7 +35,9 @@ the step the trainer compiles across hosts, to set the trainer's loop against it
 
 With `--profile_strategies`, those rows also trace `--profile_steps` steps after the timed ones
 (`config.profile`) and report, per GPU and step, the NCCL time no compute kernel overlaps
-(`exposed_comm_ms`) and the time no kernel runs (`idle_ms`), averaged over the GPUs.
+(`exposed_comm_ms`) and the time no kernel runs (`idle_ms`), averaged over the GPUs, and each
+process's host time in the step's calls (`launch_ms`), with what the first spends it on
+(`launch`: scripts/bench/host_trace.py).
 
   python -m scripts.bench.hosts --hosts=2 --gpus_per_host=2 --batches=256,64 \
       --strategies=default,flat,hierarchical,hybrid,xla,auto --out=/tmp/bench_hosts.json
@@ -64,7 +66,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jia_jax import xla_network
-from scripts.bench import harness, profile_trace
+from scripts.bench import harness, host_trace, profile_trace
 
 DEFAULT = "default"  # the config's own comm settings
 
@@ -145,20 +147,31 @@ def run(command: list[str], env: dict[str, str], cwd: str | None = None) -> str:
     return log
 
 
-def profile_figures(workdir: str) -> dict[str, float]:
-    """Exposed NCCL time and idle time per step (ms), averaged over every traced GPU."""
-    per_gpu = []
+# The train step's calls in a trace: jax.jit's, or the executable with its convolutions in
+# command buffers that the trainer runs after the first step (jia_jax/step_graphs.py).
+STEP_CALLS = ("PjitFunction(step)", "PjitFunction(jit(step))")
+
+
+def profile_figures(workdir: str, steps: int) -> dict[str, Any]:
+    """Over the `steps` traced steps of each process: exposed NCCL time and idle time per step
+    (ms), averaged over every traced GPU, and each process's host time in the step's calls per
+    step (`launch_ms`) with what process 0's spends it on (`launch`, host_trace.breakdown)."""
+    per_gpu, launch_ms, launch = [], [], None
     for log_dir in sorted(glob.glob(os.path.join(workdir, "profile", "process_*"))):
-        kernels = profile_trace.load_kernels(log_dir)
-        for device_kernels in kernels.values():
-            per_gpu.append(profile_trace.summarize(device_kernels, steps=1))
+        events = profile_trace.load_events(log_dir)
+        for device_kernels in profile_trace.device_kernels(events).values():
+            per_gpu.append(profile_trace.summarize(device_kernels, steps=steps))
+        host = host_trace.breakdown(events, steps, call=STEP_CALLS, n=8)
+        launch_ms.append(host["call_us_per_step"] / 1000)
+        launch = launch or host
     if not per_gpu:
         raise ValueError(f"no trace under {workdir}/profile")
 
     def mean_ms(key: str) -> float:
         return statistics.mean(s[key] for s in per_gpu) / 1000
 
-    return {"exposed_comm_ms": mean_ms("collective_exposed_us"), "idle_ms": mean_ms("idle_us")}
+    return {"exposed_comm_ms": mean_ms("collective_exposed_us"), "idle_ms": mean_ms("idle_us"),
+            "launch_ms": launch_ms, "launch": launch}
 
 
 def parse_row_variant(spec: str) -> dict[str, Any]:
@@ -219,8 +232,7 @@ def host_row(
             "told": told(log),
         }
         if profiled:
-            figures = profile_figures(workdir)
-            row.update({k: v / args.profile_steps for k, v in figures.items()})
+            row.update(profile_figures(workdir, args.profile_steps))
     return row
 
 

@@ -4267,3 +4267,28 @@ def test_host_launch_before_graphs_prose_quotes_the_kept_trace():
         f"{update['count_per_step']:.0f} updates of the command buffers' arguments "
         f"{update['us_per_step']:,.0f}",
     ])
+
+
+def test_the_step_gap_today_quotes_the_profile_and_its_hlo():
+    """What is left of the one-GPU step's gap, from today's profile (convolutions in command
+    buffers) and its optimized HLO: the fusion kernels' bytes, time beyond them at 3 TB/s and
+    the short launches."""
+    from scripts.bench import kernel_bandwidth
+
+    quotes = []
+    for b in (256, 64):
+        kernels = kernel_bandwidth.case_rows(
+            str(RAW / "profile_graphs_1xH200.json"), f"resnet50:1x1:xla:{b}",
+            str(RAW / f"profile_graphs_1xH200.resnet50_1x1_xla_{b}.hlo.gz"), 3000.0)
+        short = [r for r in kernels if r["us_per_step"] / r["launches_per_step"] < 5.0]
+        quotes += [
+            f"{len(kernels)} fusion kernels move "
+            f"{sum(r['mb_per_step'] for r in kernels) / 1e3:.1f} GB",
+            f"in {sum(r['us_per_step'] for r in kernels) / 1e3:.2f} ms",
+            f"{sum(max(0.0, r['excess_us']) for r in kernels) / 1e3:.2f} ms beyond",
+            f"{sum(r['launches_per_step'] for r in short):.0f} "
+            + ("launches a step shorter than 5 µs" if b == 256 else "short launches")
+            + f" take {sum(r['us_per_step'] for r in short) / 1e3:.2f} ms",
+        ]
+    section = _section("## One GPU").split("### Where does the one-GPU step stand today?")[1]
+    assert_quoted(section.split("\n### ")[0], quotes)

@@ -4226,7 +4226,10 @@ def test_gpu_path_trace_with_graphs_prose_quotes_the_json():
         f"would have spanned about {without:.1f} ms, {span_synthetic / without:.3f} of the "
         "synthetic run's speed",
     ])
-    assert longest["after"] == "MemcpyH2D"
+    assert longest["after"] == "MemcpyH2D" and longest["before"] == "wrapped_convert"
+    synthetic_longest = step["synthetic"]["gaps"]["longest"]
+    assert len(synthetic_longest) == 10
+    assert sum(g["before"] == "wrapped_convert" for g in synthetic_longest) == 9  # "nine of ten"
 
 
 def test_convolution_graphs_one_process_two_gpus_prose_quotes_the_json():

@@ -1995,8 +1995,6 @@ def test_one_h200_default_step_and_kernel_layout_quote_the_json():
 
 def test_the_rest_of_the_step_gap_quotes_the_json():
     """Targets from the peers call, bytes and time beyond them from the profile and its HLO."""
-    from scripts.bench import kernel_bandwidth
-
     rows = {k: r["images_per_s"] for k, r in _peers_step_rows("bench_peers_1xH200.json").items()}
     queued = {c["per_device_batch"]: c["queued_step_s"] * 1e3
               for c in load("profile_1xH200.json")["results"]}
@@ -2012,19 +2010,29 @@ def test_the_rest_of_the_step_gap_quotes_the_json():
             queued[64] - queued[256] / 4 / 0.85),
     ]
     for b in (256, 64):
-        kernels = kernel_bandwidth.case_rows(
-            str(RAW / "profile_1xH200.json"), f"resnet50:1x1:xla:{b}",
-            str(RAW / f"profile_1xH200.resnet50_1x1_xla_{b}.hlo.gz"), 3000.0)
-        short = [r for r in kernels if r["us_per_step"] / r["launches_per_step"] < 5.0]
-        quotes += [
-            f"{len(kernels)} fusion kernels move "
-            f"{sum(r['mb_per_step'] for r in kernels) / 1e3:.1f} GB",
-            f"in {sum(r['us_per_step'] for r in kernels) / 1e3:.2f} ms",
-            f"{sum(max(0.0, r['excess_us']) for r in kernels) / 1e3:.2f} ms beyond",
-            f"{sum(r['launches_per_step'] for r in short):.0f} launches a step shorter than 5 µs "
-            f"take {sum(r['us_per_step'] for r in short) / 1e3:.2f} ms",
-        ]
+        figures = _fusion_gap_figures("profile_1xH200", b)
+        quotes += [*figures[:3],
+                   f"{figures[3]} launches a step shorter than 5 µs take {figures[4]}"]
     assert_quoted(_section("## One GPU"), quotes)
+
+
+def _fusion_gap_figures(profile: str, batch: int) -> list[str]:
+    """A traced ResNet-50 step's fusion kernels (`<profile>.json` and the optimized HLO beside
+    it) as the docs quote them: how many move how many GB, in how long, how long beyond 3 TB/s,
+    and the launches shorter than 5 µs and their time."""
+    from scripts.bench import kernel_bandwidth
+
+    kernels = kernel_bandwidth.case_rows(
+        str(RAW / f"{profile}.json"), f"resnet50:1x1:xla:{batch}",
+        str(RAW / f"{profile}.resnet50_1x1_xla_{batch}.hlo.gz"), 3000.0)
+    short = [r for r in kernels if r["us_per_step"] / r["launches_per_step"] < 5.0]
+    return [
+        f"{len(kernels)} fusion kernels move {sum(r['mb_per_step'] for r in kernels) / 1e3:.1f} GB",
+        f"in {sum(r['us_per_step'] for r in kernels) / 1e3:.2f} ms",
+        f"{sum(max(0.0, r['excess_us']) for r in kernels) / 1e3:.2f} ms beyond",
+        f"{sum(r['launches_per_step'] for r in short):.0f}",
+        f"{sum(r['us_per_step'] for r in short) / 1e3:.2f} ms",
+    ]
 
 
 def test_lars_norms_prose_quotes_the_json():
@@ -4281,22 +4289,9 @@ def test_the_step_gap_today_quotes_the_profile_and_its_hlo():
     """What is left of the one-GPU step's gap, from today's profile (convolutions in command
     buffers) and its optimized HLO: the fusion kernels' bytes, time beyond them at 3 TB/s and
     the short launches."""
-    from scripts.bench import kernel_bandwidth
-
     quotes = []
-    for b in (256, 64):
-        kernels = kernel_bandwidth.case_rows(
-            str(RAW / "profile_graphs_1xH200.json"), f"resnet50:1x1:xla:{b}",
-            str(RAW / f"profile_graphs_1xH200.resnet50_1x1_xla_{b}.hlo.gz"), 3000.0)
-        short = [r for r in kernels if r["us_per_step"] / r["launches_per_step"] < 5.0]
-        quotes += [
-            f"{len(kernels)} fusion kernels move "
-            f"{sum(r['mb_per_step'] for r in kernels) / 1e3:.1f} GB",
-            f"in {sum(r['us_per_step'] for r in kernels) / 1e3:.2f} ms",
-            f"{sum(max(0.0, r['excess_us']) for r in kernels) / 1e3:.2f} ms beyond",
-            f"{sum(r['launches_per_step'] for r in short):.0f} "
-            + ("launches a step shorter than 5 µs" if b == 256 else "short launches")
-            + f" take {sum(r['us_per_step'] for r in short) / 1e3:.2f} ms",
-        ]
+    for b, launches in ((256, "launches a step shorter than 5 µs"), (64, "short launches")):
+        figures = _fusion_gap_figures("profile_graphs_1xH200", b)
+        quotes += [*figures[:3], f"{figures[3]} {launches} take {figures[4]}"]
     section = _section("## One GPU").split("### Where does the one-GPU step stand today?")[1]
     assert_quoted(section.split("\n### ")[0], quotes)

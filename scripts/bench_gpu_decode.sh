@@ -19,6 +19,9 @@
 #                                  # its buffers sized up front (data.gpu_decoder_options)
 #                                  # against growing them, alternating, 2 rounds, at BATCH (256
 #                                  # unless set); the logged intervals show the first steps
+#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh rounds  # 1 GPU: synthetic and the GPU path
+#                                  # in turn, ROUNDS rounds (3 unless set), at BATCH (256 unless
+#                                  # set), each against its own round's synthetic run; the runs only
 #   OUT=/tmp/out PROFILE_BATCH=64 bash scripts/bench_gpu_decode.sh trace  # the smoke check and
 #                                  # the profile below only (about 3 minutes)
 # ResNet-50 64K config, bf16, on the generated JPEGs of scripts/bench/input.py: the trainer with
@@ -40,8 +43,8 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 mode=${1:-}
 case "$mode" in
-  one|two|split|depth|kernels|workers|chroma|prealloc|trace) ;;
-  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|chroma|prealloc|trace" >&2
+  one|two|split|depth|kernels|workers|chroma|prealloc|rounds|trace) ;;
+  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|chroma|prealloc|rounds|trace" >&2
      exit 2 ;;
 esac
 export PYTHONUNBUFFERED=1
@@ -66,7 +69,7 @@ depths=1
 if [[ "$mode" == depth ]]; then depths="1 2"; fi
 # (`split` compares ways of starting the same trainers, `chroma` two settings of the decoders
 # end to end: the stages alone are not their question.)
-case "$mode" in trace|split|chroma|prealloc) stages=0 ;; *) stages=1 ;; esac
+case "$mode" in trace|split|chroma|prealloc|rounds) stages=0 ;; *) stages=1 ;; esac
 if (( stages )); then
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 --depth $depths \
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
@@ -176,6 +179,16 @@ case "$mode" in
     sized+=" nvjpeg_hw_decoder:preallocate_width_hint=512"
     sized+=" nvjpeg_hw_decoder:preallocate_height_hint=512"
     in_turns "$batch" gpu_decoder_options "" "$sized"
+    PROFILE=0 ;;
+  rounds)
+    # 1 GPU at BATCH images per GPU (256 unless set): the synthetic run and the GPU path in turn,
+    # ROUNDS rounds (3 unless set), each GPU-path run against its own round's synthetic run: a
+    # ratio near its target told from the call's own spread.
+    batch=${BATCH:-256}
+    for round in $(seq "${ROUNDS:-3}"); do
+      one_gpu "$batch" synthetic 0 "1gpu_${batch}_synthetic_${round}"
+      one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu_${round}"
+    done
     PROFILE=0 ;;
   trace) PROFILE=1 ;;  # the profile alone
 esac

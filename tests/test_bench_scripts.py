@@ -629,6 +629,15 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     assert "| 8 | 2 | launch_local.sh | 2 | 2 | 1 | 1,200 | 1,000 (1 process) |" in table
     assert "| 8 | 2 | jia_jax.main | 2 | 2 | 1 | 1,190 | 1,000 (1 process) |" in table
     assert "| 8 | 2 | jia_jax.main: did not | 2 | 2 | 2 | 900 |" in table
+    # The synthetic run and the GPU path in turn (bench_gpu_decode.sh rounds): each GPU-path run
+    # against its own round's synthetic run, not the first's.
+    turns = [train_input_run(tmp_path / f"turn_{v}_{i}.json", {v: rate})
+             for i, (v, rate) in enumerate([("synthetic", 1000.0), ("gpu", 970.0),
+                                            ("synthetic", 1100.0), ("gpu", 1078.0)])]
+    doc = bench_gpu_decode.main(["report", f"--stage={stage_path}", "--runs", *turns,
+                                 f"--out={out}"])
+    assert [(r["round"], r["synthetic_images_per_s"], r["ratio"]) for r in doc["results"]] == [
+        (1, 1000.0, pytest.approx(0.97)), (2, 1100.0, pytest.approx(0.98))]
     # A one-process synthetic run with no GPU-path run beside it is only that row's baseline.
     only = [runs[0], runs[-1]]
     doc = bench_gpu_decode.main(["report", f"--stage={stage_path}", "--runs", *only, f"--out={out}"])

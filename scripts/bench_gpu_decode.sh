@@ -226,10 +226,8 @@ for variant in ("synthetic", "gpu"):
     events, steps = profile_trace.load_events(f"{workdir}/profile/process_0"), int(sys.argv[3])
     devices = profile_trace.device_summaries(events, steps, 30)
     host = profile_trace.jit_calls(events, steps)
-    # The host's time in the train step's calls (its `launch`), by what it spends it on: the
-    # jitted step's, or the executable with graphs' (launch.convolution_graphs).
-    launch = host_trace.breakdown(events, steps,
-                                  call=("PjitFunction(step)", "PjitFunction(jit(step))"))
+    # The host's time in the train step's calls (its `launch`), by what it spends it on.
+    launch = host_trace.breakdown(events, steps, call=host_trace.TRAIN_STEP_CALLS)
     doc["variants"][variant] = {"run": run, "devices": devices, "host": host,
                                 "launch": launch}
     print(variant, {d: round(v["per_step"]["idle_us"] / 1e3, 1) for d, v in devices.items()},

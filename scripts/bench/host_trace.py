@@ -21,13 +21,15 @@ from typing import Any
 from scripts.bench import profile_trace
 
 _NUMBER = re.compile(r"\d+")
+# The trainer's train step in a trace: jax.jit's, or the executable with its convolutions in
+# command buffers that it runs after the first step (jia_jax/step_graphs.py).
+TRAIN_STEP_CALLS = ("PjitFunction(step)", "PjitFunction(jit(step))")
 
 
 def _host_events(events: list[dict]) -> dict[tuple, list[tuple[float, float, str]]]:
     """The complete events of host threads, per (process, thread), as (start, end, name) sorted
     by start, the longer of two starting together first (the enclosing one)."""
-    devices = {pid for pid, name in profile_trace.process_names(events).items()
-               if name.startswith("/device:")}
+    devices = profile_trace.device_pids(events)
     threads: dict[tuple, list[tuple[float, float, str]]] = collections.defaultdict(list)
     for e in events:
         if e.get("ph") == "X" and e.get("pid") not in devices:

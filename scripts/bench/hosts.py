@@ -147,11 +147,6 @@ def run(command: list[str], env: dict[str, str], cwd: str | None = None) -> str:
     return log
 
 
-# The train step's calls in a trace: jax.jit's, or the executable with its convolutions in
-# command buffers that the trainer runs after the first step (jia_jax/step_graphs.py).
-STEP_CALLS = ("PjitFunction(step)", "PjitFunction(jit(step))")
-
-
 def profile_figures(workdir: str, steps: int) -> dict[str, Any]:
     """Over the `steps` traced steps of each process: exposed NCCL time and idle time per step
     (ms), averaged over every traced GPU, and each process's host time in the step's calls per
@@ -161,7 +156,7 @@ def profile_figures(workdir: str, steps: int) -> dict[str, Any]:
         events = profile_trace.load_events(log_dir)
         for device_kernels in profile_trace.device_kernels(events).values():
             per_gpu.append(profile_trace.summarize(device_kernels, steps=steps))
-        host = host_trace.breakdown(events, steps, call=STEP_CALLS, n=8)
+        host = host_trace.breakdown(events, steps, call=host_trace.TRAIN_STEP_CALLS, n=8)
         launch_ms.append(host["call_us_per_step"] / 1000)
         launch = launch or host
     if not per_gpu:

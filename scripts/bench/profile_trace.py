@@ -171,6 +171,11 @@ def process_names(events: Sequence[dict]) -> dict[object, str]:
     }
 
 
+def device_pids(events: Sequence[dict]) -> set[object]:
+    """The process ids of a trace's devices (`/device:...`): every other process is the host's."""
+    return {pid for pid, name in process_names(events).items() if name.startswith("/device:")}
+
+
 def device_kernels(events: Iterable[dict]) -> dict[str, list[Kernel]]:
     """Kernels per GPU (`/device:GPU:i`), sorted by start, from Chrome trace events."""
     events = list(events)
@@ -213,7 +218,7 @@ def jit_calls(events: Iterable[dict], steps: int) -> dict[str, dict[str, float]]
     program's kernels (synchronous in the calling thread). A call the trace records twice, one
     event inside another of the same name on the same thread, counts once."""
     events = list(events)
-    devices = {pid for pid, name in process_names(events).items() if name.startswith("/device:")}
+    devices = device_pids(events)
     calls = sorted(  # the outer of two events starting together first
         (e["pid"], e["tid"], e["name"], float(e["ts"]), -float(e["dur"]))
         for e in events

@@ -203,7 +203,11 @@ def device_batches(
     under_way = _UNDER_WAY * len(decoder_sets)
     workers = _UNDER_WAY * sum(len(decoders) for decoders in decoder_sets)
     records = iter(batches)
-    with concurrent.futures.ThreadPoolExecutor(workers, "decode") as pool:
+    own_threads: set[int] = set()
+    pool = concurrent.futures.ThreadPoolExecutor(
+        workers, "decode", initializer=lambda: own_threads.add(threading.get_ident())
+    )
+    try:
         for step in itertools.count(first_step):
             start = time.perf_counter()
             batch = next(records, None)
@@ -220,6 +224,10 @@ def device_batches(
                 yield _collected(*pending.popleft(), fallback, log, clock)
         while pending:
             yield _collected(*pending.popleft(), fallback, log, clock)
+    finally:
+        # A generator left unfinished is closed by garbage collection on whichever thread runs
+        # it, one of this pool's included, and a thread cannot wait for itself to end.
+        pool.shutdown(wait=threading.get_ident() not in own_threads, cancel_futures=True)
 
 
 def _collected(

@@ -284,6 +284,34 @@ def test_decode_sets_take_batches_in_turn_and_the_next_is_under_way_first(monkey
         assert [b["image"] for b in out] == [[names[k % len(names)]] for k in range(5)]
 
 
+def test_batches_left_unfinished_close_from_one_of_their_own_decode_threads(monkeypatch):
+    # Garbage collection may finalise an unfinished `device_batches` on any thread, one of its
+    # decode threads included: closing it there must not wait for that thread to end.
+    started, closed, errors = threading.Event(), threading.Event(), []
+    holder = {}
+
+    def decode(batch, rows, decoder, *_):
+        if batch["label"][0] == 1:  # under way while the consumer holds batch 0
+            started.wait(10)
+            try:
+                holder["decoded"].close()
+            except Exception as error:  # noqa: BLE001 - the failure this test looks for
+                errors.append(error)
+            closed.set()
+        return decoder, []
+
+    monkeypatch.setattr(gpu_input, "decode_rows", decode)
+    records = ({"label": np.array([k])} for k in range(4))
+    holder["decoded"] = gpu_input.device_batches(
+        records, [[("a", slice(0, 1))]], None, first_step=0, image_size=8, canvas=16
+    )
+    assert int(next(holder["decoded"])["label"][0]) == 0
+    started.set()
+    assert closed.wait(10)
+    assert errors == []
+    assert next(holder["decoded"], None) is None  # closed: nothing more comes out
+
+
 def test_the_clock_counts_each_batch_wait_for_records_and_for_decoding(monkeypatch):
     # Records arrive 40 ms apart and a decoder takes 200 ms a batch, one batch at a time. With
     # two batches under way the input thread waits 160 ms for each of the first three decodes

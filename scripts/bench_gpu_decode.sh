@@ -22,6 +22,10 @@
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh rounds  # 1 GPU: synthetic and the GPU path
 #                                  # in turn, ROUNDS rounds (3 unless set), at BATCH (256 unless
 #                                  # set), each against its own round's synthetic run; the runs only
+#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh update_mode  # 1 GPU: synthetic and the GPU
+#                                  # path with XLA's default command-buffer update mode, then
+#                                  # with SKIP_TEMP, at BATCH (64 unless set), ROUNDS (1 unless
+#                                  # set); the runs only
 #   OUT=/tmp/out PROFILE_BATCH=64 bash scripts/bench_gpu_decode.sh trace  # the smoke check and
 #                                  # the profile below only (about 3 minutes)
 # ResNet-50 64K config, bf16, on the generated JPEGs of scripts/bench/input.py: the trainer with
@@ -43,8 +47,8 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 mode=${1:-}
 case "$mode" in
-  one|two|split|depth|kernels|workers|chroma|prealloc|rounds|trace) ;;
-  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|chroma|prealloc|rounds|trace" >&2
+  one|two|split|depth|kernels|workers|chroma|prealloc|rounds|update_mode|trace) ;;
+  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|chroma|prealloc|rounds|update_mode|trace" >&2
      exit 2 ;;
 esac
 export PYTHONUNBUFFERED=1
@@ -69,7 +73,7 @@ depths=1
 if [[ "$mode" == depth ]]; then depths="1 2"; fi
 # (`split` compares ways of starting the same trainers, `chroma` two settings of the decoders
 # end to end: the stages alone are not their question.)
-case "$mode" in trace|split|chroma|prealloc|rounds) stages=0 ;; *) stages=1 ;; esac
+case "$mode" in trace|split|chroma|prealloc|rounds|update_mode) stages=0 ;; *) stages=1 ;; esac
 if (( stages )); then
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 --depth $depths \
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
@@ -188,6 +192,23 @@ case "$mode" in
     for round in $(seq "${ROUNDS:-3}"); do
       one_gpu "$batch" synthetic 0 "1gpu_${batch}_synthetic_${round}"
       one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu_${round}"
+    done
+    PROFILE=0 ;;
+  update_mode)
+    # 1 GPU at BATCH images per GPU (64 unless set): the synthetic run and the GPU path with XLA's
+    # default command-buffer update mode, then both with SKIP_TEMP (each step's temporary buffers
+    # at fixed virtual addresses, so its graphs are not re-recorded where those buffers would
+    # have moved), ROUNDS rounds (1 unless set; four runs take about 5 minutes), each GPU-path
+    # run against the synthetic run given the same flags: what the step's re-recording costs.
+    batch=${BATCH:-64} skip=--xla_gpu_command_buffer_update_mode=SKIP_TEMP
+    for round in $(seq "${ROUNDS:-1}"); do
+      for flags in "" "$skip"; do
+        tag=${flags:+_skip_temp}
+        one_gpu "$batch" synthetic 0 "1gpu_${batch}_synthetic${tag}_${round}" \
+          ${flags:+--xla_flags="$flags"}
+        one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu${tag}_${round}" \
+          ${flags:+--xla_flags="$flags"}
+      done
     done
     PROFILE=0 ;;
   trace) PROFILE=1 ;;  # the profile alone

@@ -519,11 +519,13 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
         (2, 1, 1), (2, 8, 1), (2, 1, 2), (2, 8, 2)]
     assert all(r["decode_images_per_s"] > 0 for r in stage["results"])
 
-    def train_input_run(path, variants, override=(), workers=8, **processes):
+    def train_input_run(path, variants, override=(), workers=8, xla_flags=None, **processes):
         # Records before --processes have no processes field.
         results = [{"variant": v, "images_per_s": rate} for v, rate in variants.items()]
         workers = 0 if "synthetic" in variants else workers
         args = {"per_gpu": 2, "override": list(override), "num_workers": workers}
+        if xla_flags is not None:  # records before train_input's --xla_flags have none
+            args["xla_flags"] = xla_flags
         doc = {"gpus": 8, "cores": 2, "args": args, "results": results, **processes}
         path.write_text(json.dumps(doc))
         return str(path)
@@ -706,6 +708,24 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     table = render_benchmarks.table(str(out))
     assert "| GPUs | CPU cores | images per GPU | input workers | round |" in table
     assert "| 8 | 2 | 2 | 4 | 2 | 945 | 1,000 | 0.945 |" in table
+    # XLA flags given to the trainers (bench_gpu_decode.sh update_mode): the GPU path with them
+    # against the synthetic run given the same, not the one without; flags in a column.
+    skip = "--xla_gpu_command_buffer_update_mode=SKIP_TEMP"
+    flag_runs = [
+        train_input_run(tmp_path / f"flags_{i}.json", {variant: rate}, xla_flags=flags)
+        for i, (variant, flags, rate) in enumerate([
+            ("synthetic", "", 1000.0), ("synthetic", skip, 1100.0),
+            ("gpu", skip, 1089.0), ("gpu", "", 900.0)])
+    ]
+    doc = bench_gpu_decode.main(
+        ["report", f"--stage={stage_path}", "--runs", *flag_runs, f"--out={out}"])
+    assert [(r.get("xla_flags"), r["synthetic_images_per_s"], r["ratio"])
+            for r in doc["results"]] == [(None, 1000.0, pytest.approx(0.9)),
+                                         (skip, 1100.0, pytest.approx(0.99))]
+    table = render_benchmarks.table(str(out))
+    assert "| GPUs | CPU cores | images per GPU | trainers' XLA flags |" in table
+    assert f"| 8 | 2 | 2 | {skip} | 1,089 | 1,100 | 0.990 |" in table
+    assert "| 8 | 2 | 2 | - | 900 | 1,000 | 0.900 |" in table
 
 
 def test_bench_gpu_decode_whole_image_rate_is_the_best_call_and_names_its_format(monkeypatch):

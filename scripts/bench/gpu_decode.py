@@ -774,17 +774,20 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         # train_input's --launcher say nothing) or jia_jax.main itself ("main").
         launcher = run.get("launcher") or ("launch_local" if key[2] > 1 else "")
         setting = (*decode_setting(overrides), workers, bound, launcher)
+        # XLA flags given to the trainers alone (train_input --xla_flags) change the step itself:
+        # the GPU path's runs are against synthetic runs given the same.
+        flags = run["args"].get("xla_flags") or ""
         for r in run["results"]:
             # Synthetic runs decode nothing: one baseline for every setting. A setting run again
             # is its next round.
-            slot = (*key, *(setting if r["variant"] == "gpu" else _SYNTHETIC_SETTING))
+            slot = (*key, flags, *(setting if r["variant"] == "gpu" else _SYNTHETIC_SETTING))
             rounds[slot, r["variant"]] += 1
             entry = configs.setdefault((*slot, rounds[slot, r["variant"]]), {})
             entry[r["variant"]] = {**r, "cores": run["cores"]}
     # A configuration of synthetic runs only is another row's baseline, not a row of its own.
     shown = [k for k, v in configs.items() if "gpu" in v or "synthetic" not in v]
     rows = [
-        _report_row(key, configs, rates.get((key[1], key[0], key[3])))
+        _report_row(key, configs, rates.get((key[1], key[0], key[4])))
         for key in sorted(shown, key=lambda k: (k[0], -k[1], *k[2:]))
     ]
     return {
@@ -822,19 +825,22 @@ def decode_setting(overrides: Sequence[str]) -> tuple[int, str, str, str]:
 
 
 def _report_row(
-    key: tuple[int, int, int, int, str, str, str, int | None, bool, str, int],
+    key: tuple[int, int, int, str, int, str, str, str, int | None, bool, str, int],
     configs: dict[tuple, dict],
     decode_rate: float | None,
 ) -> dict[str, Any]:
-    """The GPU path's row of one (GPUs, images per GPU, processes, decode depth, crop kernel,
-    chroma upsampling, decoder options, input workers, processes bound to their cores, what
-    started them, round).
-    Its synthetic baseline is the unbound run of as many processes, else of one: the step's own
-    speed in the trainer's fastest form; of the same round where there is one, else the first."""
-    gpus, per_gpu, processes, depth, kernel, chroma, options, workers, bound, launcher, round_ = key
+    """The GPU path's row of one (GPUs, images per GPU, processes, the trainers' XLA flags,
+    decode depth, crop kernel, chroma upsampling, decoder options, input workers, processes bound
+    to their cores, what started them, round).
+    Its synthetic baseline is the unbound run of as many processes, else of one, given the same
+    XLA flags: the step's own speed in the trainer's fastest form; of the same round where there
+    is one, else the first."""
+    gpus, per_gpu, processes, flags, depth, kernel, chroma, options, workers, bound, launcher, \
+        round_ = key
 
     def baseline(p: int) -> dict:
-        runs = [configs.get((gpus, per_gpu, p, *_SYNTHETIC_SETTING, r), {}) for r in (round_, 1)]
+        runs = [configs.get((gpus, per_gpu, p, flags, *_SYNTHETIC_SETTING, r), {})
+                for r in (round_, 1)]
         return next((c["synthetic"] for c in runs if "synthetic" in c), {})
 
     synthetic_processes = next((p for p in (processes, 1) if baseline(p)), processes)
@@ -860,6 +866,8 @@ def _report_row(
     }
     if launcher:
         row["launcher"] = launcher
+    if flags:
+        row["xla_flags"] = flags
     if "started" in gpu:  # the processes jia_jax.main started (1: it trained alone)
         row["started"] = gpu["started"]
     if gpu.get("input_wait") is not None:  # runs logged since the trainer measures it

@@ -299,13 +299,12 @@ def _gpu_decode_columns(
     """(header, shown, cell) of each column of `gpu_decode_table`, in order. A processes column
     where some row ran several (records without the field ran one) and who started them where
     jia_jax.main did for some row (its rows say so only if it started them all), decode depth
-    and round
-    columns where some row's differ from the defaults, crop kernel and input workers columns
-    where the rows' differ (records without the field do not say), a cores-bound column where
-    some row's processes ran on cores of their own; the share of time the GPU
-    path's train loop waited for input where the runs logged it, its input thread's waits a
-    batch (read, decode) and the launch a step where they logged those; the decode stage's rate
-    where its call timed it."""
+    and round columns where some row's differ from the defaults, crop kernel, trainers' XLA
+    flags and input workers columns where the rows' differ (records without the field do not
+    say), a cores-bound column where some row's processes ran on cores of their own; the share
+    of time the GPU path's train loop waited for input where the runs logged it, its input
+    thread's waits a batch (read, decode) and the launch a step where they logged those; the
+    decode stage's rate where its call timed it."""
 
     def some(test: Callable[[dict[str, Any]], bool]) -> bool:
         return any(test(r) for r in results)
@@ -345,6 +344,8 @@ def _gpu_decode_columns(
         ("chroma", len({r.get("chroma") for r in results}) > 1, lambda r: r.get("chroma", "-")),
         ("decoder options", len({r.get("decoder_options", "") for r in results}) > 1,
          lambda r: r.get("decoder_options") or "-"),
+        ("trainers' XLA flags", len({r.get("xla_flags", "") for r in results}) > 1,
+         lambda r: r.get("xla_flags") or "-"),
         ("input workers", len({r.get("workers") for r in results}) > 1,
          lambda r: str(r.get("workers", "-"))),
         ("cores bound", some(lambda r: r.get("bound", False)),

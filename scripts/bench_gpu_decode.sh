@@ -199,15 +199,16 @@ case "$mode" in
     # default command-buffer update mode, then both with SKIP_TEMP (each step's temporary buffers
     # at fixed virtual addresses, so its graphs are not re-recorded where those buffers would
     # have moved), ROUNDS rounds (1 unless set; four runs take about 5 minutes), each GPU-path
-    # run against the synthetic run given the same flags: what the step's re-recording costs.
+    # run against the synthetic run given the same flags, each with XLA's log of its updates
+    # (train_input --command_buffer_log): what the step's re-recording costs.
     batch=${BATCH:-64} skip=--xla_gpu_command_buffer_update_mode=SKIP_TEMP
     for round in $(seq "${ROUNDS:-1}"); do
       for flags in "" "$skip"; do
         tag=${flags:+_skip_temp}
         one_gpu "$batch" synthetic 0 "1gpu_${batch}_synthetic${tag}_${round}" \
-          ${flags:+--xla_flags="$flags"}
+          --command_buffer_log ${flags:+--xla_flags="$flags"}
         one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu${tag}_${round}" \
-          ${flags:+--xla_flags="$flags"}
+          --command_buffer_log ${flags:+--xla_flags="$flags"}
       done
     done
     PROFILE=0 ;;

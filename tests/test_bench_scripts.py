@@ -19,6 +19,7 @@ import pytest
 from jia_jax import comm_model, crop_resize
 from jia_jax import metrics
 from scripts.bench import allreduce as bench_allreduce
+from scripts.bench import command_buffer_log
 from scripts.bench import gpu_decode as bench_gpu_decode
 from scripts.bench import harness
 from scripts.bench import hosts as bench_hosts
@@ -468,6 +469,56 @@ def test_bench_train_input_xla_flags_reach_only_the_trainers(tmp_path, monkeypat
     assert os.environ["XLA_FLAGS"] == own  # this process's own left as they were
 
 
+def _xla_update_lines(moved: int, commands: int, skipped: int, us: int) -> str:
+    """One command-buffer update as XLA logs it at the verbosity command_buffer_log.ENV sets."""
+    return (
+        "I1130 17:00:33.1 26900 command_buffer_thunk.cc:245] Update command buffer on device #0 "
+        "by recoding command buffer cmd sequence after 1 executions since last update; "
+        f"num_commands={commands}; updated_allocs={moved}\n"
+        f"I1130 17:00:33.2 26900 command_executor.cc:330] Updated {commands} commands in {us} "
+        f"\u03bcs (skipped {skipped} command updates)\n"
+    )
+
+
+def test_command_buffer_log_counts_the_updates_a_step_after_the_first_interval():
+    # Compilation and warm-up (before the first progress line) record everything: left out.
+    warmup = _xla_update_lines(9, 1200, 0, 90000)
+    first = "I1130 loop.py:326] step  100/300 | loss 2.1 | 5763.1 img/s | input wait 0%\n"
+    steady = [(5, 1200, 100, 2000), (1, 1200, 1190, 40), (5, 1200, 300, 1800)]
+    log = warmup + first + "".join(_xla_update_lines(*u) for u in steady) + "step 300/300 |\n"
+    # Over 4 steps: 3 updates, 1100 + 10 + 900 commands recorded again, 100 + 1190 + 300
+    # skipped, 3840 us recording; the median update moved 5 allocations.
+    assert command_buffer_log.summary(log, steps=4) == {
+        "updates_per_step": 0.75,
+        "moved_allocations_median": 5,
+        "recorded_per_step": 502.5,
+        "skipped_per_step": 397.5,
+        "record_us_per_step": 960.0,
+    }
+    assert command_buffer_log.summary(warmup + first, steps=4) is None  # no steady update
+
+
+def test_bench_train_input_command_buffer_log_asks_xla_and_reads_its_lines(tmp_path, monkeypatch):
+    envs = []
+    log = "".join(
+        f"I1130 loop.py:326] step {s}/30 | learning_rate 0.1 | loss 1 | 100.0 img/s | ETA 0:00:01\n"
+        + _xla_update_lines(4, 1000, 200, 1500)
+        for s in (10, 20, 30)
+    )
+    monkeypatch.setattr(harness, "run_logged",
+                        lambda cmd, env, **_: (envs.append(env), (0, log))[1])
+    monkeypatch.setattr(bench_train_input, "_visible_gpus", lambda: 1)
+    doc = bench_train_input.main(["--variants=synthetic,gpu", "--command_buffer_log",
+                                  f"--out={tmp_path / 'o.json'}"])
+    assert all(env[k] == v for env in envs for k, v in command_buffer_log.ENV.items())
+    # Three updates after the first interval's line, over its 20 steps.
+    for row in doc["results"]:
+        assert row["command_buffer_updates"]["recorded_per_step"] == pytest.approx(3 * 800 / 20)
+    plain = bench_train_input.main(["--variants=synthetic", f"--out={tmp_path / 'p.json'}"])
+    assert "command_buffer_updates" not in plain["results"][0]
+    assert envs[-1].get("TF_CPP_VMODULE") == os.environ.get("TF_CPP_VMODULE")  # as it was
+
+
 def test_bench_train_input_rates_two_processes_once(tmp_path, monkeypatch):
     """A real run of 2 processes of 4 CPU devices each: every step's interval counted once, the
     rate one of the global rates the trainers logged, and GPUs that the processes do not divide
@@ -726,6 +777,22 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     assert "| GPUs | CPU cores | images per GPU | trainers' XLA flags |" in table
     assert f"| 8 | 2 | 2 | {skip} | 1,089 | 1,100 | 0.990 |" in table
     assert "| 8 | 2 | 2 | - | 900 | 1,000 | 0.900 |" in table
+    # XLA's updates of the step's command buffers (train_input --command_buffer_log): each run's
+    # commands recorded again a step, the GPU path's beside its synthetic run's.
+    for path, recorded in ((flag_runs[0], 40.0), (flag_runs[3], 1180.0)):
+        record = json.loads(open(path).read())
+        record["results"][0]["command_buffer_updates"] = {"recorded_per_step": recorded}
+        open(path, "w").write(json.dumps(record))
+    doc = bench_gpu_decode.main(
+        ["report", f"--stage={stage_path}", "--runs", *flag_runs, f"--out={out}"])
+    plain = doc["results"][0]
+    assert plain["command_buffer_updates"]["recorded_per_step"] == 1180.0
+    assert plain["synthetic_command_buffer_updates"]["recorded_per_step"] == 40.0
+    table = render_benchmarks.table(str(out))
+    assert "| commands recorded again a step, decode=gpu / synthetic |" in table
+    lines = {line.split(" | ")[3]: line for line in table.splitlines() if line.startswith("| 8 ")}
+    assert lines["-"].endswith("| 1,180 / 40 |")
+    assert lines[skip].endswith("| - / - |")  # runs without the log
 
 
 def test_bench_gpu_decode_whole_image_rate_is_the_best_call_and_names_its_format(monkeypatch):

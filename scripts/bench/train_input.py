@@ -18,7 +18,9 @@ compilation and the workers' start); its `input_wait` is the median, over the sa
 of the logged fraction of time the loop waited for the next batch. With `--thread_cpu`, its
 `thread_cpu` is where the trainer's CPU went over the same intervals (scripts/bench/thread_cpu.py:
 CPU seconds a second by thread name, and of its worker processes). `--xla_flags` are appended
-to the trainers' XLA_FLAGS only. Writes JSON with each run's command, log tail and ratio to
+to the trainers' XLA_FLAGS only. With `--command_buffer_log`, its `command_buffer_updates` are
+XLA's own account of the step's command-buffer updates over the same intervals
+(scripts/bench/command_buffer_log.py). Writes JSON with each run's command, log tail and ratio to
 `synthetic`.
 
   python -m scripts.bench.input --data_dir=/tmp/jia_bench_data --cores 16   # writes the dataset
@@ -45,7 +47,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from scripts.bench import harness, thread_cpu
+from scripts.bench import command_buffer_log, harness, thread_cpu
 
 VARIANTS = ("synthetic", "host", "gpu")
 DECODE = {"host": "cpu", "gpu": "gpu"}
@@ -103,8 +105,9 @@ def run(variant: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
         samples.append(thread_cpu.sample(pid, time.time()))
 
     each_second = look if args.thread_cpu else None
+    env = {**args.child_env, **(command_buffer_log.ENV if args.command_buffer_log else {})}
     returncode, log = harness.run_logged(
-        cmd, env=args.child_env, timeout=args.timeout_s, each_second=each_second
+        cmd, env=env, timeout=args.timeout_s, each_second=each_second
     )
     row: dict[str, Any] = {
         "variant": variant,
@@ -125,6 +128,9 @@ def run(variant: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
     launch_ms = steady_median(progress, "launch_ms")  # the host's ms a step in the step's call
     if launch_ms is not None:
         row["launch_ms"] = launch_ms
+    if args.command_buffer_log:  # the steps of the intervals after the first
+        updates = command_buffer_log.summary(log, progress[-1]["step"] - progress[0]["step"])
+        row["command_buffer_updates"] = updates
     stages = [p["input_stages_ms"] for p in progress[1:] if "input_stages_ms" in p]
     if stages:  # the GPU path's input thread: its median wait a batch per stage
         row["input_stages_ms"] = {k: statistics.median(s[k] for s in stages) for k in stages[0]}
@@ -187,6 +193,12 @@ def _parser() -> argparse.ArgumentParser:
         "--xla_flags",
         default="",
         help="appended to XLA_FLAGS for the trainers only, e.g. a command-buffer setting",
+    )
+    parser.add_argument(
+        "--command_buffer_log",
+        action="store_true",
+        help="have XLA log the step's command-buffer updates; each run's figures a step after "
+        "its first interval (scripts/bench/command_buffer_log.py)",
     )
     parser.add_argument("--out", default="bench_train_input.json")
     return parser

@@ -303,8 +303,8 @@ def _gpu_decode_columns(
     flags and input workers columns where the rows' differ (records without the field do not
     say), a cores-bound column where some row's processes ran on cores of their own; the share
     of time the GPU path's train loop waited for input where the runs logged it, its input
-    thread's waits a batch (read, decode) and the launch a step where they logged those; the
-    decode stage's rate where its call timed it."""
+    thread's waits a batch (read, decode), the launch a step and the commands XLA recorded again
+    a step where they logged those; the decode stage's rate where its call timed it."""
 
     def some(test: Callable[[dict[str, Any]], bool]) -> bool:
         return any(test(r) for r in results)
@@ -321,6 +321,10 @@ def _gpu_decode_columns(
     def launches(r: dict[str, Any]) -> str:
         ms = (r.get(k) for k in ("launch_ms", "synthetic_launch_ms"))
         return " / ".join("-" if v is None else f"{v:.1f}" for v in ms)
+
+    def recorded(r: dict[str, Any]) -> str:
+        runs = (r.get(k) for k in ("command_buffer_updates", "synthetic_command_buffer_updates"))
+        return " / ".join("-" if u is None else f"{u['recorded_per_step']:,.0f}" for u in runs)
 
     def wait(r: dict[str, Any]) -> str:
         return "-" if r.get("input_wait") is None else f"{r['input_wait']:.0%}"
@@ -360,6 +364,8 @@ def _gpu_decode_columns(
         ("input thread waits a batch, ms", some(lambda r: "input_stages_ms" in r),
          lambda r: stage_clock.describe(r.get("input_stages_ms", {})) or "-"),
         ("launch ms a step, decode=gpu / synthetic", some(lambda r: "launch_ms" in r), launches),
+        ("commands recorded again a step, decode=gpu / synthetic",
+         some(lambda r: "command_buffer_updates" in r), recorded),
     ]
 
 

@@ -485,7 +485,9 @@ def test_command_buffer_log_counts_the_updates_a_step_after_the_first_interval()
     warmup = _xla_update_lines(9, 1200, 0, 90000)
     first = "I1130 loop.py:326] step  100/300 | loss 2.1 | 5763.1 img/s | input wait 0%\n"
     steady = [(5, 1200, 100, 2000), (1, 1200, 1190, 40), (5, 1200, 300, 1800)]
-    log = warmup + first + "".join(_xla_update_lines(*u) for u in steady) + "step 300/300 |\n"
+    last = "I1130 loop.py:326] step 300/300 | loss 2.0 | 5763.1 img/s | input wait 0%\n"
+    evals = _xla_update_lines(7, 300, 0, 9000)  # the final eval's program: left out too
+    log = warmup + first + "".join(_xla_update_lines(*u) for u in steady) + last + evals
     # Over 4 steps: 3 updates, 1100 + 10 + 900 commands recorded again, 100 + 1190 + 300
     # skipped, 3840 us recording; the median update moved 5 allocations.
     assert command_buffer_log.summary(log, steps=4) == {
@@ -503,7 +505,7 @@ def test_bench_train_input_command_buffer_log_asks_xla_and_reads_its_lines(tmp_p
     log = "".join(
         f"I1130 loop.py:326] step {s}/30 | learning_rate 0.1 | loss 1 | 100.0 img/s | ETA 0:00:01\n"
         + _xla_update_lines(4, 1000, 200, 1500)
-        for s in (10, 20, 30)
+        for s in (10, 20, 25, 30)
     )
     monkeypatch.setattr(harness, "run_logged",
                         lambda cmd, env, **_: (envs.append(env), (0, log))[1])
@@ -511,7 +513,7 @@ def test_bench_train_input_command_buffer_log_asks_xla_and_reads_its_lines(tmp_p
     doc = bench_train_input.main(["--variants=synthetic,gpu", "--command_buffer_log",
                                   f"--out={tmp_path / 'o.json'}"])
     assert all(env[k] == v for env in envs for k, v in command_buffer_log.ENV.items())
-    # Three updates after the first interval's line, over its 20 steps.
+    # Three updates between the first and last intervals' lines, over their 20 steps.
     for row in doc["results"]:
         assert row["command_buffer_updates"]["recorded_per_step"] == pytest.approx(3 * 800 / 20)
     plain = bench_train_input.main(["--variants=synthetic", f"--out={tmp_path / 'p.json'}"])

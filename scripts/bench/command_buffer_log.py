@@ -28,13 +28,13 @@ _PROGRESS = re.compile(r"step\s+\d+/\d+ \|")
 
 
 def summary(log: str, steps: int) -> dict[str, Any] | None:
-    """Per step, over the part of `log` after its first progress line (the trainer's first logged
-    interval: compilation and warm-up before it), spanning `steps` steps: command-buffer updates,
-    commands recorded again and skipped, µs spent recording, and the median count of moved
-    allocations an update. None where that part logs no update (none happened, or the XLA of the
-    run logs them otherwise)."""
-    first = _PROGRESS.search(log)
-    steady = log[first.end():] if first else log
+    """Per step, over the part of `log` between its first and last progress lines (compilation
+    and warm-up before the first; the final eval's programs after the last), spanning `steps`
+    steps: command-buffer updates, commands recorded again and skipped, µs spent recording, and
+    the median count of moved allocations an update. None where that part logs no update (none
+    happened, or the XLA of the run logs them otherwise)."""
+    lines = list(_PROGRESS.finditer(log))
+    steady = log[lines[0].end():lines[-1].start()] if lines else log
     moved = [int(m.group(1)) for m in _UPDATE.finditer(steady)]
     recorded = [tuple(map(int, m.groups())) for m in _RECORDED.finditer(steady)]
     if not moved and not recorded:

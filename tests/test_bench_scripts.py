@@ -483,9 +483,9 @@ def _xla_update_lines(moved: int, commands: int, skipped: int, us: int) -> str:
 def test_command_buffer_log_counts_the_updates_a_step_after_the_first_interval():
     # Compilation and warm-up (before the first progress line) record everything: left out.
     warmup = _xla_update_lines(9, 1200, 0, 90000)
-    first = "I1130 loop.py:326] step  100/300 | loss 2.1 | 5763.1 img/s | input wait 0%\n"
+    first = "I1130 loop.py:326] step 100/300 | learning_rate 0.1 | loss 2.1 | 5763.1 img/s |\n"
     steady = [(5, 1200, 100, 2000), (1, 1200, 1190, 40), (5, 1200, 300, 1800)]
-    last = "I1130 loop.py:326] step 300/300 | loss 2.0 | 5763.1 img/s | input wait 0%\n"
+    last = "I1130 loop.py:326] step 300/300 | learning_rate 0.1 | loss 2.0 | 5763.1 img/s |\n"
     evals = _xla_update_lines(7, 300, 0, 9000)  # the final eval's program: left out too
     log = warmup + first + "".join(_xla_update_lines(*u) for u in steady) + last + evals
     # Over 4 steps: 3 updates, 1100 + 10 + 900 commands recorded again, 100 + 1190 + 300

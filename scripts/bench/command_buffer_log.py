@@ -15,6 +15,8 @@ import re
 import statistics
 from typing import Any
 
+from scripts.bench import harness
+
 # The environment that has XLA log its command-buffer updates (the thunk's at level 3, the
 # executor's count of commands at level 1; older XLA logged the latter from command_buffer_cmd).
 ENV = {
@@ -24,7 +26,6 @@ ENV = {
 
 _UPDATE = re.compile(r"Update command buffer on device #\d+ .*updated_allocs=(\d+)")
 _RECORDED = re.compile(r"Updated (\d+) commands in (\d+) \S+ \(skipped (\d+) command updates\)")
-_PROGRESS = re.compile(r"step\s+\d+/\d+ \|")
 
 
 def summary(log: str, steps: int) -> dict[str, Any] | None:
@@ -33,7 +34,7 @@ def summary(log: str, steps: int) -> dict[str, Any] | None:
     steps: command-buffer updates, commands recorded again and skipped, µs spent recording, and
     the median count of moved allocations an update. None where that part logs no update (none
     happened, or the XLA of the run logs them otherwise)."""
-    lines = list(_PROGRESS.finditer(log))
+    lines = list(harness.PROGRESS.finditer(log))
     steady = log[lines[0].end():lines[-1].start()] if lines else log
     moved = [int(m.group(1)) for m in _UPDATE.finditer(steady)]
     recorded = [tuple(map(int, m.groups())) for m in _RECORDED.finditer(steady)]

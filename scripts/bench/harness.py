@@ -36,7 +36,7 @@ import jax.numpy as jnp
 _MAX_CALLS_PER_SAMPLE = 64
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # `jia_jax.metrics.format_progress`: the step is padded to the width of the total.
-_PROGRESS = re.compile(
+PROGRESS = re.compile(
     r"step\s+(\d+)/\d+ \|.*?\| loss ([\d.eE+-]+|nan|inf) \|(?:.*?\|)? ([\d.]+) img/s \|"
 )
 # The field right after `img/s |` in lines logged since the trainer measured input wait; on the
@@ -317,7 +317,7 @@ def trainer_progress(log: str) -> list[dict[str, Any]]:
     the global images/s it measured over the same steps: a step's first line counts, once.
     """
     steps: dict[int, dict[str, Any]] = {}
-    for found in _PROGRESS.finditer(log):
+    for found in PROGRESS.finditer(log):
         step, loss, rate = found.groups()
         wait = _INPUT_WAIT.match(log, found.end())
         line = {

@@ -318,13 +318,15 @@ def _gpu_decode_columns(
             rate += f" ({r['synthetic_processes']} process)"
         return rate
 
-    def launches(r: dict[str, Any]) -> str:
-        ms = (r.get(k) for k in ("launch_ms", "synthetic_launch_ms"))
-        return " / ".join("-" if v is None else f"{v:.1f}" for v in ms)
+    def beside_synthetic(key: str, cell: Callable[[Any], str]) -> Callable[[dict[str, Any]], str]:
+        """`key`'s value of the GPU-path run, then of its synthetic run (`synthetic_<key>`)."""
+        runs = (key, f"synthetic_{key}")
+        return lambda r: " / ".join("-" if r.get(k) is None else cell(r[k]) for k in runs)
 
-    def recorded(r: dict[str, Any]) -> str:
-        runs = (r.get(k) for k in ("command_buffer_updates", "synthetic_command_buffer_updates"))
-        return " / ".join("-" if u is None else f"{u['recorded_per_step']:,.0f}" for u in runs)
+    launches = beside_synthetic("launch_ms", lambda ms: f"{ms:.1f}")
+    recorded = beside_synthetic(
+        "command_buffer_updates", lambda u: f"{u['recorded_per_step']:,.0f}"
+    )
 
     def wait(r: dict[str, Any]) -> str:
         return "-" if r.get("input_wait") is None else f"{r['input_wait']:.0%}"

@@ -22,10 +22,13 @@
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh rounds  # 1 GPU: synthetic and the GPU path
 #                                  # in turn, ROUNDS rounds (3 unless set), at BATCH (256 unless
 #                                  # set), each against its own round's synthetic run; the runs only
-#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh update_mode  # 1 GPU: synthetic and the GPU
-#                                  # path with XLA's default command-buffer update mode, then
-#                                  # with SKIP_TEMP, at BATCH (64 unless set), ROUNDS (1 unless
-#                                  # set); the runs only
+#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh xla_flags  # 1 GPU: synthetic and the GPU
+#                                  # path with XLA's defaults, then with FLAGS (the step's
+#                                  # temporary buffers from an allocator of their own unless
+#                                  # set), at each of BATCHES (64 unless set; XLA's defaults
+#                                  # only at those of PLAIN_BATCHES, all unless set), ROUNDS (1
+#                                  # unless set), with XLA's log of command-buffer updates; the
+#                                  # runs only
 #   OUT=/tmp/out PROFILE_BATCH=64 bash scripts/bench_gpu_decode.sh trace  # the smoke check and
 #                                  # the profile below only (about 3 minutes)
 # ResNet-50 64K config, bf16, on the generated JPEGs of scripts/bench/input.py: the trainer with
@@ -47,8 +50,8 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 mode=${1:-}
 case "$mode" in
-  one|two|split|depth|kernels|workers|chroma|prealloc|rounds|update_mode|trace) ;;
-  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|chroma|prealloc|rounds|update_mode|trace" >&2
+  one|two|split|depth|kernels|workers|chroma|prealloc|rounds|xla_flags|trace) ;;
+  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|chroma|prealloc|rounds|xla_flags|trace" >&2
      exit 2 ;;
 esac
 export PYTHONUNBUFFERED=1
@@ -73,7 +76,7 @@ depths=1
 if [[ "$mode" == depth ]]; then depths="1 2"; fi
 # (`split` compares ways of starting the same trainers, `chroma` two settings of the decoders
 # end to end: the stages alone are not their question.)
-case "$mode" in trace|split|chroma|prealloc|rounds|update_mode) stages=0 ;; *) stages=1 ;; esac
+case "$mode" in trace|split|chroma|prealloc|rounds|xla_flags) stages=0 ;; *) stages=1 ;; esac
 if (( stages )); then
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 --depth $depths \
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
@@ -194,21 +197,25 @@ case "$mode" in
       one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu_${round}"
     done
     PROFILE=0 ;;
-  update_mode)
-    # 1 GPU at BATCH images per GPU (64 unless set): the synthetic run and the GPU path with XLA's
-    # default command-buffer update mode, then both with SKIP_TEMP (each step's temporary buffers
-    # at fixed virtual addresses, so its graphs are not re-recorded where those buffers would
-    # have moved), ROUNDS rounds (1 unless set; four runs take about 5 minutes), each GPU-path
-    # run against the synthetic run given the same flags, each with XLA's log of its updates
-    # (train_input --command_buffer_log): what the step's re-recording costs.
-    batch=${BATCH:-64} skip=--xla_gpu_command_buffer_update_mode=SKIP_TEMP
+  xla_flags)
+    # 1 GPU at each of BATCHES images per GPU: the synthetic run and the GPU path with XLA's
+    # defaults (at the batches of PLAIN_BATCHES), then both with FLAGS, ROUNDS rounds, each
+    # GPU-path run against the synthetic run given the same flags, each with XLA's log of its
+    # command-buffer updates (train_input --command_buffer_log). The default FLAGS give the
+    # step's temporary buffers an allocator of their own (CUDA's stream-ordered pool), which
+    # hands them the same address every step: XLA then has no command of theirs to record again
+    # when the crop program's and the decoder's allocations between steps move the rest.
+    batches=${BATCHES:-64} flags=${FLAGS:---xla_gpu_temp_buffer_use_separate_color=true}
     for round in $(seq "${ROUNDS:-1}"); do
-      for flags in "" "$skip"; do
-        tag=${flags:+_skip_temp}
-        one_gpu "$batch" synthetic 0 "1gpu_${batch}_synthetic${tag}_${round}" \
-          --command_buffer_log ${flags:+--xla_flags="$flags"}
-        one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu${tag}_${round}" \
-          --command_buffer_log ${flags:+--xla_flags="$flags"}
+      for batch in $batches; do
+        for given in "" "$flags"; do
+          if [[ -z "$given" && " ${PLAIN_BATCHES:-$batches} " != *" $batch "* ]]; then continue; fi
+          tag=${given:+_flags}
+          one_gpu "$batch" synthetic 0 "1gpu_${batch}_synthetic${tag}_${round}" \
+            --command_buffer_log ${given:+--xla_flags="$given"}
+          one_gpu "$batch" gpu $((half / 2)) "1gpu_${batch}_gpu${tag}_${round}" \
+            --command_buffer_log ${given:+--xla_flags="$given"}
+        done
       done
     done
     PROFILE=0 ;;

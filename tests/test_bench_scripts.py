@@ -470,13 +470,19 @@ def test_bench_train_input_xla_flags_reach_only_the_trainers(tmp_path, monkeypat
 
 
 def _xla_update_lines(moved: int, commands: int, skipped: int, us: int) -> str:
-    """One command-buffer update as XLA logs it at the verbosity command_buffer_log.ENV sets."""
+    """One command-buffer update as XLA logs it at the verbosity command_buffer_log.ENV sets (the
+    wording of jax 0.11.2's XLA)."""
     return (
-        "I1130 17:00:33.1 26900 command_buffer_thunk.cc:245] Update command buffer on device #0 "
-        "by recoding command buffer cmd sequence after 1 executions since last update; "
-        f"num_commands={commands}; updated_allocs={moved}\n"
-        f"I1130 17:00:33.2 26900 command_executor.cc:330] Updated {commands} commands in {us} "
-        f"\u03bcs (skipped {skipped} command updates)\n"
+        "I1130 18:23:01.748957    4385 command_buffer_thunk.cc:336] [0] Create/Update command "
+        "buffer by recoding command buffer cmd sequence after 1 executions since last update; "
+        f"num_commands={commands}; updated_allocs={moved}; is_first_record=false; "
+        "needs_update=true\n"
+        "I1130 18:23:01.748995    4385 command_executor.cc:546] Record update "
+        f"{commands} commands into command buffer 0x57b89760: record_id=0\n"
+        f"I1130 18:23:01.749067    4385 command_executor.cc:669] Updated {commands} commands in "
+        f"{us} \u03bcs (skipped {skipped} command updates)\n"
+        "I1130 18:23:01.749074    4385 command_buffer_thunk.cc:362] [0] Updated command buffer "
+        f"in {us + 16} \u03bcs; num_commands={commands}\n"
     )
 
 
@@ -761,7 +767,7 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
     table = render_benchmarks.table(str(out))
     assert "| GPUs | CPU cores | images per GPU | input workers | round |" in table
     assert "| 8 | 2 | 2 | 4 | 2 | 945 | 1,000 | 0.945 |" in table
-    # XLA flags given to the trainers (bench_gpu_decode.sh update_mode): the GPU path with them
+    # XLA flags given to the trainers (bench_gpu_decode.sh xla_flags): the GPU path with them
     # against the synthetic run given the same, not the one without; flags in a column.
     skip = "--xla_gpu_command_buffer_update_mode=SKIP_TEMP"
     flag_runs = [

@@ -24,7 +24,9 @@ ENV = {
     "TF_CPP_VMODULE": "command_buffer_thunk=3,command_executor=1,command_buffer_cmd=1",
 }
 
-_UPDATE = re.compile(r"Update command buffer on device #\d+ .*updated_allocs=(\d+)")
+# XLA's wording has changed between versions ("Update command buffer on device #0 ...",
+# "[0] Create/Update command buffer by recoding ..."); both end the line with the counts.
+_UPDATE = re.compile(r"Update command buffer\b[^\n]*?updated_allocs=(\d+)")
 _RECORDED = re.compile(r"Updated (\d+) commands in (\d+) \S+ \(skipped (\d+) command updates\)")
 
 

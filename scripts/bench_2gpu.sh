@@ -21,9 +21,6 @@
 #                                                     # in command buffers (BATCHES, ROUNDS)
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh graphs_one_host  # the same as one process on both
 #                                                     # GPUs (BATCHES)
-#   OUT=/tmp/out bash scripts/bench_2gpu.sh update_mode  # the trainer across 2 hosts with XLA's
-#                                                     # command-buffer update mode SKIP_TEMP and
-#                                                     # without (BATCHES)
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh after     # comm.pack_after_backward: fusion and rates
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh leaves    # comm.concatenate_buckets=False likewise
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh loop      # the trainer's loop against its own step
@@ -226,16 +223,6 @@ case "$1" in
       --strategies=default --rounds="${ROUNDS:-2}" --peer \
       --row_variant="--config.launch.convolution_graphs=never" \
       --out="$OUT/bench_hosts_graphs_2x1.json"
-    ;;
-  update_mode)
-    # The trainer across 2 emulated hosts x 1 GPU at BATCHES images per GPU (64,256 unless set),
-    # 3 steps of each row traced: XLA's default command-buffer update mode, and SKIP_TEMP (the
-    # step's temporary buffers at fixed virtual addresses, its graphs not updated where they
-    # would have moved; XLA of jax 0.11 only), each against one GPU.
-    python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches="${BATCHES:-64,256}" \
-      --strategies=default --profile_steps=3 \
-      --xla_flags_variant=--xla_gpu_command_buffer_update_mode=SKIP_TEMP \
-      --out="$OUT/bench_hosts_update_mode_2x1.json"
     ;;
   graphs_one_host)
     # The same as one process driving both GPUs (NVLink; launch_local.sh --hosts 1 2), against

@@ -865,6 +865,44 @@ def test_gpu_path_launch_at_64_with_graphs_prose_quotes_the_trace():
     ])
 
 
+def test_command_buffer_updates_at_64_prose_quotes_xla_logs():
+    """XLA's own count of the commands it recorded again a step, the GPU path against synthetic
+    data, with XLA's defaults and with the temporaries' own allocator (`bench_gpu_decode.sh
+    xla_flags` at 64), and SKIP_TEMP's crash, in input_pipeline.md."""
+    flag = "--xla_gpu_temp_buffer_use_separate_color=true"
+    record = load("gpu_decode_temp_color_1xH200.json")
+    rows = {(r["per_gpu"], r.get("xla_flags")): r for r in record["results"]}
+    plain, colored = rows[64, None], rows[64, flag]
+    gpu, synthetic = plain["command_buffer_updates"], plain["synthetic_command_buffer_updates"]
+    per_step = gpu["recorded_per_step"] + gpu["skipped_per_step"]
+    assert 1100 < per_step < 1200  # the step's ~1,160 commands and the crop program's 9
+    assert gpu["recorded_per_step"] > 3 * synthetic["recorded_per_step"]
+    assert colored["command_buffer_updates"]["recorded_per_step"] < 1.1 * synthetic[
+        "recorded_per_step"]
+    skip = load("gpu_decode_skip_temp64_1xH200.json")
+    [crashed] = [r for run in skip["runs"] for r in run["results"] if r.get("returncode")]
+    assert crashed["returncode"] == -11 and "checkpoint.py" in "".join(crashed["log_tail"])
+    assert "--xla_gpu_command_buffer_update_mode=SKIP_TEMP" in " ".join(
+        run["args"].get("xla_flags") or "" for run in skip["runs"])
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"the GPU path recorded {gpu['recorded_per_step']:.0f} commands again a step, in "
+        f"{gpu['record_us_per_step'] / 1e3:.1f} ms, against the synthetic run's "
+        f"{synthetic['recorded_per_step']:.0f}, in {synthetic['record_us_per_step'] / 1e3:.1f} ms",
+        f"It updated {gpu['updates_per_step']:.2f} times a step",
+        f"against {synthetic['updates_per_step']:.2f}, the median update finding "
+        f"{gpu['moved_allocations_median']:.0f} allocations moved against "
+        f"{synthetic['moved_allocations_median']:.0f}",
+        f"the GPU path recorded {colored['command_buffer_updates']['recorded_per_step']:.0f} "
+        "commands again a step",
+        f"({colored['launch_ms']} ms a step on the GPU path, {colored['synthetic_launch_ms']} "
+        f"synthetic, against {plain['launch_ms']} and {plain['synthetic_launch_ms']} without)",
+        f"the synthetic run trained {colored['synthetic_images_per_s']:,.0f} images/s against "
+        f"{plain['synthetic_images_per_s']:,.0f}",
+        f"trained the synthetic run's {crashed['intervals'][-1][0]} steps at "
+        f"{sorted(r for _, r in crashed['intervals'][1:])[2]:,.0f} images/s",
+    ])
+
+
 def test_gpu_decode_on_one_gpu_today_prose_quotes_the_json():
     """Today's code on one H200 (`bench_gpu_decode.sh one`) at 256 and 64 images."""
     record = load("bench_gpu_decode_packed_1xH200.json")

@@ -221,8 +221,11 @@ def test_a_reused_array_full_of_an_earlier_batchs_pixels_gives_a_fresh_ones_crop
         batch, rows, gpu_input.DeviceDecoder(device, decoder, fresh_ring), _SIZE, _CANVAS
     )
     assert failed == []
-    # Given back with the crop that read it, for the ring to wait for.
-    assert ring.given[-1][0] is dirty and ring.given[-1][1] is reused
+    # Given back with an output of the crop that read it, for the ring to wait for: one pixel of
+    # its own, not the images, which an image ring may donate to a later crop.
+    reader = ring.given[-1][1]
+    assert ring.given[-1][0] is dirty and reader is not reused
+    np.testing.assert_array_equal(reader, np.asarray(reused)[:1, :1, :1, :1])
     np.testing.assert_array_equal(reused, fresh)
     expected = _pillow(batch)
     assert np.abs(np.asarray(reused, np.int32) - expected).max() <= _LEVELS

@@ -70,11 +70,6 @@ def get_config() -> ml_collections.ConfigDict:
     # crops that read them; on one H200 host, 8 trained 1.055x faster than 4 at 256 images
     # (docs/input_pipeline.md, "How fast it is").
     config.data.gpu_tile_ring_depth = 8
-    # GPU decoding: image arrays each GPU keeps after their batch for a later batch's crops to
-    # write into (0: new memory each batch). New memory between steps moved the train step's
-    # temporary buffers in XLA's pool, and XLA then records their commands in the step's CUDA
-    # graph again (docs/input_pipeline.md). 8 [256, 224, 224, 3] uint8 arrays are 0.3 GB.
-    config.data.gpu_image_ring_depth = 8
     # GPU decoding: the crop's products. "pallas": kernels that read only each crop's window and
     # convert the uint8 pixels as they load them (a GPU whose canvas is a multiple of 16 and
     # image_size at least 9); "xla": XLA's products over whole tiles. The same crops; "pallas"

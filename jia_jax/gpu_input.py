@@ -5,10 +5,9 @@ grain's worker processes when `data.num_workers` > 0). Then each local device ta
 the batch, the rows the batch sharding gives it: the decoder writes their tiles into an array
 in the device's memory (jia_jax/gpu_decode.py), taken from the device's ring of tile arrays
 (jia_jax/tile_ring.py), and one jitted program crops, resizes and flips them into uint8
-[rows, S, S, 3] there (jia_jax/crop_resize.py), into the memory of an earlier batch's images
-once that batch is let go (jia_jax/image_ring.py). The tile array goes back to the ring, to be
-reused once that program has finished, so a batch does not wait for a fresh array's zeros, which
-XLA writes behind the train steps already queued. The train and eval steps normalise the images,
+[rows, S, S, 3] there (jia_jax/crop_resize.py). The array goes back to the ring, to be reused
+once that program has finished, so a batch does not wait for a fresh array's zeros, which XLA
+writes behind the train steps already queued. The train and eval steps normalise the images,
 as they do the CPU path's. The per-device images become the global batch with
 `jax.make_array_from_single_device_arrays`: no pixel crosses the host. A thread runs this two
 batches ahead of the trainer, with two threads per decoder for the decoding, each with a batch
@@ -47,7 +46,6 @@ from jia_jax import (
     crop_kernel,
     crop_resize,
     gpu_decode,
-    image_ring,
     record_batches,
     stage_clock,
     tfds_input,
@@ -68,13 +66,11 @@ _UNDER_WAY = 2
 
 @dataclasses.dataclass(frozen=True)
 class DeviceDecoder:
-    """One local device, its decoder, the tile arrays it decodes into and the image arrays its
-    crops write into (None: new ones each batch)."""
+    """One local device, its decoder and the tile arrays it decodes into."""
 
     device: jax.Device
     decode: gpu_decode.TileDecoder
     ring: tile_ring.TileRing
-    images: image_ring.ImageRing | None = None
 
 
 def device_rows(
@@ -102,17 +98,14 @@ def device_decoders(
     fancy_upsampling: bool = True,
     ring_depth: int = tile_ring.DEPTH,
     options: str = "",
-    image_rings: dict[jax.Device, image_ring.ImageRing] | None = None,
 ) -> dict[jax.Device, DeviceDecoder]:
     """A decoder (`gpu_decode.new_decoder`, with nvImageCodec's `options`) and a tile ring of
-    `ring_depth` per device, with the device's ring of `image_rings` (none: new images each
-    batch)."""
+    `ring_depth` per device."""
     return {
         d: DeviceDecoder(
             d,
             gpu_decode.new_decoder(d, options=options, fancy_upsampling=fancy_upsampling),
             tile_ring.TileRing(d, ring_depth),
-            (image_rings or {}).get(d),
         )
         for d in devices
     }
@@ -143,16 +136,13 @@ def decode_rows(
     wanted = [encoded[offsets[first + e] : offsets[first + e + 1]] for e in plan.example.tolist()]
     count = crop_resize.padded_count(len(wanted), stop - first)
     tiles = decoder.ring.take(count, canvas)
-    shape = (stop - first, image_size, image_size, 3)
-    reuse = decoder.images.take(shape) if decoder.images is not None else None
     reader = None  # an output of the program that reads `tiles`, once enqueued
     try:
         decoded = decoder.decode(wanted, plan.region, tiles)
         failed = sorted(set(plan.example[~decoded].tolist()))
         # A tile that did not decode is read like any other; its example's row is replaced after.
         plan = crop_resize.pad_plan(plan, count, stop - first)
-        images, reader = _crop_into(
-            reuse,
+        images, reader = _crop_with_reader(
             tiles,
             jax.device_put(plan.example, decoder.device),
             jax.device_put(plan.params, decoder.device),
@@ -166,16 +156,8 @@ def decode_rows(
     return images, failed
 
 
-# keep_unused: jit would otherwise drop `out`, which the program never reads, and with it the
-# donation.
-@functools.partial(
-    jax.jit,
-    static_argnames=("batch", "image_size", "one_tile_each", "kernel"),
-    donate_argnames=("out",),
-    keep_unused=True,
-)
-def _crop_into(
-    out: jax.Array | None,
+@functools.partial(jax.jit, static_argnames=("batch", "image_size", "one_tile_each", "kernel"))
+def _crop_with_reader(
     tiles: jax.Array,
     example: jax.Array,
     params: jax.Array,
@@ -185,9 +167,10 @@ def _crop_into(
     one_tile_each: bool,
     kernel: str,
 ) -> tuple[jax.Array, jax.Array]:
-    """`crop_resize.crop_resize`'s images in the memory of `out` (donated; None: new memory), and
-    one of their pixels: the tile ring's reader, which, unlike the images, nothing donates."""
-    del out
+    """`crop_resize.crop_resize`'s images and one of their pixels, for the tile ring to wait on.
+    Given the images themselves, the ring would keep each batch's alive until it hands their
+    tiles out again, several batches later: memory that the train steps' temporary buffers must
+    be placed around in XLA's pool (docs/input_pipeline.md)."""
     images = crop_resize.crop_resize(
         tiles, example, params, batch=batch, image_size=image_size,
         one_tile_each=one_tile_each, kernel=kernel,
@@ -394,9 +377,6 @@ class GpuStreams:
         ring = data.get("gpu_tile_ring_depth", tile_ring.DEPTH)
         if ring < 1:
             raise ValueError(f"data.gpu_tile_ring_depth={ring} must be at least 1.")
-        kept = data.get("gpu_image_ring_depth", image_ring.DEPTH)
-        if kept < 0:
-            raise ValueError(f"data.gpu_image_ring_depth={kept} must be 0 (off) or more.")
         devices = sorted(sharding.addressable_devices, key=lambda d: d.id)
         check_crop_kernel(data, {d.platform for d in devices})
         if len(devices) > 1:
@@ -410,12 +390,7 @@ class GpuStreams:
             )
         fancy = bool(data.gpu_fancy_upsampling)
         options = data.get("gpu_decoder_options", "")
-        # One image ring a device, shared by its decoders: any batch's images may take any
-        # earlier batch's memory.
-        images = {d: image_ring.ImageRing(kept) for d in devices} if kept else None
-        decoders = tuple(
-            device_decoders(devices, fancy, ring, options, images) for _ in range(depth)
-        )
+        decoders = tuple(device_decoders(devices, fancy, ring, options) for _ in range(depth))
         return cls(data, sharding, global_batch, eval_batch, seed, decoders)
 
     def train(self, start_step: int) -> Iterator[Batch]:
@@ -483,14 +458,4 @@ class GpuStreams:
             clock=clock,
         )
         counted = tfds_input.bad_record_counter(part, data.max_bad_records)(decoded)
-        return background(self._assembled(b, global_batch) for b in counted)
-
-    def _assembled(self, batch: dict[str, Any], global_batch: int) -> Batch:
-        """`assemble`d, each device's images kept by its image ring until the batch is gone."""
-        shards = list(batch["image"])
-        assembled = assemble(batch, self.sharding, global_batch)
-        for shard in shards:
-            ring = self.decoders[0][next(iter(shard.devices()))].images
-            if ring is not None:
-                ring.give(shard, assembled["image"])
-        return assembled
+        return background(assemble(b, self.sharding, global_batch) for b in counted)

@@ -56,7 +56,6 @@ FREE_ON_RESUME = (
     "data.gpu_crop_kernel",
     "data.gpu_decode_depth",
     "data.gpu_tile_ring_depth",
-    "data.gpu_image_ring_depth",
     "distributed.*",
     # How the step's kernels are launched: the same step (jia_jax/step_graphs.py).
     "launch.*",

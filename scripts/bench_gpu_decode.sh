@@ -19,11 +19,6 @@
 #                                  # its buffers sized up front (data.gpu_decoder_options)
 #                                  # against growing them, alternating, 2 rounds, at BATCH (256
 #                                  # unless set); the logged intervals show the first steps
-#   OUT=/tmp/out bash scripts/bench_gpu_decode.sh image_ring  # 1 GPU: the GPU path with its
-#                                  # crops writing into earlier batches' images
-#                                  # (data.gpu_image_ring_depth 8) and into new memory (0),
-#                                  # alternating, 2 rounds, at BATCH (64 unless set), with XLA's
-#                                  # log of command-buffer updates; the runs only
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh rounds  # 1 GPU: synthetic and the GPU path
 #                                  # in turn, ROUNDS rounds (3 unless set), at BATCH (256 unless
 #                                  # set), each against its own round's synthetic run; the runs only
@@ -55,8 +50,8 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 mode=${1:-}
 case "$mode" in
-  one|two|split|depth|kernels|workers|chroma|prealloc|image_ring|rounds|xla_flags|trace) ;;
-  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|chroma|prealloc|image_ring|rounds|xla_flags|trace" >&2
+  one|two|split|depth|kernels|workers|chroma|prealloc|rounds|xla_flags|trace) ;;
+  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|chroma|prealloc|rounds|xla_flags|trace" >&2
      exit 2 ;;
 esac
 export PYTHONUNBUFFERED=1
@@ -81,7 +76,7 @@ depths=1
 if [[ "$mode" == depth ]]; then depths="1 2"; fi
 # (`split` compares ways of starting the same trainers, `chroma` two settings of the decoders
 # end to end: the stages alone are not their question.)
-case "$mode" in trace|split|chroma|prealloc|image_ring|rounds|xla_flags) stages=0 ;; *) stages=1 ;; esac
+case "$mode" in trace|split|chroma|prealloc|rounds|xla_flags) stages=0 ;; *) stages=1 ;; esac
 if (( stages )); then
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 --depth $depths \
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
@@ -110,15 +105,14 @@ one_gpu() {  # one_gpu PER_GPU VARIANTS WORKERS NAME [FLAG ...]: GPU 0, its 16 c
   train 0 "$first" "$1" $(( $1 == 256 ? 300 : 600 )) $(( $1 == 256 ? 50 : 100 )) "${@:2}" \
     --thread_cpu
 }
-turn_flags=()
 in_turns() {  # in_turns PER_GPU FIELD VALUE ...: 1 GPU, the synthetic baseline, then the GPU
   # path with data.FIELD at each VALUE in turn, two rounds (runs named by the VALUE's letters,
-  # digits, dots and dashes, the rest as _); every run given turn_flags too.
-  one_gpu "$1" synthetic 0 "1gpu_$1_synthetic" "${turn_flags[@]}"
+  # digits, dots and dashes, the rest as _).
+  one_gpu "$1" synthetic 0 "1gpu_$1_synthetic"
   for round in 1 2; do
     for value in "${@:3}"; do
       one_gpu "$1" gpu $((half / 2)) "1gpu_$1_gpu_$2_${value//[^A-Za-z0-9.-]/_}_${round}" \
-        --override=--config.data."$2"="$value" "${turn_flags[@]}"
+        --override=--config.data."$2"="$value"
     done
   done
 }
@@ -192,14 +186,6 @@ case "$mode" in
     sized+=" nvjpeg_hw_decoder:preallocate_width_hint=512"
     sized+=" nvjpeg_hw_decoder:preallocate_height_hint=512"
     in_turns "$batch" gpu_decoder_options "" "$sized"
-    PROFILE=0 ;;
-  image_ring)
-    # 1 GPU: the GPU path with each batch's crops writing into the images of a batch already let
-    # go (the default) and into new memory in turn, at BATCH images per GPU (64 unless set),
-    # each run with XLA's log of its command-buffer updates: whether new memory between steps
-    # is what moves the step's temporary buffers, and what recording their commands again costs.
-    turn_flags=(--command_buffer_log)
-    in_turns "${BATCH:-64}" gpu_image_ring_depth 8 0
     PROFILE=0 ;;
   rounds)
     # 1 GPU at BATCH images per GPU (256 unless set): the synthetic run and the GPU path in turn,

@@ -16,7 +16,7 @@ import typing
 import jax
 import pytest
 
-from jia_jax import comm_model, crop_resize, image_ring
+from jia_jax import comm_model, crop_resize
 from jia_jax import metrics
 from scripts.bench import allreduce as bench_allreduce
 from scripts.bench import command_buffer_log
@@ -745,16 +745,6 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
         ("repeated", 1, pytest.approx(0.98)), ("repeated", 2, pytest.approx(0.985))]
     assert "| GPUs | CPU cores | images per GPU | chroma | round |" in table
     assert "| 8 | 2 | 2 | repeated | 2 | 985 | 1,000 | 0.985 |" in table
-    # Crops into kept images and into new memory (bench_gpu_decode.sh image_ring): a row per
-    # depth and round, the depth in a column; a run that does not set it has today's default.
-    rows, table = in_turns("gpu_image_ring_depth", [("8", 970.0), ("0", 940.0), ("8", 975.0)])
-    assert [(r["image_ring_depth"], r["round"], r["ratio"]) for r in rows] == [
-        (0, 1, pytest.approx(0.94)), (8, 1, pytest.approx(0.97)), (8, 2, pytest.approx(0.975))]
-    assert "| GPUs | CPU cores | images per GPU | images kept for reuse | round |" in table
-    assert "| 8 | 2 | 2 | 0 | 1 | 940 | 1,000 | 0.940 |" in table
-    plain = bench_gpu_decode.main(
-        ["report", f"--stage={stage_path}", "--runs", *runs[:2], f"--out={out}"])["results"]
-    assert [r["image_ring_depth"] for r in plain] == [image_ring.DEPTH]
     # nvJPEG's buffers grown and sized up front (bench_gpu_decode.sh prealloc), options quoted.
     sized = "nvjpeg_hw_decoder:preallocate_batch_size=2 nvjpeg_hw_decoder:preallocate_width_hint=9"
     rows, table = in_turns("gpu_decoder_options", [("''", 950.0), (f"'{sized}'", 990.0)])

@@ -3,8 +3,10 @@ to one taker at a time, at most `depth` per shape; and a reused array, full of a
 pixels, gives the GPU path the crops a fresh one gives (jia_jax/gpu_input.py `decode_rows`, with
 the Pillow stand-in for nvImageCodec of tests/gpu_fakes.py)."""
 
+import gc
 import io
 import threading
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -222,9 +224,9 @@ def test_a_reused_array_full_of_an_earlier_batchs_pixels_gives_a_fresh_ones_crop
     )
     assert failed == []
     # Given back with an output of the crop that read it, for the ring to wait for: one pixel of
-    # its own, not the images, which an image ring may donate to a later crop.
+    # its own, so that the ring does not keep the batch's images alive.
     reader = ring.given[-1][1]
-    assert ring.given[-1][0] is dirty and reader is not reused
+    assert ring.given[-1][0] is dirty and reader.shape == (1, 1, 1, 1)
     np.testing.assert_array_equal(reader, np.asarray(reused)[:1, :1, :1, :1])
     np.testing.assert_array_equal(reused, fresh)
     expected = _pillow(batch)
@@ -265,3 +267,22 @@ def test_batch_after_batch_the_gpu_path_makes_no_new_array(made):
     assert 1 <= len(made) <= tile_ring.DEPTH
     for out in outputs:
         np.testing.assert_array_equal(out, outputs[0])
+
+
+def test_the_ring_does_not_keep_a_batchs_images_alive():
+    """A batch's images are freed once the batch lets them go, not when the ring hands their tile
+    array out again several batches later: memory held on so long shifts where XLA's pool places
+    the next train steps' temporary buffers (docs/input_pipeline.md)."""
+    rng = np.random.default_rng(2)
+    batch = _record_batch([(20, 27), (32, 17), (9, 30), (31, 31)], rng)
+    device = jax.devices()[0]
+    decoder = gpu_decode.NvImageCodecDecoder(device, FakeNvImageCodec(), FakeStream())
+    ring = tile_ring.TileRing(device)
+    images, _ = gpu_input.decode_rows(
+        batch, slice(0, 4), gpu_input.DeviceDecoder(device, decoder, ring), _SIZE, _CANVAS
+    )
+    freed = weakref.ref(images)
+    images.block_until_ready()
+    del images
+    gc.collect()
+    assert freed() is None

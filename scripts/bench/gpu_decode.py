@@ -66,7 +66,6 @@ import numpy as np
 
 from jia_jax.crop_resize import DEFAULT_KERNEL as DEFAULT_CROP_KERNEL
 from jia_jax.crop_resize import KERNELS as CROP_KERNELS
-from jia_jax.image_ring import DEPTH as IMAGE_RING_DEPTH
 from scripts.bench import harness
 
 _NAME = "jia_bench_jpeg"
@@ -802,16 +801,15 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
 
 # The decode setting (depth, crop kernel, chroma, decoder options, workers, bound, launcher) of
 # every synthetic run's slot.
-_SYNTHETIC_SETTING = (0, "", "", "", 0, None, False, "")
+_SYNTHETIC_SETTING = (0, "", "", "", None, False, "")
 
 
-def decode_setting(overrides: Sequence[str]) -> tuple[int, str, str, str, int]:
+def decode_setting(overrides: Sequence[str]) -> tuple[int, str, str, str]:
     """`data.gpu_decode_depth`, `data.gpu_crop_kernel`, the chroma upsampling
-    (`data.gpu_fancy_upsampling`: "interpolated" or "repeated"), nvImageCodec's decoder options
-    (`data.gpu_decoder_options`) and `data.gpu_image_ring_depth` as a run's `--config` overrides
-    set them (the last wins), else today's defaults."""
+    (`data.gpu_fancy_upsampling`: "interpolated" or "repeated") and nvImageCodec's decoder options
+    (`data.gpu_decoder_options`) as a run's `--config` overrides set them (the last wins), else
+    their defaults."""
     depth, kernel, chroma, options = 1, DEFAULT_CROP_KERNEL, "interpolated", ""
-    kept = IMAGE_RING_DEPTH
     for override in overrides:
         name, _, value = override.partition("=")
         value = value.strip("'\"")
@@ -823,24 +821,22 @@ def decode_setting(overrides: Sequence[str]) -> tuple[int, str, str, str, int]:
             chroma = "interpolated" if value.lower() in ("true", "1") else "repeated"
         elif name == "--config.data.gpu_decoder_options":
             options = value
-        elif name == "--config.data.gpu_image_ring_depth":
-            kept = int(value)
-    return depth, kernel, chroma, options, kept
+    return depth, kernel, chroma, options
 
 
 def _report_row(
-    key: tuple[int, int, int, str, int, str, str, str, int, int | None, bool, str, int],
+    key: tuple[int, int, int, str, int, str, str, str, int | None, bool, str, int],
     configs: dict[tuple, dict],
     decode_rate: float | None,
 ) -> dict[str, Any]:
     """The GPU path's row of one (GPUs, images per GPU, processes, the trainers' XLA flags,
-    decode depth, crop kernel, chroma upsampling, decoder options, image ring depth, input
-    workers, processes bound to their cores, what started them, round).
+    decode depth, crop kernel, chroma upsampling, decoder options, input workers, processes bound
+    to their cores, what started them, round).
     Its synthetic baseline is the unbound run of as many processes, else of one, given the same
     XLA flags: the step's own speed in the trainer's fastest form; of the same round where there
     is one, else the first."""
-    gpus, per_gpu, processes, flags, depth, kernel, chroma, options, kept, workers, bound, \
-        launcher, round_ = key
+    gpus, per_gpu, processes, flags, depth, kernel, chroma, options, workers, bound, launcher, \
+        round_ = key
 
     def baseline(p: int) -> dict:
         runs = [configs.get((gpus, per_gpu, p, flags, *_SYNTHETIC_SETTING, r), {})
@@ -859,7 +855,6 @@ def _report_row(
         "crop_kernel": kernel,
         "chroma": chroma,
         "decoder_options": options,
-        "image_ring_depth": kept,
         "workers": workers,
         "bound": bound,
         "round": round_,

@@ -350,8 +350,6 @@ def _gpu_decode_columns(
         ("chroma", len({r.get("chroma") for r in results}) > 1, lambda r: r.get("chroma", "-")),
         ("decoder options", len({r.get("decoder_options", "") for r in results}) > 1,
          lambda r: r.get("decoder_options") or "-"),
-        ("images kept for reuse", len({r.get("image_ring_depth") for r in results}) > 1,
-         lambda r: str(r.get("image_ring_depth", "-"))),
         ("trainers' XLA flags", len({r.get("xla_flags", "") for r in results}) > 1,
          lambda r: r.get("xla_flags") or "-"),
         ("input workers", len({r.get("workers") for r in results}) > 1,

@@ -203,8 +203,9 @@ case "$mode" in
     # GPU-path run against the synthetic run given the same flags, each with XLA's log of its
     # command-buffer updates (train_input --command_buffer_log). The default FLAGS give the
     # step's temporary buffers an allocator of their own (CUDA's stream-ordered pool), which
-    # hands them the same address every step: XLA then has no command of theirs to record again
-    # when the crop program's and the decoder's allocations between steps move the rest.
+    # hands them the same address every step, so XLA records none of their commands again; in
+    # this XLA that allocator also makes each step's call wait for the step
+    # (docs/input_pipeline.md): a diagnosis, not a setting to train with.
     batches=${BATCHES:-64} flags=${FLAGS:---xla_gpu_temp_buffer_use_separate_color=true}
     for round in $(seq "${ROUNDS:-1}"); do
       for batch in $batches; do

@@ -19,6 +19,9 @@
 #                                  # its buffers sized up front (data.gpu_decoder_options)
 #                                  # against growing them, alternating, 2 rounds, at BATCH (256
 #                                  # unless set); the logged intervals show the first steps
+#   OUT=/tmp/out BATCH=64 bash scripts/bench_gpu_decode.sh streams  # nvImageCodec's decoders
+#                                  # limited to STREAMS CUDA streams (4 unless set) against
+#                                  # their default, alternating, 2 rounds, at BATCH (64 unless set)
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh rounds  # 1 GPU: synthetic and the GPU path
 #                                  # in turn, ROUNDS rounds (3 unless set), at BATCH (256 unless
 #                                  # set), each against its own round's synthetic run; the runs only
@@ -50,8 +53,8 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 mode=${1:-}
 case "$mode" in
-  one|two|split|depth|kernels|workers|chroma|prealloc|rounds|xla_flags|trace) ;;
-  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|chroma|prealloc|rounds|xla_flags|trace" >&2
+  one|two|split|depth|kernels|workers|chroma|prealloc|streams|rounds|xla_flags|trace) ;;
+  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|chroma|prealloc|streams|rounds|xla_flags|trace" >&2
      exit 2 ;;
 esac
 export PYTHONUNBUFFERED=1
@@ -76,7 +79,7 @@ depths=1
 if [[ "$mode" == depth ]]; then depths="1 2"; fi
 # (`split` compares ways of starting the same trainers, `chroma` two settings of the decoders
 # end to end: the stages alone are not their question.)
-case "$mode" in trace|split|chroma|prealloc|rounds|xla_flags) stages=0 ;; *) stages=1 ;; esac
+case "$mode" in trace|split|chroma|prealloc|streams|rounds|xla_flags) stages=0 ;; *) stages=1 ;; esac
 if (( stages )); then
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 --depth $depths \
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
@@ -187,6 +190,15 @@ case "$mode" in
     sized+=" nvjpeg_hw_decoder:preallocate_height_hint=512"
     in_turns "$batch" gpu_decoder_options "" "$sized"
     PROFILE=0 ;;
+  streams)
+    # 1 GPU: the GPU path with nvImageCodec's decoders on their default CUDA streams (up to one
+    # per worker thread, a thread per core) and limited to STREAMS (4 unless set), in turn, at
+    # BATCH images per GPU (64 unless set): whether the decoders' streams are why the train
+    # step's kernels follow each other later on the GPU path at every boundary, whether or not a
+    # decoder kernel runs then (docs/input_pipeline.md). Limited to 1, a trainer logged no step
+    # in 6 minutes (one try), though a decoder alone decoded as fast with it as without.
+    in_turns "${BATCH:-64}" gpu_decoder_options "" ":num_cuda_streams=${STREAMS:-4}"
+    PROFILE=0 ;;
   rounds)
     # 1 GPU at BATCH images per GPU (256 unless set): the synthetic run and the GPU path in turn,
     # ROUNDS rounds (3 unless set), each GPU-path run against its own round's synthetic run: a
@@ -228,10 +240,11 @@ esac
 # steps at 256 images, 1,200 at 64: the GPU path's decoding is slower for about its first 150
 # steps) without Python's tracer, which slows the host, and summarised per device
 # (idle: no kernel runs; where the idle gaps sit and what precedes them; busy time per kind, the
-# decoder's kernels included; the top kernels; the host's time in each jitted call, and in the
-# step's calls by what it spends it on, `launch`) into
-# $OUT/gpu_decode_profile.json. PROFILE=0 skips it (about two minutes), for a call that must stay
-# inside 10 minutes.
+# decoder's kernels included; the top kernels; how the kernels of XLA's stream follow each
+# other; the host's time in each jitted call, and in the step's calls by what it spends it on,
+# `launch`) into $OUT/gpu_decode_profile.json, their kernels in
+# $OUT/gpu_decode_profile.json.kernels.json.gz (profile_trace.dump_kernels per variant and
+# device). PROFILE=0 skips it (about two minutes), for a call that must stay inside 10 minutes.
 if [[ "${PROFILE:-1}" == 1 ]]; then
 pbatch=${PROFILE_BATCH:-256}
 psteps=$(( pbatch >= 256 ? 320 : 1220 )) traced=10
@@ -246,9 +259,9 @@ for variant in synthetic gpu; do
     || echo "profiled $variant run failed"
 done
 python3 - "$runs" "$OUT/gpu_decode_profile.json" "$traced" <<'PY' || echo "profile summary failed"
-import json, re, sys
+import gzip, json, re, sys
 from scripts.bench import harness, host_trace, profile_trace
-doc = {"environment": harness.environment(), "variants": {}}
+doc, kept = {"environment": harness.environment(), "variants": {}}, {}
 for variant in ("synthetic", "gpu"):
     run = json.load(open(f"{sys.argv[1]}/profiled_{variant}.json"))["results"][0]
     workdir = re.search(r"--workdir=(\S+)", run["command"])[1]
@@ -260,9 +273,13 @@ for variant in ("synthetic", "gpu"):
     launch = host_trace.breakdown(events, steps, call=host_trace.TRAIN_STEP_CALLS)
     doc["variants"][variant] = {"run": run, "devices": devices, "host": host,
                                 "launch": launch}
+    kept[variant] = {d: profile_trace.dump_kernels(k)
+                     for d, k in profile_trace.device_kernels(events).items()}
     print(variant, {d: round(v["per_step"]["idle_us"] / 1e3, 1) for d, v in devices.items()},
           "ms idle a step")
 json.dump(doc, open(sys.argv[2], "w"), indent=1)
+with gzip.open(f"{sys.argv[2]}.kernels.json.gz", "wt") as f:  # the traced steps' kernels
+    json.dump(kept, f)
 PY
 fi
 

@@ -3,6 +3,7 @@
 import gzip
 import json
 
+import numpy as np
 import pytest
 
 from scripts.bench import profile_trace
@@ -292,3 +293,60 @@ def test_profile_step_builds_every_case_with_the_model_options(tmp_path, monkeyp
     assert all("stop after the config" in r["error"] for r in rows)
     profile_step.main(["--cases=resnet50:1x1:xla:64", f"--out={tmp_path / 'q.json'}"])
     assert seen[-1] == []
+
+
+def _stream_kernels(rng: np.random.Generator, gaps: np.ndarray, stream: str) -> list:
+    """Kernels one after another on `stream`, the boundaries between them `gaps`."""
+    durations = rng.uniform(1.0, 30.0, len(gaps) + 1)
+    starts = np.concatenate([[0.0], np.cumsum(durations[:-1] + gaps)])
+    return [profile_trace.Kernel(f"k{i % 7}", s, s + d, stream, "fusion")
+            for i, (s, d) in enumerate(zip(starts, durations, strict=True))]
+
+
+def test_stream_boundaries_against_numpy():
+    rng = np.random.default_rng(0)
+    gaps = np.concatenate([rng.normal(0.2, 0.3, 400), [250.0, 12.0, 9.5]])
+    rng.shuffle(gaps)
+    main = _stream_kernels(rng, gaps, "Stream #14(Compute)")
+    # A busy other stream with fewer kernels, interleaved in time, is not the one measured.
+    other = _stream_kernels(rng, rng.uniform(-5, 5, 99), "Stream #97(Compute)")
+    got = profile_trace.stream_boundaries(other + main, steps=4)
+    short = gaps[gaps < profile_trace.BOUNDARY_BELOW_US]
+    assert got["stream"] == "Stream #14(Compute)"
+    assert got["count_per_step"] == len(short) / 4 == 401 / 4
+    assert got["negative_per_step"] == np.sum(short < 0) / 4
+    assert got["sum_us_per_step"] == pytest.approx(short.sum() / 4, abs=1e-9)
+    for q in (10, 50, 90):
+        want = np.percentile(short, q, method="lower")
+        # Starts and ends are sums of floats: each boundary is exact to a few ulps of the times.
+        assert got[f"p{q}_us"] == pytest.approx(want, abs=1e-9)
+    # Split by whether the other stream ran when the previous kernel ended.
+    ends = np.array([k.end_us for k in main[:-1]])
+    spans = np.array([(k.start_us, k.end_us) for k in other])
+    busy = ((spans[:, :1] <= ends) & (ends <= spans[:, 1:])).any(axis=0)
+    keep = gaps < profile_trace.BOUNDARY_BELOW_US
+    assert 0 < busy[keep].sum() < keep.sum()  # both kinds occur
+    assert got["beside_other_per_step"] == busy[keep].sum() / 4
+    assert got["p50_us_beside_other"] == pytest.approx(
+        np.percentile(gaps[keep & busy], 50, method="lower"), abs=1e-9)
+    assert got["p50_us_alone"] == pytest.approx(
+        np.percentile(gaps[keep & ~busy], 50, method="lower"), abs=1e-9)
+
+
+def test_stream_boundaries_of_a_stream_without_short_ones():
+    kernels = [profile_trace.Kernel("a", 0.0, 1.0, "s", "fusion"),
+               profile_trace.Kernel("b", 50.0, 51.0, "s", "fusion")]
+    got = profile_trace.stream_boundaries(kernels, steps=1)
+    assert (got["count_per_step"], got["p50_us"]) == (0.0, None)
+
+
+def test_kernel_dump_round_trip():
+    rng = np.random.default_rng(1)
+    kernels = _stream_kernels(rng, rng.uniform(0, 2, 20), "Stream #14")
+    kernels.append(profile_trace.Kernel("MemcpyH2D", 3.0, 4.5, "Stream #15", "copy"))
+    back = profile_trace.undump_kernels(json.loads(json.dumps(profile_trace.dump_kernels(kernels))))
+    assert [(k.name, k.stream, k.kind) for k in back] == [
+        (k.name, k.stream, k.kind) for k in sorted(kernels, key=lambda k: k.start_us)]
+    # Times are kept to the trace's resolution (ns), 3 decimals of µs.
+    want = sorted((k.start_us, k.end_us) for k in kernels)
+    assert np.allclose([(k.start_us, k.end_us) for k in back], want, atol=2e-3, rtol=0)

@@ -14,6 +14,7 @@ without TensorBoard or any other package.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import glob
 import gzip
@@ -341,16 +342,85 @@ def idle_gaps(kernels: Sequence[Kernel], steps: int, n: int = 10) -> dict[str, o
     return {"classes": classes, "longest": longest}
 
 
+# `stream_boundaries`: boundaries at least this long are waits (for the host, another stream or
+# the next step), not one kernel following another.
+BOUNDARY_BELOW_US = 10.0
+
+
+def stream_boundaries(
+    kernels: Sequence[Kernel], steps: int, below_us: float = BOUNDARY_BELOW_US
+) -> dict[str, float | str | None]:
+    """How the kernels of a device's busiest stream (XLA's compute stream in a train step)
+    follow each other: the boundaries between consecutive kernels there, each the next one's
+    start less the previous one's end, negative where the next started before the previous
+    was seen to end. Of those shorter than `below_us`, per step: how many, how many negative,
+    their sum, and their 10th, 50th and 90th percentiles; and the median of those at which
+    another stream was busy (the previous kernel ended while a kernel or copy of another stream
+    ran) and of the rest. A stream whose kernels follow each other later by the same amount
+    whether or not another stream runs loses it at every boundary, not to what runs beside."""
+    counts: dict[str, int] = {}
+    for k in kernels:
+        counts[k.stream] = counts.get(k.stream, 0) + 1
+    stream = max(counts, key=lambda s: (counts[s], s))
+    own = sorted((k for k in kernels if k.stream == stream), key=lambda k: k.start_us)
+    others = union((k.start_us, k.end_us) for k in kernels if k.stream != stream)
+    starts = [a for a, _ in others]
+    beside, alone = [], []
+    for a, b in zip(own, own[1:]):
+        gap = b.start_us - a.end_us
+        if gap < below_us:
+            i = bisect.bisect_right(starts, a.end_us) - 1
+            (beside if i >= 0 and a.end_us <= others[i][1] else alone).append(gap)
+    gaps = sorted(beside + alone)
+
+    def lower(values: list[float], q: float) -> float | None:  # numpy's "lower" percentile
+        values = sorted(values)
+        return values[int(q * (len(values) - 1))] if values else None
+
+    return {
+        "stream": stream,
+        "count_per_step": len(gaps) / steps,
+        "negative_per_step": sum(g < 0 for g in gaps) / steps,
+        "sum_us_per_step": sum(gaps) / steps,
+        "p10_us": lower(gaps, 0.1),
+        "p50_us": lower(gaps, 0.5),
+        "p90_us": lower(gaps, 0.9),
+        "beside_other_per_step": len(beside) / steps,
+        "p50_us_beside_other": lower(beside, 0.5),
+        "p50_us_alone": lower(alone, 0.5),
+    }
+
+
+def dump_kernels(kernels: Sequence[Kernel]) -> dict[str, list]:
+    """`kernels` compactly, for a file beside a summary: names once, then per kernel [name's
+    index, stream, start µs, duration µs] (`undump_kernels` reads it)."""
+    names: dict[str, int] = {}
+    rows = [[names.setdefault(k.name, len(names)), k.stream, round(k.start_us, 3),
+             round(k.end_us - k.start_us, 3)] for k in kernels]
+    return {"names": list(names), "kernels": rows}
+
+
+def undump_kernels(dump: dict[str, list]) -> list[Kernel]:
+    """The kernels of a `dump_kernels` dump, sorted by start."""
+    names = dump["names"]
+    return sorted(
+        (Kernel(names[i], start, start + duration, stream, kernel_kind(names[i]))
+         for i, stream, start, duration in dump["kernels"]),
+        key=lambda k: k.start_us,
+    )
+
+
 def device_summaries(
     events: Iterable[dict], steps: int, n: int = 15
 ) -> dict[str, dict[str, object]]:
-    """Per GPU of a trace's events (`load_events`): `summarize`, `idle_gaps` and
-    `top_kernels`."""
+    """Per GPU of a trace's events (`load_events`): `summarize`, `idle_gaps`, `top_kernels` and
+    `stream_boundaries`."""
     return {
         device: {
             "per_step": summarize(kernels, steps),
             "gaps": idle_gaps(kernels, steps),
             "top": top_kernels(kernels, steps, n),
+            "boundaries": stream_boundaries(kernels, steps),
         }
         for device, kernels in device_kernels(events).items()
     }

@@ -939,9 +939,63 @@ def test_gpu_path_at_64_after_the_reader_change_prose_quotes_the_json_and_trace(
         f"({copies['count_per_step']:.0f} a step) {copies['us_per_step']:.0f} µs of it",
         f"the step would keep {busy['synthetic'] / busy['gpu']:.3f} of its speed",
     ])
+
+
+def test_the_step_kernels_boundaries_on_the_gpu_path_quote_the_traces():
+    """How the step's kernels follow one another on XLA's stream, synthetic against the GPU
+    path, at 64 and 256 images (gpu_decode_boundaries: the boundaries recomputed from the kept
+    kernels), in input_pipeline.md and README."""
+    record = load("gpu_decode_boundaries_1xH200.json")
+    kept = json.loads(gzip.decompress(
+        (RAW / "gpu_decode_boundaries_1xH200.json.kernels.json.gz").read_bytes()))
+    spans, marks, decoder_streams = {}, {}, set()
+    for call in ("traces", "first_call"):
+        for b in ("64", "256"):
+            for v in ("synthetic", "gpu"):
+                device = record[call][b][v]["devices"]["/device:GPU:0"]
+                spans[call, b, v] = f"{device['per_step']['span_us']:,.0f}"
+                if call == "traces":
+                    kernels = profile_trace.undump_kernels(kept[b][v]["/device:GPU:0"])
+                    assert profile_trace.stream_boundaries(kernels, 10) == device["boundaries"]
+                    marks[b, v] = device["boundaries"]
+                    decoder_streams |= {(b, k.stream) for k in kernels if "nvjpeg" in k.name}
+    syn, gpu = marks["64", "synthetic"], marks["64", "gpu"]
+    more = {b: marks[b, "gpu"]["sum_us_per_step"] - marks[b, "synthetic"]["sum_us_per_step"]
+            for b in ("64", "256")}
+    share = {b: more[b] / (float(spans["traces", b, "gpu"].replace(",", ""))
+                           - float(spans["traces", b, "synthetic"].replace(",", "")))
+             for b in more}
+    assert 0.4 < share["64"] < 0.55 and 0.2 < share["256"] < 0.3  # "half" and "a quarter"
+    streams = {b: sum(1 for c, _ in decoder_streams if c == b) for b in ("64", "256")}
+    assert streams["64"] == streams["256"]
+
+    def us(value: float) -> str:
+        return f"{value:.2f}".replace("-", "−")
+
+    big = marks["256", "gpu"]
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"the GPU path's step spanned {spans['traces', '64', 'gpu']} µs against the synthetic "
+        f"run's {spans['traces', '64', 'synthetic']} at 64 images and "
+        f"{spans['traces', '256', 'gpu']} against {spans['traces', '256', 'synthetic']} at 256 "
+        f"in the second call ({spans['first_call', '64', 'gpu']} against "
+        f"{spans['first_call', '64', 'synthetic']} and {spans['first_call', '256', 'gpu']} "
+        f"against {spans['first_call', '256', 'synthetic']} in the first)",
+        f"at {syn['negative_per_step']:.0f} of its {syn['count_per_step']:,.0f} boundaries a "
+        f"step at 64 images (median {us(syn['p50_us'])} µs)",
+        f"({gpu['negative_per_step']:.0f} of {gpu['count_per_step']:,.0f} negative, median "
+        f"{us(gpu['p50_us'])} µs)",
+        f"add up to {gpu['sum_us_per_step']:.0f} µs a step against "
+        f"{syn['sum_us_per_step']:.0f} at 64 images, {big['sum_us_per_step']:.0f} against "
+        f"{marks['256', 'synthetic']['sum_us_per_step']:.0f} at 256: {more['64']:.0f} and "
+        f"{more['256']:.0f} µs more a step",
+        f"the median boundary was {us(gpu['p50_us_beside_other'])} µs at 64 images "
+        f"({us(big['p50_us_beside_other'])} at 256), where none was, "
+        f"{us(gpu['p50_us_alone'])} ({us(big['p50_us_alone'])})",
+        f"({streams['64']} in these traces",
+    ])
     assert_quoted(read("README.md"), [
-        f"the decoder's own work on the GPU, {(busy['gpu'] - busy['synthetic']) / 1e3:.2f} ms of "
-        "kernels and copies a step",
+        f"the step's own kernels, which follow one another later on the GPU path, "
+        f"{more['64']:.0f} µs a step more between them",
     ])
 
 

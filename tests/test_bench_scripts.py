@@ -5,6 +5,7 @@ No timing is asserted, only that every requested case is measured and that the d
 """
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -863,6 +864,7 @@ def test_bench_gpu_decode_contention_on_cpu(tmp_path, fake_gpu):  # noqa: F811
     rows = doc["results"]
     loads = ["none", "records", "decode", "both"]
     assert [(r["round"], r["load"]) for r in rows] == [(k, load) for k in (1, 2) for load in loads]
+    assert not any("boundaries" in r or "decoder_options" in r for r in rows)
     for r in rows:
         assert r["seconds"] >= 0.5 and r["train_images_per_s"] > 0 and r["train_launch_ms"] > 0, r
         assert ("load_images_per_s" in r) == (r["load"] != "none"), r
@@ -870,6 +872,45 @@ def test_bench_gpu_decode_contention_on_cpu(tmp_path, fake_gpu):  # noqa: F811
             assert r["load_images"] >= 4 and r["load_images"] % 4 == 0, r
             assert r["load_images_per_s"] == pytest.approx(r["load_images"] / r["seconds"])
     assert doc["seconds_per_row"] == 0.5
+
+
+def test_bench_gpu_decode_contention_traces_rows_per_option(tmp_path, fake_gpu):  # noqa: F811
+    """With --trace_seconds each row traces its first seconds (the steps finished meanwhile; on
+    CPU no GPU kernels, so no boundaries); with several --contention_options a decode row each,
+    the options reaching the library."""
+    doc = bench_gpu_decode.main(
+        ["contention", f"--data_dir={tmp_path}", "--num_images=16", "--image_size=32",
+         "--canvas=128", "--per_gpu", "4", "--batches=1", "--repeats=1", "--tiny_model",
+         "--train_model=alexnet_bn", "--train_compute_dtype=float32", "--rounds=1",
+         "--load_seconds=0.6", "--trace_seconds=0.3", "--loads", "decode",
+         "--contention_options", "", ":num_cuda_streams=4",
+         f"--out={tmp_path / 'contention.json'}"]
+    )
+    rows = doc["results"]
+    assert [(r["load"], r.get("decoder_options")) for r in rows] == [
+        ("none", None), ("decode", ""), ("decode", ":num_cuda_streams=4")]
+    assert ":fancy_upsampling=1 :num_cuda_streams=4" in fake_gpu.options
+    for r in rows:
+        assert r["traced_steps"] >= 1 and r["boundaries"] is None, r
+        assert r["seconds"] >= 0.6, r  # the traced seconds, then the rest of the row
+
+
+def test_traced_boundaries_are_per_traced_step(tmp_path):
+    """The boundaries of the first GPU's busiest stream in a trace file, per step given."""
+    run = tmp_path / "plugins" / "profile" / "r"
+    run.mkdir(parents=True)
+    meta = [{"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+            {"ph": "M", "pid": 7, "tid": 1, "name": "thread_name",
+             "args": {"name": "Stream #14(Compute)"}}]
+    # 9 kernels of 10 µs, each 0.5 µs after the one before: 8 boundaries.
+    kernels = [{"ph": "X", "pid": 7, "tid": 1, "name": f"fusion_{i}", "ts": 10.5 * i, "dur": 10}
+               for i in range(9)]
+    with gzip.open(run / "h.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": meta + kernels}, f)
+    got = bench_gpu_decode.traced_boundaries(str(tmp_path), steps=2)
+    assert got["count_per_step"] == 4 and got["sum_us_per_step"] == pytest.approx(2.0)
+    assert got["p50_us"] == pytest.approx(0.5)
+    assert bench_gpu_decode.traced_boundaries(str(tmp_path), steps=0) is None
 
 
 def test_bench_gpu_decode_records_counts_the_second_half_per_batch_size(tmp_path):
@@ -1677,8 +1718,6 @@ def test_bench_hosts_profile_figures_are_per_traced_step_with_each_process_launc
     """A profiled row's figures from the trainer's traces (one per process): exposed NCCL and
     idle time per traced step averaged over the GPUs, and each process's host time in the
     train step's calls (jax.jit's or the graphs executable's, not another jitted function's)."""
-    import gzip
-
     from scripts.bench import hosts as bench_hosts
 
     def x(pid, tid, name, ts, dur):

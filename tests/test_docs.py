@@ -973,6 +973,13 @@ def test_the_step_kernels_boundaries_on_the_gpu_path_quote_the_traces():
         return f"{value:.2f}".replace("-", "−")
 
     big = marks["256", "gpu"]
+    kept_trace = profile_trace.load_events(str(RAW / "gpu_decode_trace64_gpu_1xH200.trace.json.gz"))
+    gpu_pids = {pid for pid, name in profile_trace.process_names(kept_trace).items()
+                if "GPU" in name}
+    pageable = sum(  # the trace holds 10 steps
+        1 for e in kept_trace if e.get("ph") == "X" and e.get("pid") in gpu_pids
+        and e["name"] == "MemcpyH2D"
+        and "kind_src:pageable" in e.get("args", {}).get("memcpy_details", "")) / 10
     assert_quoted(read("docs/input_pipeline.md"), [
         f"the GPU path's step spanned {spans['traces', '64', 'gpu']} µs against the synthetic "
         f"run's {spans['traces', '64', 'synthetic']} at 64 images and "
@@ -992,6 +999,7 @@ def test_the_step_kernels_boundaries_on_the_gpu_path_quote_the_traces():
         f"({us(big['p50_us_beside_other'])} at 256), where none was, "
         f"{us(gpu['p50_us_alone'])} ({us(big['p50_us_alone'])})",
         f"({streams['64']} in these traces",
+        f"from pageable memory ({pageable:.0f} copies a step in the 64-image trace",
     ])
     assert_quoted(read("README.md"), [
         f"the step's own kernels, which follow one another later on the GPU path, "

@@ -23,7 +23,9 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
     stage over records read beforehand: this process's CUDA calls and the GPU's decoding, no
     reading) and `both` (records read and decoded, as the trainer's input thread does). Each
     row has the step's images/s, the median ms a step spent in the step's call (the host's
-    launch, the trainer's `launch N ms a step`) and the load's own images/s.
+    launch, the trainer's `launch N ms a step`) and the load's own images/s; with
+    --trace_seconds, how the step's kernels followed one another in the row's first seconds;
+    with several --contention_options, a decode and a both row for each.
   * `crop`: the crop-and-resize program alone (`crop_resize.crop_resize`, as the decode stage
     runs it after each batch's decode, on XLA's stream, so its time adds to the step's) on one
     GPU, for each --per_gpu and --crop_kernels (`crop_resize.resize_tiles`' `kernel`): ms a
@@ -41,6 +43,8 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
   python -m scripts.bench.gpu_decode decode --data_dir=/tmp/jia_bench_data --out=stage.json
   python -m scripts.bench.gpu_decode loaded --per_gpu 256 --out=loaded.json
   python -m scripts.bench.gpu_decode contention --per_gpu 64 --num_workers 8 --out=contention.json
+  python -m scripts.bench.gpu_decode contention --per_gpu 64 --loads decode --rounds 1 \
+      --trace_seconds 1 --contention_options '' ':num_cuda_streams=4' --out=contention.json
   python -m scripts.bench.gpu_decode crop --per_gpu 256 64 --out=crop.json
   python -m scripts.bench.gpu_decode records --per_gpu 256 64 --num_workers 8 --out=records.json
 """
@@ -562,26 +566,34 @@ def contention(args: argparse.Namespace) -> dict[str, Any]:
 
     device, per_gpu = jax.local_devices()[0], args.per_gpu[0]
     records = _record_batches(args, per_gpu, args.batches)
-    decoders = [[(gpu_input.device_decoders([device])[device], slice(0, per_gpu))]]
-    _stage_rate(records, decoders, args, args.canvas)  # compiles the crop before any row
+    decoders = {
+        options: [[(gpu_input.device_decoders([device], options=options)[device],
+                    slice(0, per_gpu))]]
+        for options in args.contention_options
+    }
+    for placed in decoders.values():  # compiles the crop before any row
+        _stage_rate(records, placed, args, args.canvas)
     # Started once: its workers wait, their buffers full, while other rows run.
     stream = tfds_input.host_iterator(_train_records(args, per_gpu), num_threads=4,
                                       num_workers=args.num_workers)
     for _ in range(_RECORD_WARMUP):
         next(stream)
-    loads = {
-        "none": _idle_for,
-        "records": functools.partial(_read_for, stream),
-        "decode": functools.partial(_decode_for, itertools.cycle(records), decoders, args),
-        "both": functools.partial(_decode_for, stream, decoders, args),
-    }
+    loads: dict[tuple[str, str | None], Callable[[float], int]] = {
+        ("none", None): _idle_for, ("records", None): functools.partial(_read_for, stream)}
+    for options, placed in decoders.items():
+        loads["decode", options] = functools.partial(
+            _decode_for, itertools.cycle(records), placed, args)
+        loads["both", options] = functools.partial(_decode_for, stream, placed, args)
+    chosen = [key for key in loads if key[0] in ("none", *args.loads)]
     rows = []
     with _training(device, per_gpu, args) as train_times:
-        for round_, load in itertools.product(range(1, args.rounds + 1), ("none", *args.loads)):
+        for round_, (load, options) in itertools.product(range(1, args.rounds + 1), chosen):
             row = {"per_gpu": per_gpu, "load": load, "round": round_}
+            if options is not None and args.contention_options != [""]:
+                row["decoder_options"] = options
             train_times.run(True)
             first, start = len(train_times), time.perf_counter()
-            images = loads[load](args.load_seconds)
+            images = _loaded_for(loads[load, options], args, train_times, row)
             seconds = time.perf_counter() - start
             last = len(train_times)
             train_times.run(False)
@@ -594,6 +606,41 @@ def contention(args: argparse.Namespace) -> dict[str, Any]:
             print(row, flush=True)
             rows.append(row)
     return {"seconds_per_row": args.load_seconds, "results": rows}
+
+
+def _loaded_for(
+    load: Callable[[float], int], args: argparse.Namespace, train_times: _StepTimes, row: dict
+) -> int:
+    """Images of `load` over --load_seconds, the first --trace_seconds of them traced (if any)
+    into `row`: the steps finished meanwhile (`traced_steps`) and how the kernels of the step's
+    stream followed one another then (`boundaries`, `profile_trace.stream_boundaries` per step;
+    None where the trace holds no GPU kernels)."""
+    import tempfile  # pylint: disable=import-outside-toplevel
+
+    import jax  # pylint: disable=import-outside-toplevel
+
+    traced = min(args.trace_seconds, args.load_seconds)
+    if traced <= 0:
+        return load(args.load_seconds)
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir):
+            before = len(train_times)
+            images = load(traced)
+            row["traced_steps"] = len(train_times) - before
+        row["boundaries"] = traced_boundaries(trace_dir, row["traced_steps"])
+    return images + load(args.load_seconds - traced)
+
+
+def traced_boundaries(trace_dir: str, steps: int) -> dict[str, Any] | None:
+    """`profile_trace.stream_boundaries` of the first GPU's kernels in the trace under
+    `trace_dir` over `steps` steps, or None where it holds no GPU kernels."""
+    from scripts.bench import profile_trace  # pylint: disable=import-outside-toplevel
+
+    kernels = profile_trace.load_kernels(trace_dir)
+    gpus = sorted(d for d in kernels if "GPU" in d)
+    if not gpus or steps < 1:
+        return None
+    return profile_trace.stream_boundaries(kernels[gpus[0]], steps)
 
 
 def _idle_for(seconds: float) -> int:
@@ -940,6 +987,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=int, default=2, help="contention: rounds of the loads")
     parser.add_argument("--load_seconds", type=float, default=8.0,
                         help="contention: seconds of each row")
+    parser.add_argument("--trace_seconds", type=float, default=0.0,
+                        help="contention: seconds of each row traced first (0: none)")
+    parser.add_argument("--contention_options", nargs="+", default=[""],
+                        help="contention: the decoders' options, a decode (and both) row each")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if args.mode == "report":

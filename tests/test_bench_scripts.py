@@ -863,7 +863,8 @@ def test_bench_gpu_decode_contention_on_cpu(tmp_path, fake_gpu):  # noqa: F811
     )
     rows = doc["results"]
     loads = ["none", "records", "decode", "both"]
-    assert [(r["round"], r["load"]) for r in rows] == [(k, load) for k in (1, 2) for load in loads]
+    assert [(r["round"], r["load"]) for r in rows] == [(0, "none")] + [
+        (k, load) for k in (1, 2) for load in loads]
     assert not any("boundaries" in r or "decoder_options" in r for r in rows)
     for r in rows:
         assert r["seconds"] >= 0.5 and r["train_images_per_s"] > 0 and r["train_launch_ms"] > 0, r
@@ -874,10 +875,18 @@ def test_bench_gpu_decode_contention_on_cpu(tmp_path, fake_gpu):  # noqa: F811
     assert doc["seconds_per_row"] == 0.5
 
 
-def test_bench_gpu_decode_contention_traces_rows_per_option(tmp_path, fake_gpu):  # noqa: F811
+def test_gpu_decode_contention_traces_per_option(tmp_path, fake_gpu, monkeypatch):  # noqa: F811
     """With --trace_seconds each row traces its first seconds (the steps finished meanwhile; on
     CPU no GPU kernels, so no boundaries); with several --contention_options a decode row each,
-    the options reaching the library."""
+    the options reaching the library; round 0 trains before the library made any decoder."""
+    made = []  # decoders the library had made when each row started
+    row = bench_gpu_decode._contention_row
+
+    def counted(*args, **kwargs):
+        made.append(len(fake_gpu.options))
+        return row(*args, **kwargs)
+
+    monkeypatch.setattr(bench_gpu_decode, "_contention_row", counted)
     doc = bench_gpu_decode.main(
         ["contention", f"--data_dir={tmp_path}", "--num_images=16", "--image_size=32",
          "--canvas=128", "--per_gpu", "4", "--batches=1", "--repeats=1", "--tiny_model",
@@ -887,9 +896,11 @@ def test_bench_gpu_decode_contention_traces_rows_per_option(tmp_path, fake_gpu):
          f"--out={tmp_path / 'contention.json'}"]
     )
     rows = doc["results"]
-    assert [(r["load"], r.get("decoder_options")) for r in rows] == [
-        ("none", None), ("decode", ""), ("decode", ":num_cuda_streams=4")]
+    assert [(r["round"], r["load"], r.get("decoder_options")) for r in rows] == [
+        (0, "none", None), (1, "none", None), (1, "decode", ""),
+        (1, "decode", ":num_cuda_streams=4")]
     assert ":fancy_upsampling=1 :num_cuda_streams=4" in fake_gpu.options
+    assert made[0] == 0 and made[1:] == [len(fake_gpu.options)] * 3
     for r in rows:
         assert r["traced_steps"] >= 1 and r["boundaries"] is None, r
         assert r["seconds"] >= 0.6, r  # the traced seconds, then the rest of the row

@@ -25,7 +25,8 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
     row has the step's images/s, the median ms a step spent in the step's call (the host's
     launch, the trainer's `launch N ms a step`) and the load's own images/s; with
     --trace_seconds, how the step's kernels followed one another in the row's first seconds;
-    with several --contention_options, a decode and a both row for each.
+    with several --contention_options, a decode and a both row for each. A row of round 0
+    first trains the step alone before any decoder exists in the process.
   * `crop`: the crop-and-resize program alone (`crop_resize.crop_resize`, as the decode stage
     runs it after each batch's decode, on XLA's stream, so its time adds to the step's) on one
     GPU, for each --per_gpu and --crop_kernels (`crop_resize.resize_tiles`' `kernel`): ms a
@@ -559,53 +560,69 @@ LOADS = ("records", "decode", "both")
 
 
 def contention(args: argparse.Namespace) -> dict[str, Any]:
-    """The train step's rate and launch alone and beside each load (see `contention` above)."""
+    """The train step's rate and launch alone and beside each load (see `contention` above).
+    Round 0 is the step alone before any decoder exists in the process (a decoder's start-up
+    check runs kernels on its own streams already)."""
     import jax  # pylint: disable=import-outside-toplevel
 
     from jia_jax import gpu_input, tfds_input  # pylint: disable=import-outside-toplevel
 
     device, per_gpu = jax.local_devices()[0], args.per_gpu[0]
     records = _record_batches(args, per_gpu, args.batches)
-    decoders = {
-        options: [[(gpu_input.device_decoders([device], options=options)[device],
-                    slice(0, per_gpu))]]
-        for options in args.contention_options
-    }
-    for placed in decoders.values():  # compiles the crop before any row
-        _stage_rate(records, placed, args, args.canvas)
     # Started once: its workers wait, their buffers full, while other rows run.
     stream = tfds_input.host_iterator(_train_records(args, per_gpu), num_threads=4,
                                       num_workers=args.num_workers)
     for _ in range(_RECORD_WARMUP):
         next(stream)
-    loads: dict[tuple[str, str | None], Callable[[float], int]] = {
-        ("none", None): _idle_for, ("records", None): functools.partial(_read_for, stream)}
-    for options, placed in decoders.items():
-        loads["decode", options] = functools.partial(
-            _decode_for, itertools.cycle(records), placed, args)
-        loads["both", options] = functools.partial(_decode_for, stream, placed, args)
-    chosen = [key for key in loads if key[0] in ("none", *args.loads)]
-    rows = []
     with _training(device, per_gpu, args) as train_times:
-        for round_, (load, options) in itertools.product(range(1, args.rounds + 1), chosen):
-            row = {"per_gpu": per_gpu, "load": load, "round": round_}
-            if options is not None and args.contention_options != [""]:
-                row["decoder_options"] = options
-            train_times.run(True)
-            first, start = len(train_times), time.perf_counter()
-            images = _loaded_for(loads[load, options], args, train_times, row)
-            seconds = time.perf_counter() - start
-            last = len(train_times)
-            train_times.run(False)
-            row["seconds"] = seconds  # past --load_seconds by the batch then under way
-            row["train_images_per_s"] = per_gpu * (last - first) / seconds
-            row["train_launch_ms"] = 1e3 * statistics.median(train_times.calls[first:last])
-            if load != "none":
-                row["load_images"] = images
-                row["load_images_per_s"] = images / seconds
-            print(row, flush=True)
-            rows.append(row)
+        rows = [_contention_row(("none", None), _idle_for, 0, per_gpu, args, train_times)]
+        decoders = {
+            options: [[(gpu_input.device_decoders([device], options=options)[device],
+                        slice(0, per_gpu))]]
+            for options in args.contention_options
+        }
+        for placed in decoders.values():  # compiles the crop before the next row
+            _stage_rate(records, placed, args, args.canvas)
+        loads: dict[tuple[str, str | None], Callable[[float], int]] = {
+            ("none", None): _idle_for, ("records", None): functools.partial(_read_for, stream)}
+        for options, placed in decoders.items():
+            loads["decode", options] = functools.partial(
+                _decode_for, itertools.cycle(records), placed, args)
+            loads["both", options] = functools.partial(_decode_for, stream, placed, args)
+        chosen = [key for key in loads if key[0] in ("none", *args.loads)]
+        for round_, key in itertools.product(range(1, args.rounds + 1), chosen):
+            rows.append(_contention_row(key, loads[key], round_, per_gpu, args, train_times))
     return {"seconds_per_row": args.load_seconds, "results": rows}
+
+
+def _contention_row(
+    key: tuple[str, str | None],
+    load: Callable[[float], int],
+    round_: int,
+    per_gpu: int,
+    args: argparse.Namespace,
+    train_times: _StepTimes,
+) -> dict[str, Any]:
+    """One row of `contention`: the step trained beside `load` (named and with the decoders'
+    options of `key`) for --load_seconds."""
+    name, options = key
+    row: dict[str, Any] = {"per_gpu": per_gpu, "load": name, "round": round_}
+    if options is not None and args.contention_options != [""]:
+        row["decoder_options"] = options
+    train_times.run(True)
+    first, start = len(train_times), time.perf_counter()
+    images = _loaded_for(load, args, train_times, row)
+    seconds = time.perf_counter() - start
+    last = len(train_times)
+    train_times.run(False)
+    row["seconds"] = seconds  # past --load_seconds by the batch then under way
+    row["train_images_per_s"] = per_gpu * (last - first) / seconds
+    row["train_launch_ms"] = 1e3 * statistics.median(train_times.calls[first:last])
+    if name != "none":
+        row["load_images"] = images
+        row["load_images_per_s"] = images / seconds
+    print(row, flush=True)
+    return row
 
 
 def _loaded_for(

@@ -28,6 +28,7 @@ from scripts.bench import input_stage_costs as bench_input_stage_costs
 from scripts.bench import link as bench_link
 from scripts.bench import peers as bench_peers
 from scripts.bench import plot_profile as bench_plot_profile
+from scripts.bench import profile_trace
 from scripts.bench import step as bench_step
 from scripts.bench import train_input as bench_train_input
 from scripts.bench import trainer_step
@@ -907,7 +908,8 @@ def test_gpu_decode_contention_traces_per_option(tmp_path, fake_gpu, monkeypatch
 
 
 def test_traced_boundaries_are_per_traced_step(tmp_path):
-    """The boundaries of the first GPU's busiest stream in a trace file, per step given."""
+    """The boundaries of the first GPU's busiest stream in a trace file's kernels, per step
+    given."""
     run = tmp_path / "plugins" / "profile" / "r"
     run.mkdir(parents=True)
     meta = [{"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}},
@@ -918,10 +920,11 @@ def test_traced_boundaries_are_per_traced_step(tmp_path):
                for i in range(9)]
     with gzip.open(run / "h.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": meta + kernels}, f)
-    got = bench_gpu_decode.traced_boundaries(str(tmp_path), steps=2)
+    kernels = profile_trace.load_kernels(str(tmp_path))
+    got = bench_gpu_decode.traced_boundaries(kernels, steps=2)
     assert got["count_per_step"] == 4 and got["sum_us_per_step"] == pytest.approx(2.0)
     assert got["p50_us"] == pytest.approx(0.5)
-    assert bench_gpu_decode.traced_boundaries(str(tmp_path), steps=0) is None
+    assert bench_gpu_decode.traced_boundaries(kernels, steps=0) is None
 
 
 def test_bench_gpu_decode_records_counts_the_second_half_per_batch_size(tmp_path):

@@ -953,7 +953,7 @@ def test_the_step_kernels_boundaries_on_the_gpu_path_quote_the_traces():
         for b in ("64", "256"):
             for v in ("synthetic", "gpu"):
                 device = record[call][b][v]["devices"]["/device:GPU:0"]
-                spans[call, b, v] = f"{device['per_step']['span_us']:,.0f}"
+                spans[call, b, v] = device["per_step"]["span_us"]
                 if call == "traces":
                     kernels = profile_trace.undump_kernels(kept[b][v]["/device:GPU:0"])
                     assert profile_trace.stream_boundaries(kernels, 10) == device["boundaries"]
@@ -962,8 +962,7 @@ def test_the_step_kernels_boundaries_on_the_gpu_path_quote_the_traces():
     syn, gpu = marks["64", "synthetic"], marks["64", "gpu"]
     more = {b: marks[b, "gpu"]["sum_us_per_step"] - marks[b, "synthetic"]["sum_us_per_step"]
             for b in ("64", "256")}
-    share = {b: more[b] / (float(spans["traces", b, "gpu"].replace(",", ""))
-                           - float(spans["traces", b, "synthetic"].replace(",", "")))
+    share = {b: more[b] / (spans["traces", b, "gpu"] - spans["traces", b, "synthetic"])
              for b in more}
     assert 0.4 < share["64"] < 0.55 and 0.2 < share["256"] < 0.3  # "half" and "a quarter"
     streams = {b: sum(1 for c, _ in decoder_streams if c == b) for b in ("64", "256")}
@@ -973,6 +972,7 @@ def test_the_step_kernels_boundaries_on_the_gpu_path_quote_the_traces():
         return f"{value:.2f}".replace("-", "−")
 
     big = marks["256", "gpu"]
+    spans = {k: f"{v:,.0f}" for k, v in spans.items()}  # as the paragraph writes them
     kept_trace = profile_trace.load_events(str(RAW / "gpu_decode_trace64_gpu_1xH200.trace.json.gz"))
     gpu_pids = {pid for pid, name in profile_trace.process_names(kept_trace).items()
                 if "GPU" in name}

@@ -65,7 +65,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -73,6 +73,7 @@ from jia_jax.crop_resize import DEFAULT_KERNEL as DEFAULT_CROP_KERNEL
 from jia_jax.crop_resize import KERNELS as CROP_KERNELS
 from scripts.bench import harness
 
+T = TypeVar("T")
 _NAME = "jia_bench_jpeg"
 # Record batches read before `records` starts its clock: the worker processes start and fill
 # their buffers meanwhile.
@@ -356,6 +357,16 @@ def _top_kernels(
     """The `n` kernels of one traced call of `decode` with the most time, per image (per call
     if `per_call` is 1): a decoder's own kernels (its colour conversion) run on the SMs the
     train step needs."""
+    from scripts.bench import profile_trace  # pylint: disable=import-outside-toplevel
+
+    _, traced = _traced_kernels(decode)
+    kernels = [k for ks in traced.values() for k in ks]
+    return profile_trace.top_kernels(kernels, per_call, n=n)
+
+
+def _traced_kernels(call: Callable[[], T]) -> tuple[T, dict[str, list]]:
+    """`call()`'s result and the kernels each device ran while it ran (`jax.profiler`'s trace,
+    read by `profile_trace.load_kernels`)."""
     import tempfile  # pylint: disable=import-outside-toplevel
 
     import jax  # pylint: disable=import-outside-toplevel
@@ -364,9 +375,8 @@ def _top_kernels(
 
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir):
-            decode()
-        kernels = [k for ks in profile_trace.load_kernels(trace_dir).values() for k in ks]
-    return profile_trace.top_kernels(kernels, per_call, n=n)
+            result = call()
+        return result, profile_trace.load_kernels(trace_dir)
 
 
 def steady_rate(stamps: Sequence[tuple[float, int]]) -> tuple[int, float]:
@@ -632,28 +642,23 @@ def _loaded_for(
     into `row`: the steps finished meanwhile (`traced_steps`) and how the kernels of the step's
     stream followed one another then (`boundaries`, `profile_trace.stream_boundaries` per step;
     None where the trace holds no GPU kernels)."""
-    import tempfile  # pylint: disable=import-outside-toplevel
-
-    import jax  # pylint: disable=import-outside-toplevel
-
     traced = min(args.trace_seconds, args.load_seconds)
     if traced <= 0:
         return load(args.load_seconds)
-    with tempfile.TemporaryDirectory() as trace_dir:
-        with jax.profiler.trace(trace_dir):
-            before = len(train_times)
-            images = load(traced)
-            row["traced_steps"] = len(train_times) - before
-        row["boundaries"] = traced_boundaries(trace_dir, row["traced_steps"])
+    def counted() -> tuple[int, int]:  # the load's images and the steps finished meanwhile
+        before = len(train_times)
+        return load(traced), len(train_times) - before
+
+    (images, row["traced_steps"]), kernels = _traced_kernels(counted)
+    row["boundaries"] = traced_boundaries(kernels, row["traced_steps"])
     return images + load(args.load_seconds - traced)
 
 
-def traced_boundaries(trace_dir: str, steps: int) -> dict[str, Any] | None:
-    """`profile_trace.stream_boundaries` of the first GPU's kernels in the trace under
-    `trace_dir` over `steps` steps, or None where it holds no GPU kernels."""
+def traced_boundaries(kernels: dict[str, list], steps: int) -> dict[str, Any] | None:
+    """`profile_trace.stream_boundaries` of the first GPU's `kernels` (per device, as
+    `profile_trace.load_kernels` gives them) over `steps` steps, or None where there are none."""
     from scripts.bench import profile_trace  # pylint: disable=import-outside-toplevel
 
-    kernels = profile_trace.load_kernels(trace_dir)
     gpus = sorted(d for d in kernels if "GPU" in d)
     if not gpus or steps < 1:
         return None

@@ -5,6 +5,7 @@ No timing is asserted, only that every requested case is measured and that the d
 """
 
 import argparse
+import contextlib
 import gzip
 import json
 import math
@@ -12,6 +13,8 @@ import os
 import shutil
 import statistics
 import sys
+import threading
+import time
 import typing
 
 import jax
@@ -879,15 +882,35 @@ def test_bench_gpu_decode_contention_on_cpu(tmp_path, fake_gpu):  # noqa: F811
 def test_gpu_decode_contention_traces_per_option(tmp_path, fake_gpu, monkeypatch):  # noqa: F811
     """With --trace_seconds each row traces its first seconds (the steps finished meanwhile; on
     CPU no GPU kernels, so no boundaries); with several --contention_options a decode row each,
-    the options reaching the library; round 0 trains before the library made any decoder."""
+    the options reaching the library; round 0 trains before the library made any decoder. Each
+    trace starts and stops with the step paused and none in flight (a trace started while the
+    step's thread launched failed the step on a GPU)."""
     made = []  # decoders the library had made when each row started
-    row = bench_gpu_decode._contention_row
+    row, training, traced = (bench_gpu_decode._contention_row, bench_gpu_decode._training,
+                             bench_gpu_decode._traced_kernels)
+    times, paused = [], []  # the step's times; whether it was paused at each trace's start, end
 
     def counted(*args, **kwargs):
         made.append(len(fake_gpu.options))
         return row(*args, **kwargs)
 
+    @contextlib.contextmanager
+    def kept(*args, **kwargs):
+        with training(*args, **kwargs) as t:
+            times.append(t)
+            yield t
+
+    def watched(call):
+        def state():
+            return not times[0].running and times[0].idle.is_set()
+        paused.append(state())
+        result = traced(call)
+        paused.append(state())
+        return result
+
     monkeypatch.setattr(bench_gpu_decode, "_contention_row", counted)
+    monkeypatch.setattr(bench_gpu_decode, "_training", kept)
+    monkeypatch.setattr(bench_gpu_decode, "_traced_kernels", watched)
     doc = bench_gpu_decode.main(
         ["contention", f"--data_dir={tmp_path}", "--num_images=16", "--image_size=32",
          "--canvas=128", "--per_gpu", "4", "--batches=1", "--repeats=1", "--tiny_model",
@@ -905,6 +928,48 @@ def test_gpu_decode_contention_traces_per_option(tmp_path, fake_gpu, monkeypatch
     for r in rows:
         assert r["traced_steps"] >= 1 and r["boundaries"] is None, r
         assert r["seconds"] >= 0.6, r  # the traced seconds, then the rest of the row
+    assert paused == [True] * 2 * len(rows)
+
+
+def test_gpu_decode_training_thread_failure_is_raised(tmp_path, monkeypatch):
+    """A step that fails in the training thread makes the next pause raise with its error,
+    instead of waiting for the thread forever."""
+    from jia_jax import train
+
+    make = train.make_train_step
+    calls = []
+
+    def failing(*args, **kwargs):
+        step = make(*args, **kwargs)
+
+        def counted(state, batch):
+            calls.append(1)
+            if len(calls) > 3:  # the compile's call and two steps run
+                raise ValueError("the step broke")
+            return step(state, batch)
+        return counted
+
+    monkeypatch.setattr(train, "make_train_step", failing)
+    args = argparse.Namespace(tiny_model=True, train_model="alexnet_bn",
+                              train_compute_dtype="float32")
+    with bench_gpu_decode._training(jax.devices()[0], 4, args) as times:
+        times.run(True)
+        while len(calls) <= 3:
+            time.sleep(0.01)
+        raised = []
+
+        def pause() -> None:
+            try:
+                times.run(False)
+            except RuntimeError as e:
+                raised.append(e)
+
+        pausing = threading.Thread(target=pause, daemon=True)
+        pausing.start()
+        pausing.join(timeout=60)  # without the error kept, the pause waited forever
+        assert not pausing.is_alive()
+    assert len(raised) == 1 and "training thread failed" in str(raised[0])
+    assert isinstance(raised[0].__cause__, ValueError) and len(times) == 2
 
 
 def test_traced_boundaries_are_per_traced_step(tmp_path):

@@ -646,10 +646,19 @@ def _loaded_for(
     if traced <= 0:
         return load(args.load_seconds)
     def counted() -> tuple[int, int]:  # the load's images and the steps finished meanwhile
+        train_times.run(True)
         before = len(train_times)
-        return load(traced), len(train_times) - before
+        images = load(traced)
+        steps = len(train_times) - before
+        train_times.run(False)
+        return images, steps
 
+    # The trace starts and stops with no step being launched: on an H200 (jax 0.11.2) a trace
+    # started from this thread while the step thread launched made the step fail at once
+    # ("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure").
+    train_times.run(False)
     (images, row["traced_steps"]), kernels = _traced_kernels(counted)
+    train_times.run(True)
     row["boundaries"] = traced_boundaries(kernels, row["traced_steps"])
     return images + load(args.load_seconds - traced)
 
@@ -745,13 +754,22 @@ class _StepTimes(list):
         self.calls: list[float] = []
         self.running = False
         self.idle = threading.Event()
+        self.error: BaseException | None = None  # what ended the training thread, if anything
 
     def run(self, flag: bool) -> None:
+        """Resumes (True) or pauses (False) the training.
+
+        Raises:
+          RuntimeError: the training thread failed (its error chained), instead of waiting for
+            a pause that never comes.
+        """
         if flag:
             self.idle.clear()
         self.running = flag
         if not flag:
             self.idle.wait()
+        if self.error is not None:
+            raise RuntimeError("the training thread failed") from self.error
 
 
 @contextlib.contextmanager
@@ -780,6 +798,13 @@ def _training(device, per_gpu: int, args: argparse.Namespace) -> Iterator[_StepT
     times, stop = _StepTimes(), threading.Event()
 
     def run(state) -> None:
+        try:
+            train(state)
+        except BaseException as e:  # pylint: disable=broad-except
+            times.error = e  # raised by the next pause, in the thread that pauses
+            times.idle.set()
+
+    def train(state) -> None:
         previous = None
         while not stop.is_set():
             if not times.running:

@@ -13,8 +13,6 @@ import os
 import shutil
 import statistics
 import sys
-import threading
-import time
 import typing
 
 import jax
@@ -31,8 +29,8 @@ from scripts.bench import input_stage_costs as bench_input_stage_costs
 from scripts.bench import link as bench_link
 from scripts.bench import peers as bench_peers
 from scripts.bench import plot_profile as bench_plot_profile
-from scripts.bench import profile_trace
 from scripts.bench import step as bench_step
+from scripts.bench import step_thread
 from scripts.bench import train_input as bench_train_input
 from scripts.bench import trainer_step
 from scripts.render import benchmarks as render_benchmarks
@@ -886,8 +884,8 @@ def test_gpu_decode_contention_traces_per_option(tmp_path, fake_gpu, monkeypatch
     trace starts and stops with the step paused and none in flight (a trace started while the
     step's thread launched failed the step on a GPU)."""
     made = []  # decoders the library had made when each row started
-    row, training, traced = (bench_gpu_decode._contention_row, bench_gpu_decode._training,
-                             bench_gpu_decode._traced_kernels)
+    row, training, traced = (bench_gpu_decode._contention_row, step_thread.training,
+                             step_thread.traced_kernels)
     times, paused = [], []  # the step's times; whether it was paused at each trace's start, end
 
     def counted(*args, **kwargs):
@@ -909,8 +907,8 @@ def test_gpu_decode_contention_traces_per_option(tmp_path, fake_gpu, monkeypatch
         return result
 
     monkeypatch.setattr(bench_gpu_decode, "_contention_row", counted)
-    monkeypatch.setattr(bench_gpu_decode, "_training", kept)
-    monkeypatch.setattr(bench_gpu_decode, "_traced_kernels", watched)
+    monkeypatch.setattr(step_thread, "training", kept)
+    monkeypatch.setattr(step_thread, "traced_kernels", watched)
     doc = bench_gpu_decode.main(
         ["contention", f"--data_dir={tmp_path}", "--num_images=16", "--image_size=32",
          "--canvas=128", "--per_gpu", "4", "--batches=1", "--repeats=1", "--tiny_model",
@@ -929,67 +927,6 @@ def test_gpu_decode_contention_traces_per_option(tmp_path, fake_gpu, monkeypatch
         assert r["traced_steps"] >= 1 and r["boundaries"] is None, r
         assert r["seconds"] >= 0.6, r  # the traced seconds, then the rest of the row
     assert paused == [True] * 2 * len(rows)
-
-
-def test_gpu_decode_training_thread_failure_is_raised(tmp_path, monkeypatch):
-    """A step that fails in the training thread makes the next pause raise with its error,
-    instead of waiting for the thread forever."""
-    from jia_jax import train
-
-    make = train.make_train_step
-    calls = []
-
-    def failing(*args, **kwargs):
-        step = make(*args, **kwargs)
-
-        def counted(state, batch):
-            calls.append(1)
-            if len(calls) > 3:  # the compile's call and two steps run
-                raise ValueError("the step broke")
-            return step(state, batch)
-        return counted
-
-    monkeypatch.setattr(train, "make_train_step", failing)
-    args = argparse.Namespace(tiny_model=True, train_model="alexnet_bn",
-                              train_compute_dtype="float32")
-    with bench_gpu_decode._training(jax.devices()[0], 4, args) as times:
-        times.run(True)
-        while len(calls) <= 3:
-            time.sleep(0.01)
-        raised = []
-
-        def pause() -> None:
-            try:
-                times.run(False)
-            except RuntimeError as e:
-                raised.append(e)
-
-        pausing = threading.Thread(target=pause, daemon=True)
-        pausing.start()
-        pausing.join(timeout=60)  # without the error kept, the pause waited forever
-        assert not pausing.is_alive()
-    assert len(raised) == 1 and "training thread failed" in str(raised[0])
-    assert isinstance(raised[0].__cause__, ValueError) and len(times) == 2
-
-
-def test_traced_boundaries_are_per_traced_step(tmp_path):
-    """The boundaries of the first GPU's busiest stream in a trace file's kernels, per step
-    given."""
-    run = tmp_path / "plugins" / "profile" / "r"
-    run.mkdir(parents=True)
-    meta = [{"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}},
-            {"ph": "M", "pid": 7, "tid": 1, "name": "thread_name",
-             "args": {"name": "Stream #14(Compute)"}}]
-    # 9 kernels of 10 µs, each 0.5 µs after the one before: 8 boundaries.
-    kernels = [{"ph": "X", "pid": 7, "tid": 1, "name": f"fusion_{i}", "ts": 10.5 * i, "dur": 10}
-               for i in range(9)]
-    with gzip.open(run / "h.trace.json.gz", "wt") as f:
-        json.dump({"traceEvents": meta + kernels}, f)
-    kernels = profile_trace.load_kernels(str(tmp_path))
-    got = bench_gpu_decode.traced_boundaries(kernels, steps=2)
-    assert got["count_per_step"] == 4 and got["sum_us_per_step"] == pytest.approx(2.0)
-    assert got["p50_us"] == pytest.approx(0.5)
-    assert bench_gpu_decode.traced_boundaries(kernels, steps=0) is None
 
 
 def test_bench_gpu_decode_records_counts_the_second_half_per_batch_size(tmp_path):

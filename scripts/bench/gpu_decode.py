@@ -62,18 +62,16 @@ import json
 import os
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from jia_jax.crop_resize import DEFAULT_KERNEL as DEFAULT_CROP_KERNEL
 from jia_jax.crop_resize import KERNELS as CROP_KERNELS
-from scripts.bench import harness
+from scripts.bench import harness, step_thread
 
-T = TypeVar("T")
 _NAME = "jia_bench_jpeg"
 # Record batches read before `records` starts its clock: the worker processes start and fill
 # their buffers meanwhile.
@@ -359,24 +357,9 @@ def _top_kernels(
     train step needs."""
     from scripts.bench import profile_trace  # pylint: disable=import-outside-toplevel
 
-    _, traced = _traced_kernels(decode)
+    _, traced = step_thread.traced_kernels(decode)
     kernels = [k for ks in traced.values() for k in ks]
     return profile_trace.top_kernels(kernels, per_call, n=n)
-
-
-def _traced_kernels(call: Callable[[], T]) -> tuple[T, dict[str, list]]:
-    """`call()`'s result and the kernels each device ran while it ran (`jax.profiler`'s trace,
-    read by `profile_trace.load_kernels`)."""
-    import tempfile  # pylint: disable=import-outside-toplevel
-
-    import jax  # pylint: disable=import-outside-toplevel
-
-    from scripts.bench import profile_trace  # pylint: disable=import-outside-toplevel
-
-    with tempfile.TemporaryDirectory() as trace_dir:
-        with jax.profiler.trace(trace_dir):
-            result = call()
-        return result, profile_trace.load_kernels(trace_dir)
 
 
 def steady_rate(stamps: Sequence[tuple[float, int]]) -> tuple[int, float]:
@@ -537,7 +520,7 @@ def loaded(args: argparse.Namespace) -> dict[str, Any]:
     device, per_gpu = jax.local_devices()[0], args.per_gpu[0]
     records = _record_batches(args, per_gpu, args.batches)
     rows = []
-    with _training(device, per_gpu, args) as train_times, _phase_timer() as phases:
+    with step_thread.training(device, per_gpu, args) as train_times, _phase_timer() as phases:
         for options, depth in itertools.product(args.decoder_options, args.depth):
             placed = [
                 [(gpu_input.DeviceDecoder(device, gpu_decode.new_decoder(device, options=options),
@@ -584,7 +567,7 @@ def contention(args: argparse.Namespace) -> dict[str, Any]:
                                       num_workers=args.num_workers)
     for _ in range(_RECORD_WARMUP):
         next(stream)
-    with _training(device, per_gpu, args) as train_times:
+    with step_thread.training(device, per_gpu, args) as train_times:
         rows = [_contention_row(("none", None), _idle_for, 0, per_gpu, args, train_times)]
         decoders = {
             options: [[(gpu_input.device_decoders([device], options=options)[device],
@@ -611,7 +594,7 @@ def _contention_row(
     round_: int,
     per_gpu: int,
     args: argparse.Namespace,
-    train_times: _StepTimes,
+    train_times: step_thread.StepTimes,
 ) -> dict[str, Any]:
     """One row of `contention`: the step trained beside `load` (named and with the decoders'
     options of `key`) for --load_seconds."""
@@ -636,7 +619,10 @@ def _contention_row(
 
 
 def _loaded_for(
-    load: Callable[[float], int], args: argparse.Namespace, train_times: _StepTimes, row: dict
+    load: Callable[[float], int],
+    args: argparse.Namespace,
+    train_times: step_thread.StepTimes,
+    row: dict,
 ) -> int:
     """Images of `load` over --load_seconds, the first --trace_seconds of them traced (if any)
     into `row`: the steps finished meanwhile (`traced_steps`) and how the kernels of the step's
@@ -645,33 +631,10 @@ def _loaded_for(
     traced = min(args.trace_seconds, args.load_seconds)
     if traced <= 0:
         return load(args.load_seconds)
-    def counted() -> tuple[int, int]:  # the load's images and the steps finished meanwhile
-        train_times.run(True)
-        before = len(train_times)
-        images = load(traced)
-        steps = len(train_times) - before
-        train_times.run(False)
-        return images, steps
-
-    # The trace starts and stops with no step being launched: on an H200 (jax 0.11.2) a trace
-    # started from this thread while the step thread launched made the step fail at once
-    # ("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure").
-    train_times.run(False)
-    (images, row["traced_steps"]), kernels = _traced_kernels(counted)
-    train_times.run(True)
-    row["boundaries"] = traced_boundaries(kernels, row["traced_steps"])
+    images, row["traced_steps"], kernels = step_thread.traced_steps(
+        train_times, lambda: load(traced))
+    row["boundaries"] = step_thread.traced_boundaries(kernels, row["traced_steps"])
     return images + load(args.load_seconds - traced)
-
-
-def traced_boundaries(kernels: dict[str, list], steps: int) -> dict[str, Any] | None:
-    """`profile_trace.stream_boundaries` of the first GPU's `kernels` (per device, as
-    `profile_trace.load_kernels` gives them) over `steps` steps, or None where there are none."""
-    from scripts.bench import profile_trace  # pylint: disable=import-outside-toplevel
-
-    gpus = sorted(d for d in kernels if "GPU" in d)
-    if not gpus or steps < 1:
-        return None
-    return profile_trace.stream_boundaries(kernels[gpus[0]], steps)
 
 
 def _idle_for(seconds: float) -> int:
@@ -742,91 +705,6 @@ def _phase_timer() -> Iterator[dict[str, float]]:
     finally:
         for owner, name, fn in originals:
             setattr(owner, name, fn)
-
-
-class _StepTimes(list):
-    """When each step of `_training` finished, and in `calls` the seconds each spent in the step's
-    call (its launch); `run(flag)` resumes or pauses the training (a pause returns once no step is
-    in flight)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[float] = []
-        self.running = False
-        self.idle = threading.Event()
-        self.error: BaseException | None = None  # what ended the training thread, if anything
-
-    def run(self, flag: bool) -> None:
-        """Resumes (True) or pauses (False) the training.
-
-        Raises:
-          RuntimeError: the training thread failed (its error chained), instead of waiting for
-            a pause that never comes.
-        """
-        if flag:
-            self.idle.clear()
-        self.running = flag
-        if not flag:
-            self.idle.wait()
-        if self.error is not None:
-            raise RuntimeError("the training thread failed") from self.error
-
-
-@contextlib.contextmanager
-def _training(device, per_gpu: int, args: argparse.Namespace) -> Iterator[_StepTimes]:
-    """The trainer's step of `--train_model` (ResNet-50 unless told) on `device` in a thread, one
-    step in flight ahead, while the yielded times' `running` is set."""
-    import jax  # pylint: disable=import-outside-toplevel
-
-    from jia_jax import train  # pylint: disable=import-outside-toplevel
-    from scripts.bench import trainer_step  # pylint: disable=import-outside-toplevel
-
-    small = dict(image_size=32, model_width=8, small_inputs=True) if args.tiny_model else {}
-    config = trainer_step.make_config(
-        args.train_model,
-        "flat",
-        1,
-        1,
-        per_device_batch_override=per_gpu,
-        compute_dtype=args.train_compute_dtype,
-        **small,
-    )
-    setup = trainer_step.build_setup(config, [device])
-    parts = (setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"])
-    step, batch = train.make_train_step(*parts), setup["batch"]
-    state, _ = jax.block_until_ready(step(setup["init"](), batch))  # compiled before any row
-    times, stop = _StepTimes(), threading.Event()
-
-    def run(state) -> None:
-        try:
-            train(state)
-        except BaseException as e:  # pylint: disable=broad-except
-            times.error = e  # raised by the next pause, in the thread that pauses
-            times.idle.set()
-
-    def train(state) -> None:
-        previous = None
-        while not stop.is_set():
-            if not times.running:
-                jax.block_until_ready(previous)
-                times.idle.set()
-                time.sleep(0.01)
-                continue
-            start = time.perf_counter()
-            state, metrics = step(state, batch)
-            times.calls.append(time.perf_counter() - start)
-            jax.block_until_ready(previous)
-            previous = metrics
-            times.append(time.perf_counter())
-        jax.block_until_ready(state)
-
-    thread = threading.Thread(target=run, args=(state,), daemon=True)
-    thread.start()
-    try:
-        yield times
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _measured(row: dict[str, Any], key: str, measure: Callable[[], float]) -> dict[str, Any]:

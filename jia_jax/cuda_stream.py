@@ -31,35 +31,36 @@ class CudaStream:
 
     def __init__(self, ordinal: int) -> None:
         self._cuda = ctypes.CDLL(_LIBRARY)
-        self._call("cuInit", 0)
+        self.call("cuInit", 0)
         device = ctypes.c_int()
-        self._call("cuDeviceGet", ctypes.byref(device), ordinal)
+        self.call("cuDeviceGet", ctypes.byref(device), ordinal)
         self._context = ctypes.c_void_p()
         # Retained for the life of the process, as JAX retains it: the stream must outlive
         # every decode, and the process ends with both.
-        self._call("cuDevicePrimaryCtxRetain", ctypes.byref(self._context), device)
+        self.call("cuDevicePrimaryCtxRetain", ctypes.byref(self._context), device)
         stream = ctypes.c_void_p()
-        with self._current():
-            self._call("cuStreamCreate", ctypes.byref(stream), _NON_BLOCKING)
+        with self.current():
+            self.call("cuStreamCreate", ctypes.byref(stream), _NON_BLOCKING)
         self.handle: int = stream.value
 
     def synchronize(self) -> None:
         """Returns once the GPU has run everything enqueued on the stream (the GIL is released
         meanwhile: ctypes releases it around foreign calls)."""
-        with self._current():
-            self._call("cuStreamSynchronize", ctypes.c_void_p(self.handle))
+        with self.current():
+            self.call("cuStreamSynchronize", ctypes.c_void_p(self.handle))
 
     @contextlib.contextmanager
-    def _current(self) -> Iterator[None]:
+    def current(self) -> Iterator[None]:
         """The stream's context made current on this thread for the block, the thread's own
         restored after (the CUDA runtime of nvImageCodec keeps its state per thread)."""
-        self._call("cuCtxPushCurrent_v2", self._context)
+        self.call("cuCtxPushCurrent_v2", self._context)
         try:
             yield
         finally:
-            self._call("cuCtxPopCurrent_v2", ctypes.byref(ctypes.c_void_p()))
+            self.call("cuCtxPopCurrent_v2", ctypes.byref(ctypes.c_void_p()))
 
-    def _call(self, name: str, *args: object) -> None:
+    def call(self, name: str, *args: object) -> None:
+        """The driver function `name` called with `args`; its failure raised (RuntimeError)."""
         status = getattr(self._cuda, name)(*args)
         if status != 0:
             error = ctypes.c_char_p()

@@ -19,9 +19,6 @@
 #                                  # its buffers sized up front (data.gpu_decoder_options)
 #                                  # against growing them, alternating, 2 rounds, at BATCH (256
 #                                  # unless set); the logged intervals show the first steps
-#   OUT=/tmp/out BATCH=64 bash scripts/bench_gpu_decode.sh streams  # nvImageCodec's decoders
-#                                  # limited to STREAMS CUDA streams (4 unless set) against
-#                                  # their default, alternating, 2 rounds, at BATCH (64 unless set)
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh rounds  # 1 GPU: synthetic and the GPU path
 #                                  # in turn, ROUNDS rounds (3 unless set), at BATCH (256 unless
 #                                  # set), each against its own round's synthetic run; the runs only
@@ -53,8 +50,8 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder for the results}"
 mode=${1:-}
 case "$mode" in
-  one|two|split|depth|kernels|workers|chroma|prealloc|streams|rounds|xla_flags|trace) ;;
-  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|chroma|prealloc|streams|rounds|xla_flags|trace" >&2
+  one|two|split|depth|kernels|workers|chroma|prealloc|rounds|xla_flags|trace) ;;
+  *) echo "usage: OUT=<folder> $0 one|two|split|depth|kernels|workers|chroma|prealloc|rounds|xla_flags|trace" >&2
      exit 2 ;;
 esac
 export PYTHONUNBUFFERED=1
@@ -79,7 +76,7 @@ depths=1
 if [[ "$mode" == depth ]]; then depths="1 2"; fi
 # (`split` compares ways of starting the same trainers, `chroma` two settings of the decoders
 # end to end: the stages alone are not their question.)
-case "$mode" in trace|split|chroma|prealloc|streams|rounds|xla_flags) stages=0 ;; *) stages=1 ;; esac
+case "$mode" in trace|split|chroma|prealloc|rounds|xla_flags) stages=0 ;; *) stages=1 ;; esac
 if (( stages )); then
 python3 -m scripts.bench.gpu_decode decode --data_dir="$data" --per_gpu 256 64 --depth $depths \
   --out="$runs/stage.json" >"$runs/stage.log" 2>&1 || echo "decode stage failed"
@@ -189,15 +186,6 @@ case "$mode" in
     sized+=" nvjpeg_hw_decoder:preallocate_width_hint=512"
     sized+=" nvjpeg_hw_decoder:preallocate_height_hint=512"
     in_turns "$batch" gpu_decoder_options "" "$sized"
-    PROFILE=0 ;;
-  streams)
-    # 1 GPU: the GPU path with nvImageCodec's decoders on their default CUDA streams (up to one
-    # per worker thread, a thread per core) and limited to STREAMS (4 unless set), in turn, at
-    # BATCH images per GPU (64 unless set): whether the decoders' streams are why the train
-    # step's kernels follow each other later on the GPU path at every boundary, whether or not a
-    # decoder kernel runs then (docs/input_pipeline.md). Limited to 1, a trainer logged no step
-    # in 6 minutes (one try), though a decoder alone decoded as fast with it as without.
-    in_turns "${BATCH:-64}" gpu_decoder_options "" ":num_cuda_streams=${STREAMS:-4}"
     PROFILE=0 ;;
   rounds)
     # 1 GPU at BATCH images per GPU (256 unless set): the synthetic run and the GPU path in turn,

@@ -45,7 +45,7 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
   python -m scripts.bench.gpu_decode loaded --per_gpu 256 --out=loaded.json
   python -m scripts.bench.gpu_decode contention --per_gpu 64 --num_workers 8 --out=contention.json
   python -m scripts.bench.gpu_decode contention --per_gpu 64 --loads decode --rounds 1 \
-      --trace_seconds 1 --contention_options '' ':num_cuda_streams=4' --out=contention.json
+      --trace_seconds 1 --out=contention.json
   python -m scripts.bench.gpu_decode crop --per_gpu 256 64 --out=crop.json
   python -m scripts.bench.gpu_decode records --per_gpu 256 64 --num_workers 8 --out=records.json
 """

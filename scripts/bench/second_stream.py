@@ -1,0 +1,179 @@
+r"""Do kernels on a second CUDA stream slow the train step's kernels? (one GPU)
+
+The train step's kernels run one after another on XLA's compute stream; the GPU input path's
+decoders run theirs on streams of their own (docs/input_pipeline.md). This trains the trainer's
+step (`step_thread.training`: ResNet-50 64K config, bf16, synthetic data) at --per_gpu images on
+the first GPU in a thread and, with the step paused, does each action of --plan in turn, then
+traces the step alone for --trace_seconds (how its stream's kernels followed one another:
+`profile_trace.stream_boundaries` per step; None on CPU) and times it for --seconds more
+(images/s, one step in flight ahead). Actions:
+
+  * `alone`: none;
+  * `kN`: N empty kernels on a second stream of this process (made by its first `k`);
+  * `pN`: N empty kernels on a stream of another process (a CUDA context of its own);
+  * `destroy`: the second stream destroyed.
+
+  python -m scripts.bench.second_stream --per_gpu 64 --plan alone k1 k1 k1 k2 k5 \
+      --out=second_stream.json
+
+The empty kernels are PTX loaded through the CUDA driver, so `k` and `p` need a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from scripts.bench import harness, step_thread
+
+# An empty kernel in PTX for the oldest target the driver still compiles for any newer GPU.
+_EMPTY_PTX = b""".version 7.0
+.target sm_50
+.address_size 64
+.visible .entry empty()
+{
+  ret;
+}
+"""
+
+
+def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
+    """(action, count) per token of --plan: `alone` and `destroy` (count 0), `kN` and `pN` with
+    N >= 1.
+
+    Raises:
+      ValueError: a token is none of these (the message names it and the forms).
+    """
+    plan = []
+    for token in tokens:
+        if token in ("alone", "destroy"):
+            plan.append((token, 0))
+        elif token[:1] in ("k", "p") and token[1:].isdigit() and int(token[1:]) >= 1:
+            plan.append((token[0], int(token[1:])))
+        else:
+            raise ValueError(f"--plan: {token!r} is not alone, destroy, kN or pN (N >= 1)")
+    if plan.count(("destroy", 0)) and not any(a == "k" for a, _ in plan):
+        raise ValueError("--plan: destroy needs a k action before it (nothing to destroy)")
+    return plan
+
+
+class EmptyKernels:
+    """An empty kernel launched on a stream of its own on the GPU of CUDA ordinal `ordinal`."""
+
+    def __init__(self, ordinal: int) -> None:
+        from jia_jax import cuda_stream  # pylint: disable=import-outside-toplevel
+
+        self.stream = cuda_stream.CudaStream(ordinal)
+        self._kernel = ctypes.c_void_p()
+        module = ctypes.c_void_p()
+        with self.stream.current():
+            self.stream.call("cuModuleLoadData", ctypes.byref(module), _EMPTY_PTX)
+            self.stream.call("cuModuleGetFunction", ctypes.byref(self._kernel), module, b"empty")
+
+    def launch(self, count: int) -> None:
+        """`count` launches of one thread each, returned once the GPU has run them."""
+        with self.stream.current():
+            for _ in range(count):
+                self.stream.call("cuLaunchKernel", self._kernel, 1, 1, 1, 1, 1, 1, 0,
+                                 ctypes.c_void_p(self.stream.handle), None, None)
+        self.stream.synchronize()
+
+    def destroy(self) -> None:
+        """The stream destroyed (the kernel's module stays loaded)."""
+        with self.stream.current():
+            self.stream.call("cuStreamDestroy_v2", ctypes.c_void_p(self.stream.handle))
+
+
+def other_process(ordinal: int, count: int) -> None:
+    """`count` empty kernels launched by another process on GPU `ordinal`."""
+    subprocess.run(
+        [sys.executable, "-m", "scripts.bench.second_stream", f"--launch_only={count}",
+         f"--ordinal={ordinal}"],
+        check=True,
+    )
+
+
+def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """A row per action of --plan (see the module's docstring)."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    device = jax.local_devices()[0]
+    ordinal = getattr(device, "local_hardware_id", None) or 0
+    side: EmptyKernels | None = None
+    rows = []
+    with step_thread.training(device, args.per_gpu, args) as times:
+        for action, count in parse_plan(args.plan):
+            times.run(False)
+            if action == "k":
+                side = side or EmptyKernels(ordinal)
+                side.launch(count)
+            elif action == "p":
+                other_process(ordinal, count)
+            elif action == "destroy":
+                side.destroy()
+                side = None
+            rows.append(_row(times, action, count, args))
+            print(rows[-1], flush=True)
+    return rows
+
+
+def _row(
+    times: step_thread.StepTimes, action: str, count: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The step alone after `action`: traced for --trace_seconds, then timed for --seconds (the
+    trace slows the steps it records, so they are not timed)."""
+    row: dict[str, Any] = {"action": action, "count": count}
+    _, row["traced_steps"], kernels = step_thread.traced_steps(
+        times, lambda: time.sleep(args.trace_seconds))
+    row["boundaries"] = step_thread.traced_boundaries(kernels, row["traced_steps"])
+    first, start = len(times), time.perf_counter()
+    time.sleep(args.seconds)
+    times.run(False)
+    row["seconds"] = time.perf_counter() - start
+    finished = times[first:]
+    row["timed_steps"] = len(finished)
+    if len(finished) >= 2:  # over the steps finished, the wait for the first one left out
+        row["train_images_per_s"] = (
+            args.per_gpu * (len(finished) - 1) / (finished[-1] - finished[0]))
+    return row
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--per_gpu", type=int, default=64)
+    parser.add_argument("--plan", nargs="+", default=["alone", "k1", "k1000", "alone"],
+                        help="actions, each followed by a row: alone, kN, pN, destroy")
+    parser.add_argument("--seconds", type=float, default=6.0, help="each row's seconds timed")
+    parser.add_argument("--trace_seconds", type=float, default=1.0,
+                        help="each row's seconds traced, first")
+    parser.add_argument("--train_model", default="resnet50")
+    parser.add_argument("--train_compute_dtype", default="bfloat16")
+    parser.add_argument("--tiny_model", action="store_true", help="a tiny model (CPU tests)")
+    parser.add_argument("--launch_only", type=int, default=0,
+                        help="internal (pN): launch this many empty kernels and exit")
+    parser.add_argument("--ordinal", type=int, default=0, help="internal (pN): the GPU")
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    if args.launch_only:
+        EmptyKernels(args.ordinal).launch(args.launch_only)
+        return None
+    if not args.out:
+        parser.error("--out is required")
+    try:
+        parse_plan(args.plan)
+    except ValueError as e:
+        parser.error(str(e))
+    doc: dict[str, Any] = {"args": vars(args), "results": measure(args)}
+    harness.close_record(args.out, doc)
+    print(json.dumps(doc["results"], indent=1))
+    return doc
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""scripts/bench/second_stream.py on CPU: its plan, and the step paused around every action."""
+
+import contextlib
+
+import pytest
+
+from scripts.bench import second_stream, step_thread
+
+
+def test_the_plan_reads_each_action_and_refuses_what_is_none():
+    assert second_stream.parse_plan(["alone", "k1", "k1000", "destroy", "p5"]) == [
+        ("alone", 0), ("k", 1), ("k", 1000), ("destroy", 0), ("p", 5)]
+    for bad in ("k0", "k", "x3", "kk", "p-1", "Alone"):
+        with pytest.raises(ValueError, match=repr(bad)):
+            second_stream.parse_plan(["alone", bad])
+    with pytest.raises(ValueError, match="destroy needs a k action"):
+        second_stream.parse_plan(["alone", "destroy"])
+
+
+def test_a_bad_plan_or_no_out_stops_before_any_training(capsys):
+    for argv in (["--plan", "alone", "k0", "--out=x.json"], ["--plan", "alone"]):
+        with pytest.raises(SystemExit) as stopped:
+            second_stream.main(argv)
+        assert stopped.value.code == 2
+    assert "'k0' is not alone, destroy, kN or pN" in capsys.readouterr().err
+
+
+class _FakeKernels:
+    """Records each launch and whether the step was paused, none in flight, then."""
+
+    made: list["_FakeKernels"] = []
+
+    def __init__(self, ordinal):
+        self.ordinal, self.launches, self.destroyed = ordinal, [], False
+        _FakeKernels.made.append(self)
+
+    def launch(self, count):
+        self.launches.append((count, _paused()))
+
+    def destroy(self):
+        self.destroyed = _paused()
+
+
+_TIMES = []
+
+
+def _paused():
+    return not _TIMES[-1].running and _TIMES[-1].idle.is_set()
+
+
+def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch):
+    """Each action of the plan runs with the step paused and none in flight, in order, and a
+    row follows it: the step's untraced rate over the row's seconds, the traced steps (no
+    boundaries on CPU); a k after a destroy makes a new stream."""
+    training, others = step_thread.training, []
+
+    @contextlib.contextmanager
+    def kept(*args, **kwargs):
+        with training(*args, **kwargs) as times:
+            _TIMES.append(times)
+            yield times
+
+    monkeypatch.setattr(step_thread, "training", kept)
+    monkeypatch.setattr(second_stream, "EmptyKernels", _FakeKernels)
+    monkeypatch.setattr(second_stream, "other_process",
+                        lambda ordinal, count: others.append((ordinal, count, _paused())))
+    _FakeKernels.made.clear()
+    doc = second_stream.main(
+        ["--per_gpu=4", "--tiny_model", "--train_model=alexnet_bn",
+         "--train_compute_dtype=float32", "--seconds=0.5", "--trace_seconds=0.2",
+         "--plan", "alone", "k2", "k3", "p7", "destroy", "k1", f"--out={tmp_path / 'o.json'}"])
+    rows = doc["results"]
+    assert [(r["action"], r["count"]) for r in rows] == [
+        ("alone", 0), ("k", 2), ("k", 3), ("p", 7), ("destroy", 0), ("k", 1)]
+    first, second = _FakeKernels.made
+    assert first.launches == [(2, True), (3, True)] and first.destroyed is True
+    assert second.launches == [(1, True)] and not second.destroyed
+    assert others == [(0, 7, True)]
+    for r in rows:
+        assert r["seconds"] >= 0.5 and r["traced_steps"] >= 1 and r["boundaries"] is None, r
+        assert r["timed_steps"] >= 2 and r["train_images_per_s"] > 0, r
+    assert doc["environment"]["backend"] == "cpu"
+
+
+def test_launch_only_launches_in_this_process_and_trains_nothing(monkeypatch):
+    _FakeKernels.made.clear()
+    _TIMES.append(step_thread.StepTimes())  # paused: nothing trains in this process
+    _TIMES[-1].idle.set()
+    monkeypatch.setattr(second_stream, "EmptyKernels", _FakeKernels)
+    assert second_stream.main(["--launch_only=12", "--ordinal=1"]) is None
+    (made,) = _FakeKernels.made
+    assert made.ordinal == 1 and made.launches == [(12, True)]

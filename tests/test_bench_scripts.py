@@ -7,12 +7,14 @@ No timing is asserted, only that every requested case is measured and that the d
 import argparse
 import contextlib
 import gzip
+import io
 import json
 import math
 import os
 import shutil
 import statistics
 import sys
+import time
 import typing
 
 import jax
@@ -927,6 +929,95 @@ def test_gpu_decode_contention_traces_per_option(tmp_path, fake_gpu, monkeypatch
         assert r["traced_steps"] >= 1 and r["boundaries"] is None, r
         assert r["seconds"] >= 0.6, r  # the traced seconds, then the rest of the row
     assert paused == [True] * 2 * len(rows)
+
+
+class _FakeDecodeProcess:
+    """Decodes 8 images a call, after the call's seconds; records its arguments and its close."""
+
+    made: list["_FakeDecodeProcess"] = []
+
+    def __init__(self, args, per_gpu):
+        self.per_gpu, self.other_rate, self.calls, self.closed = per_gpu, args.other_rate, [], False
+        _FakeDecodeProcess.made.append(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.closed = True
+
+    def __call__(self, seconds):
+        self.calls.append(seconds)
+        time.sleep(seconds)
+        return 8
+
+
+def test_gpu_decode_contention_other_process_makes_no_decoder_here(tmp_path, fake_gpu,  # noqa: F811
+                                                                    monkeypatch):
+    """`--loads other` decodes in another process: this one never makes a decoder (one would
+    change how its step's kernels follow one another for the rest of it); the row has the other
+    process's images over the row's time, and the process is closed after the rows."""
+    monkeypatch.setattr(bench_gpu_decode, "_DecodeProcess", _FakeDecodeProcess)
+    _FakeDecodeProcess.made.clear()
+    doc = bench_gpu_decode.main(
+        ["contention", f"--data_dir={tmp_path}", "--num_images=16", "--image_size=32",
+         "--canvas=128", "--per_gpu", "4", "--batches=1", "--repeats=1", "--tiny_model",
+         "--train_model=alexnet_bn", "--train_compute_dtype=float32", "--rounds=2",
+         "--load_seconds=0.4", "--loads", "other", "--other_rate=900",
+         f"--out={tmp_path / 'contention.json'}"])
+    rows = doc["results"]
+    assert [(r["round"], r["load"]) for r in rows] == [
+        (0, "none"), (1, "none"), (1, "other"), (2, "none"), (2, "other")]
+    assert fake_gpu.options == []
+    (child,) = _FakeDecodeProcess.made
+    assert (child.per_gpu, child.other_rate, child.calls, child.closed) == (4, 900, [0.4] * 2, True)
+    for r in rows[2::2]:
+        assert r["load_images"] == 8 and r["load_images_per_s"] == pytest.approx(8 / r["seconds"])
+
+
+def test_gpu_decode_contention_refuses_other_beside_decoders_here(tmp_path):
+    with pytest.raises(SystemExit) as stopped:
+        bench_gpu_decode.main(["contention", "--loads", "other", "decode",
+                               f"--out={tmp_path / 'c.json'}"])
+    assert stopped.value.code == 2
+
+
+def test_gpu_decode_loop_decodes_per_line_paced(tmp_path, fake_gpu, monkeypatch,  # noqa: F811
+                                               capsys):
+    """`decode_loop` (the other process) says it is ready once its decoder has decoded a pass,
+    then decodes for each line's seconds, whole batches, no more than --other_rate allows."""
+    from scripts.bench import input as bench_input
+
+    bench_input.prepare(str(tmp_path), 16, "array_record")
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stdin", io.StringIO("0.5\n0.5\n"))
+    bench_gpu_decode.main(["decode_loop", f"--data_dir={tmp_path}", "--num_images=16",
+                           "--image_size=32", "--canvas=128", "--per_gpu", "4", "--batches=2",
+                           "--other_rate=24"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+             if line.startswith("{")]
+    assert lines[0] == {"ready": True} and len(lines) == 3
+    assert set(fake_gpu.options) == {":fancy_upsampling=1"}  # the trainer's decoder
+    for line in lines[1:]:  # the first batch at once, then one each 4/24 s: 4 in 0.5 s at most
+        assert 4 <= line["images"] <= 16 and line["images"] % 4 == 0, line
+
+
+def test_decode_process_speaks_to_its_child_and_names_an_early_exit(monkeypatch):
+    """`_DecodeProcess` waits for the child's ready line (other output skipped), sends each
+    call's seconds and returns its images; a child that ends first is named with its exit."""
+    child = ("import sys, json\nprint('noise'); print(json.dumps({'ready': True}), flush=True)\n"
+             "for line in sys.stdin:\n"
+             "    print(json.dumps({'images': int(float(line) * 10)}), flush=True)\n")
+    args = argparse.Namespace()
+    monkeypatch.setattr(bench_gpu_decode, "_decode_loop_argv",
+                        lambda args, per_gpu: [sys.executable, "-c", child])
+    with bench_gpu_decode._DecodeProcess(args, 4) as other:
+        assert (other(0.5), other(2.0)) == (5, 20)
+    assert other._child.returncode == 0
+    monkeypatch.setattr(bench_gpu_decode, "_decode_loop_argv",
+                        lambda args, per_gpu: [sys.executable, "-c", "raise SystemExit(3)"])
+    with pytest.raises(RuntimeError, match="ended \\(exit 3\\) before its 'ready' line"):
+        bench_gpu_decode._DecodeProcess(args, 4)
 
 
 def test_bench_gpu_decode_records_counts_the_second_half_per_batch_size(tmp_path):

@@ -21,7 +21,9 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
     each of --loads in turn, --rounds times, --load_seconds each: `records` (record batches
     read as the trainer reads them, --num_workers processes, no GPU work), `decode` (the decode
     stage over records read beforehand: this process's CUDA calls and the GPU's decoding, no
-    reading) and `both` (records read and decoded, as the trainer's input thread does). Each
+    reading), `both` (records read and decoded, as the trainer's input thread does) and, asked
+    for alone, `other` (the decode stage in another process on the GPU, at most --other_rate
+    images/s: a CUDA context of its own, `decode_loop`, so no decoder ever runs in this one). Each
     row has the step's images/s, the median ms a step spent in the step's call (the host's
     launch, the trainer's `launch N ms a step`) and the load's own images/s; with
     --trace_seconds, how the step's kernels followed one another in the row's first seconds;
@@ -37,6 +39,8 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
     in each of --num_workers processes), in images/s over the second half of --record_seconds
     of reading after a warm-up, and the reading process's CPU ms a batch; no GPU work. Where
     the trainer waits for input, this says whether reading keeps up, or decoding does not.
+  * `decode_loop`: `contention`'s `other` process (its input and output are the protocol of
+    `_DecodeProcess`), not for use by hand.
   * `report`: the record of scripts/bench_gpu_decode.sh: one row per training configuration
     (`scripts.bench.train_input` JSONs) with the decode stage's rate beside it.
 
@@ -46,6 +50,8 @@ Subcommands, each writing JSON (all but `report` write the dataset first, unless
   python -m scripts.bench.gpu_decode contention --per_gpu 64 --num_workers 8 --out=contention.json
   python -m scripts.bench.gpu_decode contention --per_gpu 64 --loads decode --rounds 1 \
       --trace_seconds 1 --out=contention.json
+  python -m scripts.bench.gpu_decode contention --per_gpu 64 --loads other --other_rate 6000 \
+      --rounds 2 --trace_seconds 1 --out=contention.json
   python -m scripts.bench.gpu_decode crop --per_gpu 256 64 --out=crop.json
   python -m scripts.bench.gpu_decode records --per_gpu 256 64 --num_workers 8 --out=records.json
 """
@@ -61,6 +67,7 @@ import itertools
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -549,7 +556,7 @@ def loaded(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-LOADS = ("records", "decode", "both")
+LOADS = ("records", "decode", "both", "other")
 
 
 def contention(args: argparse.Namespace) -> dict[str, Any]:
@@ -567,12 +574,14 @@ def contention(args: argparse.Namespace) -> dict[str, Any]:
                                       num_workers=args.num_workers)
     for _ in range(_RECORD_WARMUP):
         next(stream)
-    with step_thread.training(device, per_gpu, args) as train_times:
+    with (step_thread.training(device, per_gpu, args) as train_times,
+          contextlib.ExitStack() as on_exit):
         rows = [_contention_row(("none", None), _idle_for, 0, per_gpu, args, train_times)]
         decoders = {
             options: [[(gpu_input.device_decoders([device], options=options)[device],
                         slice(0, per_gpu))]]
             for options in args.contention_options
+            if {"decode", "both"} & set(args.loads)
         }
         for placed in decoders.values():  # compiles the crop before the next row
             _stage_rate(records, placed, args, args.canvas)
@@ -582,6 +591,8 @@ def contention(args: argparse.Namespace) -> dict[str, Any]:
             loads["decode", options] = functools.partial(
                 _decode_for, itertools.cycle(records), placed, args)
             loads["both", options] = functools.partial(_decode_for, stream, placed, args)
+        if "other" in args.loads:
+            loads["other", None] = on_exit.enter_context(_DecodeProcess(args, per_gpu))
         chosen = [key for key in loads if key[0] in ("none", *args.loads)]
         for round_, key in itertools.product(range(1, args.rounds + 1), chosen):
             rows.append(_contention_row(key, loads[key], round_, per_gpu, args, train_times))
@@ -665,6 +676,78 @@ def _decode_for(
             yield next(batches)
 
     return _decode_batches(until_time(), decoders, args.image_size, args.canvas, wait_each=False)
+
+
+class _DecodeProcess:
+    """The decode stage (`_decode_for`) in another process on this GPU, a CUDA context of its
+    own: this script's `decode_loop`, driven over its standard input and output. Called with
+    seconds, it decodes for that long there and returns the images decoded."""
+
+    def __init__(self, args: argparse.Namespace, per_gpu: int) -> None:
+        env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # beside this process's
+        self._child = subprocess.Popen(
+            _decode_loop_argv(args, per_gpu), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, env=env)
+        self._reply("ready")
+
+    def __enter__(self) -> "_DecodeProcess":
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._child.stdin.close()  # the loop ends at the end of its input
+        self._child.wait(timeout=120)
+
+    def __call__(self, seconds: float) -> int:
+        self._child.stdin.write(f"{seconds}\n")
+        self._child.stdin.flush()
+        return self._reply("images")
+
+    def _reply(self, key: str) -> Any:
+        for line in self._child.stdout:
+            if line.startswith("{") and key in (message := json.loads(line)):
+                return message[key]
+        raise RuntimeError(
+            f"the decode process ended (exit {self._child.wait()}) before its {key!r} line")
+
+
+def _decode_loop_argv(args: argparse.Namespace, per_gpu: int) -> list[str]:
+    """The command of `_DecodeProcess`'s child: `decode_loop` on this run's dataset."""
+    return [sys.executable, "-m", "scripts.bench.gpu_decode", "decode_loop",
+            f"--data_dir={args.data_dir}", f"--num_images={args.num_images}",
+            f"--image_size={args.image_size}", f"--canvas={args.canvas}", "--per_gpu",
+            str(per_gpu), f"--batches={args.batches}", f"--repeats={args.repeats}",
+            f"--other_rate={args.other_rate}"]
+
+
+def decode_loop(args: argparse.Namespace, lines: Iterator[str], out) -> None:
+    """`_DecodeProcess`'s child: builds a decoder on the first GPU and decodes one pass over
+    --batches record batches (the crop compiled), writes {"ready": true} to `out`, then for each
+    line of `lines` (seconds) decodes for that long, at most --other_rate images/s if set, and
+    writes {"images": n}."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    from jia_jax import gpu_input  # pylint: disable=import-outside-toplevel
+
+    device, per_gpu = jax.local_devices()[0], args.per_gpu[0]
+    records = _record_batches(args, per_gpu, args.batches)
+    placed = [[(gpu_input.device_decoders([device])[device], slice(0, per_gpu))]]
+    _decode_batches(iter(records), placed, args.image_size, args.canvas, wait_each=False)
+    print(json.dumps({"ready": True}), file=out, flush=True)
+    batches = itertools.cycle(records)
+    for line in lines:
+        paced = _paced(batches, per_gpu, args.other_rate)
+        images = _decode_for(paced, placed, args, float(line))
+        print(json.dumps({"images": images}), file=out, flush=True)
+
+
+def _paced(batches: Iterator[dict], per_gpu: int, rate: float) -> Iterator[dict]:
+    """`batches`, each handed out no sooner than `rate` images/s allow from the first (all at
+    once where `rate` is 0)."""
+    start = time.perf_counter()
+    for n, batch in enumerate(batches):
+        if rate > 0:
+            time.sleep(max(start + n * per_gpu / rate - time.perf_counter(), 0.0))
+        yield batch
 
 
 @contextlib.contextmanager
@@ -864,7 +947,9 @@ def _report_row(
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "mode", choices=("smoke", "decode", "loaded", "contention", "crop", "records", "report")
+        "mode",
+        choices=("smoke", "decode", "loaded", "contention", "crop", "records", "report",
+                 "decode_loop"),
     )
     parser.add_argument("--data_dir", default="/tmp/jia_bench_data")
     parser.add_argument("--num_images", type=int, default=1024, help="JPEGs to write if absent")
@@ -907,8 +992,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--train_compute_dtype", default="bfloat16", help="loaded: its precision.compute"
     )
-    parser.add_argument("--loads", nargs="+", default=list(LOADS), choices=LOADS,
+    parser.add_argument("--loads", nargs="+", default=["records", "decode", "both"],
+                        choices=LOADS,
                         help="contention: what runs beside the step, each after it alone")
+    parser.add_argument("--other_rate", type=float, default=0.0,
+                        help="contention, other: images/s the other process decodes at most")
     parser.add_argument("--rounds", type=int, default=2, help="contention: rounds of the loads")
     parser.add_argument("--load_seconds", type=float, default=8.0,
                         help="contention: seconds of each row")
@@ -916,8 +1004,16 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="contention: seconds of each row traced first (0: none)")
     parser.add_argument("--contention_options", nargs="+", default=[""],
                         help="contention: the decoders' options, a decode (and both) row each")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="required but in decode_loop")
     args = parser.parse_args(argv)
+    if args.mode == "decode_loop":
+        decode_loop(args, sys.stdin, sys.stdout)
+        return {}
+    if not args.out:
+        parser.error("--out is required")
+    if "other" in args.loads and {"decode", "both"} & set(args.loads):
+        parser.error("--loads: other runs without decode and both (a decoder in this process "
+                     "makes the step's kernels follow one another later for the rest of it)")
     if args.mode == "report":
         doc = report(args)
         harness.write_json(args.out, doc)

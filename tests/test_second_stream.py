@@ -8,9 +8,9 @@ from scripts.bench import second_stream, step_thread
 
 
 def test_the_plan_reads_each_action_and_refuses_what_is_none():
-    assert second_stream.parse_plan(["alone", "k1", "k1000", "destroy", "p5"]) == [
-        ("alone", 0), ("k", 1), ("k", 1000), ("destroy", 0), ("p", 5)]
-    for bad in ("k0", "k", "x3", "kk", "p-1", "Alone"):
+    assert second_stream.parse_plan(["alone", "k1", "k1000", "destroy", "p5", "h3"]) == [
+        ("alone", 0), ("k", 1), ("k", 1000), ("destroy", 0), ("p", 5), ("h", 3)]
+    for bad in ("k0", "k", "x3", "kk", "p-1", "h0", "Alone"):
         with pytest.raises(ValueError, match=repr(bad)):
             second_stream.parse_plan(["alone", bad])
     with pytest.raises(ValueError, match="destroy needs a k action"):
@@ -22,7 +22,7 @@ def test_a_bad_plan_or_no_out_stops_before_any_training(capsys):
         with pytest.raises(SystemExit) as stopped:
             second_stream.main(argv)
         assert stopped.value.code == 2
-    assert "'k0' is not alone, destroy, kN or pN" in capsys.readouterr().err
+    assert "'k0' is not alone, destroy, kN, pN or hN" in capsys.readouterr().err
 
 
 class _FakeKernels:
@@ -64,18 +64,26 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
     monkeypatch.setattr(second_stream, "EmptyKernels", _FakeKernels)
     monkeypatch.setattr(second_stream, "other_process",
                         lambda ordinal, count: others.append((ordinal, count, _paused())))
+    host, copies = second_stream.host_copies, []
+
+    def copied(device, count):
+        copies.append((count, _paused()))
+        host(device, count)
+
+    monkeypatch.setattr(second_stream, "host_copies", copied)
     _FakeKernels.made.clear()
     doc = second_stream.main(
         ["--per_gpu=4", "--tiny_model", "--train_model=alexnet_bn",
          "--train_compute_dtype=float32", "--seconds=0.5", "--trace_seconds=0.2",
-         "--plan", "alone", "k2", "k3", "p7", "destroy", "k1", f"--out={tmp_path / 'o.json'}"])
+         "--plan", "alone", "k2", "k3", "p7", "destroy", "k1", "h2",
+         f"--out={tmp_path / 'o.json'}"])
     rows = doc["results"]
     assert [(r["action"], r["count"]) for r in rows] == [
-        ("alone", 0), ("k", 2), ("k", 3), ("p", 7), ("destroy", 0), ("k", 1)]
+        ("alone", 0), ("k", 2), ("k", 3), ("p", 7), ("destroy", 0), ("k", 1), ("h", 2)]
     first, second = _FakeKernels.made
     assert first.launches == [(2, True), (3, True)] and first.destroyed is True
     assert second.launches == [(1, True)] and not second.destroyed
-    assert others == [(0, 7, True)]
+    assert others == [(0, 7, True)] and copies == [(2, True)]
     for r in rows:
         assert r["seconds"] >= 0.5 and r["traced_steps"] >= 1 and r["boundaries"] is None, r
         assert r["timed_steps"] >= 2 and r["train_images_per_s"] > 0, r

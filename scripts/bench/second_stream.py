@@ -11,6 +11,8 @@ traces the step alone for --trace_seconds (how its stream's kernels followed one
   * `alone`: none;
   * `kN`: N empty kernels on a second stream of this process (made by its first `k`);
   * `pN`: N empty kernels on a stream of another process (a CUDA context of its own);
+  * `hN`: N copies of 1 MiB from host memory to the GPU (`jax.device_put`, as the CPU input
+    path hands over its batches), each waited for;
   * `destroy`: the second stream destroyed.
 
   python -m scripts.bench.second_stream --per_gpu 64 --plan alone k1 k1 k1 k2 k5 \
@@ -44,8 +46,8 @@ _EMPTY_PTX = b""".version 7.0
 
 
 def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
-    """(action, count) per token of --plan: `alone` and `destroy` (count 0), `kN` and `pN` with
-    N >= 1.
+    """(action, count) per token of --plan: `alone` and `destroy` (count 0), `kN`, `pN` and `hN`
+    with N >= 1.
 
     Raises:
       ValueError: a token is none of these (the message names it and the forms).
@@ -54,10 +56,10 @@ def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
     for token in tokens:
         if token in ("alone", "destroy"):
             plan.append((token, 0))
-        elif token[:1] in ("k", "p") and token[1:].isdigit() and int(token[1:]) >= 1:
+        elif token[:1] in ("k", "p", "h") and token[1:].isdigit() and int(token[1:]) >= 1:
             plan.append((token[0], int(token[1:])))
         else:
-            raise ValueError(f"--plan: {token!r} is not alone, destroy, kN or pN (N >= 1)")
+            raise ValueError(f"--plan: {token!r} is not alone, destroy, kN, pN or hN (N >= 1)")
     if plan.count(("destroy", 0)) and not any(a == "k" for a, _ in plan):
         raise ValueError("--plan: destroy needs a k action before it (nothing to destroy)")
     return plan
@@ -99,6 +101,16 @@ def other_process(ordinal: int, count: int) -> None:
     )
 
 
+def host_copies(device, count: int) -> None:
+    """`count` copies of 1 MiB from host memory to `device`, each waited for."""
+    import jax  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    data = np.zeros(1 << 20, np.uint8)
+    for _ in range(count):
+        jax.device_put(data, device).block_until_ready()
+
+
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     """A row per action of --plan (see the module's docstring)."""
     import jax  # pylint: disable=import-outside-toplevel
@@ -115,6 +127,8 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 side.launch(count)
             elif action == "p":
                 other_process(ordinal, count)
+            elif action == "h":
+                host_copies(device, count)
             elif action == "destroy":
                 side.destroy()
                 side = None
@@ -148,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per_gpu", type=int, default=64)
     parser.add_argument("--plan", nargs="+", default=["alone", "k1", "k1000", "alone"],
-                        help="actions, each followed by a row: alone, kN, pN, destroy")
+                        help="actions, each followed by a row: alone, kN, pN, hN, destroy")
     parser.add_argument("--seconds", type=float, default=6.0, help="each row's seconds timed")
     parser.add_argument("--trace_seconds", type=float, default=1.0,
                         help="each row's seconds traced, first")

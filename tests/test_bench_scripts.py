@@ -1002,6 +1002,32 @@ def test_gpu_decode_loop_decodes_per_line_paced(tmp_path, fake_gpu, monkeypatch,
         assert 4 <= line["images"] <= 16 and line["images"] % 4 == 0, line
 
 
+def test_decode_process_runs_decode_loop_in_a_child(tmp_path, monkeypatch):
+    """The child `_DecodeProcess` starts (`_decode_loop_argv`'s command, run with the fake GPU
+    decoder installed) decodes whole batches of the parent's dataset for each call's seconds."""
+    from scripts.bench import input as bench_input
+
+    bench_input.prepare(str(tmp_path), 16, "array_record")
+    args = argparse.Namespace(data_dir=str(tmp_path), num_images=16, image_size=32, canvas=128,
+                              batches=2, repeats=1, other_rate=0.0)
+    command = bench_gpu_decode._decode_loop_argv(args, 4)
+    assert command[:4] == [sys.executable, "-m", "scripts.bench.gpu_decode", "decode_loop"]
+    fake = ("from tests import gpu_fakes\n"
+            "from jia_jax import gpu_decode\n"
+            "from scripts.bench import gpu_decode as bench\n"
+            "library = gpu_fakes.FakeNvImageCodec()\n"
+            "gpu_decode.new_decoder = lambda device, options='', fancy_upsampling=True: ("
+            "gpu_decode.NvImageCodecDecoder(device, library, gpu_fakes.FakeStream(), options, "
+            "fancy_upsampling))\n"
+            f"bench.main({command[3:]!r})\n")
+    monkeypatch.setattr(bench_gpu_decode, "_decode_loop_argv",
+                        lambda args, per_gpu: [sys.executable, "-c", fake])
+    with bench_gpu_decode._DecodeProcess(args, 4) as other:
+        images = [other(0.3), other(0.3)]
+    assert other._child.returncode == 0
+    assert all(n >= 4 and n % 4 == 0 for n in images), images
+
+
 def test_decode_process_speaks_to_its_child_and_names_an_early_exit(monkeypatch):
     """`_DecodeProcess` waits for the child's ready line (other output skipped), sends each
     call's seconds and returns its images; a child that ends first is named with its exit."""

@@ -1006,10 +1006,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                         help="contention: the decoders' options, a decode (and both) row each")
     parser.add_argument("--out", help="required but in decode_loop")
     args = parser.parse_args(argv)
-    if args.mode == "decode_loop":
-        decode_loop(args, sys.stdin, sys.stdout)
-        return {}
-    if not args.out:
+    if not args.out and args.mode != "decode_loop":
         parser.error("--out is required")
     if "other" in args.loads and {"decode", "both"} & set(args.loads):
         parser.error("--loads: other runs without decode and both (a decoder in this process "
@@ -1023,6 +1020,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from scripts.bench import input as bench_input  # pylint: disable=import-outside-toplevel
 
     flags.FLAGS.mark_as_parsed()  # grain's worker processes read an absl flag
+    if args.mode == "decode_loop":  # the dataset is the parent's
+        decode_loop(args, sys.stdin, sys.stdout)
+        return {}
     bench_input.prepare(args.data_dir, args.num_images, "array_record")  # unless there
     modes = {"smoke": smoke, "decode": decode_stage, "loaded": loaded, "contention": contention,
              "crop": crop, "records": records}

@@ -13,8 +13,10 @@ def test_the_plan_reads_each_action_and_refuses_what_is_none():
     for bad in ("k0", "k", "x3", "kk", "p-1", "h0", "Alone"):
         with pytest.raises(ValueError, match=repr(bad)):
             second_stream.parse_plan(["alone", bad])
-    with pytest.raises(ValueError, match="destroy needs a k action"):
-        second_stream.parse_plan(["alone", "destroy"])
+    for bad in (["alone", "destroy"], ["destroy", "k1"], ["k1", "destroy", "destroy"]):
+        with pytest.raises(ValueError, match="no second stream to destroy"):
+            second_stream.parse_plan(bad)
+    assert second_stream.parse_plan(["k1", "destroy", "k2", "destroy"])[-1] == ("destroy", 0)
 
 
 def test_a_bad_plan_or_no_out_stops_before_any_training(capsys):

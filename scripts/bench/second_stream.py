@@ -50,18 +50,22 @@ def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
     with N >= 1.
 
     Raises:
-      ValueError: a token is none of these (the message names it and the forms).
+      ValueError: a token is none of these (the message names it and the forms), or a destroy
+        has no second stream to destroy.
     """
-    plan = []
+    plan, stream = [], False  # whether a second stream exists at each action
     for token in tokens:
         if token in ("alone", "destroy"):
+            if token == "destroy" and not stream:
+                raise ValueError("--plan: each destroy needs a k action since the last destroy "
+                                 "(no second stream to destroy)")
+            stream = stream and token != "destroy"
             plan.append((token, 0))
         elif token[:1] in ("k", "p", "h") and token[1:].isdigit() and int(token[1:]) >= 1:
+            stream = stream or token[0] == "k"
             plan.append((token[0], int(token[1:])))
         else:
             raise ValueError(f"--plan: {token!r} is not alone, destroy, kN, pN or hN (N >= 1)")
-    if plan.count(("destroy", 0)) and not any(a == "k" for a, _ in plan):
-        raise ValueError("--plan: destroy needs a k action before it (nothing to destroy)")
     return plan
 
 

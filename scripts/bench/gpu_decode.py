@@ -577,11 +577,11 @@ def contention(args: argparse.Namespace) -> dict[str, Any]:
     with (step_thread.training(device, per_gpu, args) as train_times,
           contextlib.ExitStack() as on_exit):
         rows = [_contention_row(("none", None), _idle_for, 0, per_gpu, args, train_times)]
+        in_process = {"decode", "both"} & set(args.loads)  # loads that decode in this process
         decoders = {
             options: [[(gpu_input.device_decoders([device], options=options)[device],
                         slice(0, per_gpu))]]
-            for options in args.contention_options
-            if {"decode", "both"} & set(args.loads)
+            for options in (args.contention_options if in_process else [])
         }
         for placed in decoders.values():  # compiles the crop before the next row
             _stage_rate(records, placed, args, args.canvas)
@@ -642,9 +642,8 @@ def _loaded_for(
     traced = min(args.trace_seconds, args.load_seconds)
     if traced <= 0:
         return load(args.load_seconds)
-    images, row["traced_steps"], kernels = step_thread.traced_steps(
+    images, row["traced_steps"], row["boundaries"] = step_thread.traced_steps(
         train_times, lambda: load(traced))
-    row["boundaries"] = step_thread.traced_boundaries(kernels, row["traced_steps"])
     return images + load(args.load_seconds - traced)
 
 

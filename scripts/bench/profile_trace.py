@@ -15,6 +15,7 @@ without TensorBoard or any other package.
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import glob
 import gzip
@@ -358,9 +359,7 @@ def stream_boundaries(
     another stream was busy (the previous kernel ended while a kernel or copy of another stream
     ran) and of the rest. A stream whose kernels follow each other later by the same amount
     whether or not another stream runs loses it at every boundary, not to what runs beside."""
-    counts: dict[str, int] = {}
-    for k in kernels:
-        counts[k.stream] = counts.get(k.stream, 0) + 1
+    counts = collections.Counter(k.stream for k in kernels)
     stream = max(counts, key=lambda s: (counts[s], s))
     own = sorted((k for k in kernels if k.stream == stream), key=lambda k: k.start_us)
     others = union((k.start_us, k.end_us) for k in kernels if k.stream != stream)

@@ -147,9 +147,8 @@ def _row(
     """The step alone after `action`: traced for --trace_seconds, then timed for --seconds (the
     trace slows the steps it records, so they are not timed)."""
     row: dict[str, Any] = {"action": action, "count": count}
-    _, row["traced_steps"], kernels = step_thread.traced_steps(
+    _, row["traced_steps"], row["boundaries"] = step_thread.traced_steps(
         times, lambda: time.sleep(args.trace_seconds))
-    row["boundaries"] = step_thread.traced_boundaries(kernels, row["traced_steps"])
     first, start = len(times), time.perf_counter()
     time.sleep(args.seconds)
     times.run(False)

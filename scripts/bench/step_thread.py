@@ -117,9 +117,10 @@ def traced_kernels(call: Callable[[], T]) -> tuple[T, dict[str, list]]:
         return result, profile_trace.load_kernels(trace_dir)
 
 
-def traced_steps(times: StepTimes, call: Callable[[], T]) -> tuple[T, int, dict[str, list]]:
-    """`call()`'s result, the steps of `training` finished while it ran, and the kernels each
-    device ran meanwhile (`traced_kernels`); the training runs again after.
+def traced_steps(times: StepTimes, call: Callable[[], T]) -> tuple[T, int, dict[str, Any] | None]:
+    """`call()`'s result, the steps of `training` finished while it ran, and how the kernels of
+    the first GPU's busiest stream followed one another meanwhile (`traced_boundaries` of
+    `traced_kernels`); the training runs again after.
 
     The trace starts and stops with the step paused, none in flight: on an H200 (jax 0.11.2) a
     trace started from another thread while the step's thread launched failed the step at once
@@ -136,7 +137,7 @@ def traced_steps(times: StepTimes, call: Callable[[], T]) -> tuple[T, int, dict[
     times.run(False)
     (result, steps), kernels = traced_kernels(counted)
     times.run(True)
-    return result, steps, kernels
+    return result, steps, traced_boundaries(kernels, steps)
 
 
 def traced_boundaries(kernels: dict[str, list], steps: int) -> dict[str, Any] | None:

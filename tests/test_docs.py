@@ -1000,28 +1000,26 @@ def test_the_step_kernels_boundaries_on_the_gpu_path_quote_the_traces():
     ])
 
 
-def _cumulative_kernels(results: list[dict]) -> list[int]:
-    """Empty kernels launched on this process's second stream before each row of a
-    second_stream run (`k` actions add up; `p` and `destroy` add none)."""
-    total, counts = 0, []
-    for r in results:
-        total += r["count"] if r["action"] == "k" else 0
-        counts.append(total)
-    return counts
-
-
 def test_kernels_on_a_second_stream_quote_the_runs():
     """What a few kernels on a second stream do to the step's boundaries (second_stream), and
-    the decoders idle beside the step (decoders_idle_contention), in input_pipeline.md."""
+    the decoders idle beside the step (decoders_idle_contention), in input_pipeline.md and
+    benchmarks.md."""
     runs = {r["name"]: r for r in load("second_stream_1xH200.json")["runs"]}
     before, after = [], []  # default-environment rows by kernels launched so far
     for name in ("first", "cumulative", "threshold"):
         results = runs[name]["results"]
-        for r, n in zip(results, _cumulative_kernels(results)):
+        for r, n in zip(results, benchmarks.kernels_so_far(results)):
             (before if n <= 5 else after).append(r["boundaries"])
             assert n <= 5 or n >= 10  # no row between: the threshold is past 5, at most 10
     assert {b["p50_us"] < 0 for b in before} == {True}
     assert {b["p50_us"] > 0 for b in after} == {True}
+    counts = [n for name in ("first", "cumulative", "threshold")
+              for n in benchmarks.kernels_so_far(runs[name]["results"])]
+    fewest, most = max(n for n in counts if n <= 5), min(n for n in counts if n > 5)
+    assert_quoted(read("docs/benchmarks.md"), [
+        f"Up to {fewest} empty kernels on a second stream changed nothing; after {most} the "
+        "step's kernels followed one another later for the rest of the process",
+    ])
     assert any(r["action"] == "destroy" for r in runs["cumulative"]["results"][1:])
 
     def us(value: float) -> str:

@@ -5,6 +5,7 @@ import contextlib
 import pytest
 
 from scripts.bench import second_stream, step_thread
+from scripts.render import benchmarks as render_benchmarks
 
 
 def test_the_plan_reads_each_action_and_refuses_what_is_none():
@@ -90,6 +91,11 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
         assert r["seconds"] >= 0.5 and r["traced_steps"] >= 1 and r["boundaries"] is None, r
         assert r["timed_steps"] >= 2 and r["train_images_per_s"] > 0, r
     assert doc["environment"]["backend"] == "cpu"
+    table = render_benchmarks.table(str(tmp_path / "o.json"))  # a row each, kernels added up
+    assert [line.split(" | ")[2:4] for line in table.splitlines() if line.startswith("| - |")] == [
+        ["alone", "0"], ["k2", "2"], ["k3", "5"], ["p7", "5"], ["destroy", "5"], ["k1", "6"],
+        ["h2", "6"]]
+    assert f"| {rows[1]['train_images_per_s']:,.0f} |" in table
 
 
 def test_launch_only_launches_in_this_process_and_trains_nothing(monkeypatch):

@@ -921,6 +921,45 @@ def crop_in_step_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def kernels_so_far(results: list[dict[str, Any]]) -> list[int]:
+    """Empty kernels launched on the process's second stream before each row of a
+    scripts/bench/second_stream.py run (its `k` actions add up; `p`, `h` and `destroy` add
+    none)."""
+    total, counts = 0, []
+    for r in results:
+        total += r["count"] if r["action"] == "k" else 0
+        counts.append(total)
+    return counts
+
+
+def second_stream_table(doc: dict[str, Any]) -> str:
+    """The step alone after each action of scripts/bench/second_stream.py, per run (a process
+    each): how the kernels of its stream followed one another, and its rate where timed."""
+    runs = doc.get("runs") or [{"name": "-", "environment_variables": {},
+                                "results": doc["results"]}]
+    per_gpu = doc.get("per_gpu") or doc["args"]["per_gpu"]
+    lines = [
+        f"The trainer's step alone after each action ({_where(doc)}; ResNet-50 64K config, bf16, "
+        f"synthetic data, {per_gpu} images, one step in flight ahead; a run is a process; "
+        "boundaries of its busiest stream under 10 µs, per traced step):",
+        "",
+        "| run | environment | action | kernels on the second stream so far | traced steps | "
+        "median boundary µs | boundaries µs a step | images/s |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for run in runs:
+        env = " ".join(f"{k}={v}" for k, v in run["environment_variables"].items()) or "-"
+        for r, so_far in zip(run["results"], kernels_so_far(run["results"])):
+            b = r["boundaries"] or {}
+            action = f"{r['action']}{r['count'] or ''}"
+            median = f"{b['p50_us']:.2f}" if b else "-"
+            total = f"{b['sum_us_per_step']:,.0f}" if b else "-"
+            rate = f"{r['train_images_per_s']:,.0f}" if "train_images_per_s" in r else "-"
+            lines.append(f"| {run['name']} | {env} | {action} | {so_far:,} | "
+                         f"{r['traced_steps']} | {median} | {total} | {rate} |")
+    return "\n".join(lines)
+
+
 def graphs_capture_table(doc: dict[str, Any]) -> str:
     """Runs of the step with convolutions in command buffers, by how they got there and where
     their convolutions' algorithms came from: which trained and which failed."""
@@ -991,7 +1030,11 @@ def table(path: str) -> str:
         return graphs_runs_table(doc)
     if "runs" in doc and "statistics" in doc["runs"][0]:
         return bn_variance_table(doc)
+    if "runs" in doc and "plan" in doc["runs"][0]:
+        return second_stream_table(doc)
     first = (doc.get("results") or [{}])[0]
+    if "action" in first and "traced_steps" in first:
+        return second_stream_table(doc)
     if first.get("variant") == "alone" and "crop_kernel" in first:
         return crop_in_step_table(doc)
     if "op" in first and "channels" in first:

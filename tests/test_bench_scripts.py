@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import pathlib
 import shutil
 import statistics
 import sys
@@ -1468,6 +1469,47 @@ def test_collectives_table_shows_each_process_time_per_traced_step():
                      "| told | 64 | 2 | all-reduce f32[2] | 0.25 | 0.25 |"]
 
 
+@pytest.mark.parametrize("profile_steps", [0, 2])
+def test_bench_hosts_traces_the_one_gpu_row_after_its_timed_steps(monkeypatch, profile_steps):
+    """With --profile_steps the one-GPU row is traced as the default strategy's rows are, after
+    its timed steps: its rate comes from the lines before the trace starts and its figures
+    (exposed communication, boundaries) from the trace; without, neither is traced."""
+    from jia_jax import loop
+
+    def line(step, rate):
+        return (f"I0 loop.py] step {step:3d}/9 | learning_rate 0.1 | loss 3.0 | top1 0 | "
+                f"{rate} img/s | ETA 0:00:01")
+
+    commands = []
+
+    def run(command, env, cwd=None):
+        commands.append(command)
+        workdir = next(c.split("=", 1)[1] for c in command if c.startswith("--workdir="))
+        tail = line(9, 1.0)
+        if any(c.startswith("--config.profile.steps=") for c in command):
+            # Kernels at [0, 10], [12, 20], [20.5, 30]: boundaries of 2 and 0.5 µs in 2 steps.
+            _write_process_trace(workdir, 0, [_trace_event(7, 3, "fusion", t, d)
+                                              for t, d in ((0, 10), (12, 8), (20.5, 9.5))])
+            tail = f"{loop.TRACE_STARTS}\n{tail}"
+        return "\n".join([line(2, 10.0), line(4, 300.0), line(6, 100.0), tail])
+
+    monkeypatch.setattr(bench_hosts, "run", run)
+    args = bench_hosts._parser().parse_args(
+        ["--tiny", "--steps=6", "--log_every=2", f"--profile_steps={profile_steps}"])
+    row = bench_hosts.one_gpu_row(args, 2, {"JIA_JAX_PLATFORM": "gpu"})
+    traced = any(c.startswith("--config.profile.steps=") for c in commands[0])
+    assert traced == bool(profile_steps)
+    # The slow line (1 img/s) after the trace's start is not timed; untraced, it is.
+    assert (row["images_per_s"], row["logged_images_per_s"]) == (
+        (200.0, [300.0, 100.0]) if profile_steps else (100.0, [300.0, 100.0, 1.0]))
+    if profile_steps:
+        (boundaries,) = row["boundaries"]
+        assert boundaries["sum_us_per_step"] == pytest.approx(2.5 / 2)
+        assert row["exposed_comm_ms"] == 0.0
+    else:
+        assert "boundaries" not in row
+
+
 def test_bench_hosts_takes_the_median_after_the_compile_interval():
     log = "\n".join(
         f"I0 loop.py] step {s:3d}/90 | learning_rate 0.1 | loss {l} | top1 0 | {r} img/s | ETA 0:00:01"
@@ -1847,19 +1889,33 @@ def test_the_told_overlap_variant_compiles_as_the_trainer_does_told():
     assert train.step_compiler_options(comm, xla_told=True) == variant["xla"]
 
 
+def _trace_event(pid, tid, name, ts, dur):
+    return {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": ts, "dur": dur}
+
+
+# A host (pid 1) and one GPU (pid 7) whose stream 3 holds the kernels.
+_TRACE_META = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+               {"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+               {"ph": "M", "pid": 7, "tid": 3, "name": "thread_name",
+                "args": {"name": "Stream #3(Compute)"}}]
+
+
+def _write_process_trace(workdir, process, events):
+    """A trainer's trace of process `process` where `config.profile` writes it."""
+    run = pathlib.Path(workdir) / "profile" / f"process_{process}" / "plugins" / "profile" / "run"
+    run.mkdir(parents=True)
+    with gzip.open(run / "h.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": _TRACE_META + events}, f)
+
+
 def test_bench_hosts_profile_figures_are_per_traced_step_with_each_process_launch(tmp_path):
     """A profiled row's figures from the trainer's traces (one per process): exposed NCCL and
-    idle time per traced step averaged over the GPUs, and each process's host time in the
-    train step's calls (jax.jit's or the graphs executable's, not another jitted function's)."""
+    idle time per traced step averaged over the GPUs, how each GPU's kernels follow one another
+    (by process), and each process's host time in the train step's calls (jax.jit's or the
+    graphs executable's, not another jitted function's)."""
     from scripts.bench import hosts as bench_hosts
 
-    def x(pid, tid, name, ts, dur):
-        return {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": ts, "dur": dur}
-
-    meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
-            {"ph": "M", "pid": 7, "name": "process_name", "args": {"name": "/device:GPU:0"}},
-            {"ph": "M", "pid": 7, "tid": 3, "name": "thread_name",
-             "args": {"name": "Stream #3(Compute)"}}]
+    x = _trace_event
     traces = [
         # Process 0: compute [0, 10] and [25, 30], NCCL [5, 20]: 10 µs exposed, 5 idle. Its
         # host: two step calls of 40 and 60 µs (a launch of 25 inside the first), and a call of
@@ -1872,12 +1928,15 @@ def test_bench_hosts_profile_figures_are_per_traced_step_with_each_process_launc
         [x(7, 3, "loop_add_fusion", 0, 30), x(1, 1, "PjitFunction(jit(step))", 0, 20)],
     ]
     for i, events in enumerate(traces):
-        run = tmp_path / "profile" / f"process_{i}" / "plugins" / "profile" / "run"
-        run.mkdir(parents=True)
-        with gzip.open(run / "h.trace.json.gz", "wt") as f:
-            json.dump({"traceEvents": meta + events}, f)
+        _write_process_trace(tmp_path, i, events)
     got = bench_hosts.profile_figures(str(tmp_path), steps=2)
     assert got["exposed_comm_ms"] == pytest.approx((10 / 2 + 0) / 2 / 1000)
+    # Process 0's stream: the NCCL kernel starts 5 µs before the first ends, the last 5 µs
+    # after it: two boundaries in 2 steps summing to 0; process 1's single kernel has none.
+    first, second = got["boundaries"]
+    assert (first["count_per_step"], first["negative_per_step"], first["sum_us_per_step"]) == (
+        1.0, 0.5, 0.0)
+    assert (second["count_per_step"], second["p50_us"]) == (0.0, None)
     assert got["idle_ms"] == pytest.approx((5 / 2 + 0) / 2 / 1000)
     assert got["launch_ms"] == pytest.approx([100 / 2 / 1000, 20 / 2 / 1000])
     assert got["launch"]["call_us_per_step"] == 50

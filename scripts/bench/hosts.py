@@ -149,13 +149,16 @@ def run(command: list[str], env: dict[str, str], cwd: str | None = None) -> str:
 
 def profile_figures(workdir: str, steps: int) -> dict[str, Any]:
     """Over the `steps` traced steps of each process: exposed NCCL time and idle time per step
-    (ms), averaged over every traced GPU, and each process's host time in the step's calls per
-    step (`launch_ms`) with what process 0's spends it on (`launch`, host_trace.breakdown)."""
-    per_gpu, launch_ms, launch = [], [], None
+    (ms), averaged over every traced GPU; how the kernels of each traced GPU's compute stream
+    follow one another (`boundaries`, profile_trace.stream_boundaries, by process then GPU);
+    and each process's host time in the step's calls per step (`launch_ms`) with what process
+    0's spends it on (`launch`, host_trace.breakdown)."""
+    per_gpu, boundaries, launch_ms, launch = [], [], [], None
     for log_dir in sorted(glob.glob(os.path.join(workdir, "profile", "process_*"))):
         events = profile_trace.load_events(log_dir)
         for device_kernels in profile_trace.device_kernels(events).values():
             per_gpu.append(profile_trace.summarize(device_kernels, steps=steps))
+            boundaries.append(profile_trace.stream_boundaries(device_kernels, steps))
         host = host_trace.breakdown(events, steps, call=host_trace.TRAIN_STEP_CALLS, n=8)
         launch_ms.append(host["call_us_per_step"] / 1000)
         launch = launch or host
@@ -166,7 +169,7 @@ def profile_figures(workdir: str, steps: int) -> dict[str, Any]:
         return statistics.mean(s[key] for s in per_gpu) / 1000
 
     return {"exposed_comm_ms": mean_ms("collective_exposed_us"), "idle_ms": mean_ms("idle_us"),
-            "launch_ms": launch_ms, "launch": launch}
+            "boundaries": boundaries, "launch_ms": launch_ms, "launch": launch}
 
 
 def parse_row_variant(spec: str) -> dict[str, Any]:
@@ -199,10 +202,7 @@ def host_row(
     overrides = trainer_args(args, batch, devices, strategy) + variant["overrides"]
     profiled = args.profile_steps and strategy in args.profile_strategies
     if profiled:
-        overrides += [
-            f"--config.profile.first_step={profile_first_step(args)}",
-            f"--config.profile.steps={args.profile_steps}",
-        ]
+        overrides += profile_overrides(args)
     config, rest = overrides[0].split("=", 1)[1], overrides[1:]
     with tempfile.TemporaryDirectory() as workdir:
         command = [
@@ -231,7 +231,18 @@ def host_row(
     return row
 
 
+def profile_overrides(args: argparse.Namespace) -> list[str]:
+    """The trainer's flags that trace `--profile_steps` steps after the timed ones."""
+    return [
+        f"--config.profile.first_step={profile_first_step(args)}",
+        f"--config.profile.steps={args.profile_steps}",
+    ]
+
+
 def one_gpu_row(args: argparse.Namespace, batch: int, env: dict[str, str]) -> dict:
+    """The trainer on one GPU; traced after its timed steps as the default strategy's rows are
+    (`--profile_steps`), for how its kernels follow one another beside theirs."""
+    profiled = args.profile_steps and DEFAULT in args.profile_strategies
     with tempfile.TemporaryDirectory() as workdir:
         command = [
             sys.executable,
@@ -241,6 +252,7 @@ def one_gpu_row(args: argparse.Namespace, batch: int, env: dict[str, str]) -> di
             *trainer_args(args, batch, 1, DEFAULT),
             "--config.mesh.node=1",
             "--config.mesh.gpu=1",
+            *(profile_overrides(args) if profiled else []),
         ]
         one_env = dict(env)
         if env.get("JIA_JAX_PLATFORM") == "cpu":
@@ -250,14 +262,18 @@ def one_gpu_row(args: argparse.Namespace, batch: int, env: dict[str, str]) -> di
         else:
             one_env.update(CUDA_VISIBLE_DEVICES="0")
         log = run(command, one_env)
-        rate, loss, rates = steady_rate(log)
-    return {
-        "command": " ".join(command),
-        "images_per_s": rate,
-        "logged_images_per_s": rates,
-        "logged_launch_ms": logged_launch_ms(log),
-        "loss": loss,
-    }
+        timed = timed_lines(log)
+        rate, loss, rates = steady_rate(timed)
+        row = {
+            "command": " ".join(command),
+            "images_per_s": rate,
+            "logged_images_per_s": rates,
+            "logged_launch_ms": logged_launch_ms(timed),
+            "loss": loss,
+        }
+        if profiled:
+            row.update(profile_figures(workdir, args.profile_steps))
+    return row
 
 
 def in_process_variants(args: argparse.Namespace) -> list[str]:

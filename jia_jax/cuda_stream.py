@@ -22,14 +22,17 @@ _NON_BLOCKING = 0x1
 
 class CudaStream:
     """A non-blocking stream on the GPU of CUDA ordinal `ordinal` (a JAX device's
-    `local_hardware_id`). `handle` is the `cudaStream_t` as an integer.
+    `local_hardware_id`), of the `priority` CUDA calls least (its default) or greatest.
+    `handle` is the `cudaStream_t` as an integer.
 
     Raises:
       OSError: no CUDA driver on this host.
       RuntimeError: a driver call failed (its name and CUDA's error name say which and why).
     """
 
-    def __init__(self, ordinal: int) -> None:
+    def __init__(self, ordinal: int, priority: str = "least") -> None:
+        if priority not in ("least", "greatest"):
+            raise ValueError(f"priority={priority!r}: least or greatest")
         self._cuda = ctypes.CDLL(_LIBRARY)
         self.call("cuInit", 0)
         device = ctypes.c_int()
@@ -40,7 +43,10 @@ class CudaStream:
         self.call("cuDevicePrimaryCtxRetain", ctypes.byref(self._context), device)
         stream = ctypes.c_void_p()
         with self.current():
-            self.call("cuStreamCreate", ctypes.byref(stream), _NON_BLOCKING)
+            least, greatest = ctypes.c_int(), ctypes.c_int()
+            self.call("cuCtxGetStreamPriorityRange", ctypes.byref(least), ctypes.byref(greatest))
+            chosen = least if priority == "least" else greatest
+            self.call("cuStreamCreateWithPriority", ctypes.byref(stream), _NON_BLOCKING, chosen)
         self.handle: int = stream.value
 
     def synchronize(self) -> None:

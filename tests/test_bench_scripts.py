@@ -930,6 +930,15 @@ def test_gpu_decode_contention_traces_per_option(tmp_path, fake_gpu, monkeypatch
         assert r["traced_steps"] >= 1 and r["boundaries"] is None, r
         assert r["seconds"] >= 0.6, r  # the traced seconds, then the rest of the row
     assert paused == [True] * 2 * len(rows)
+    # Rendered as the contention it is: a row each, with its options and traced steps.
+    table = render_benchmarks.table(str(tmp_path / "contention.json"))
+    lines = [line for line in table.splitlines() if line.startswith("| 4 |")]
+    assert [line.split(" | ")[1:5] for line in lines] == [
+        ["0", "none", "-", str(rows[0]["traced_steps"])],
+        ["1", "none", "-", str(rows[1]["traced_steps"])],
+        ["1", "decode", "-", str(rows[2]["traced_steps"])],
+        ["1", "decode", ":num_cuda_streams=4", str(rows[3]["traced_steps"])]]
+    assert lines[3].endswith(f" | {rows[3]['load_images_per_s']:,.0f} |")
 
 
 class _FakeDecodeProcess:
@@ -1508,6 +1517,25 @@ def test_bench_hosts_traces_the_one_gpu_row_after_its_timed_steps(monkeypatch, p
         assert row["exposed_comm_ms"] == 0.0
     else:
         assert "boundaries" not in row
+
+
+def test_bench_hosts_boundaries_render_a_row_per_traced_gpu():
+    b = {"count_per_step": 1244.5, "negative_per_step": 879.0, "p50_us": -0.128,
+         "sum_us_per_step": 47.4}
+    doc = {"environment": {"device_count": 2, "device_kind": "GPU", "jax_version": "0",
+                           "xla_flags": ""},
+           "results": [
+               {"hosts": 1, "gpus_per_host": 1, "strategy": "default", "per_device_batch": 64,
+                "boundaries": [b]},
+               {"hosts": 2, "gpus_per_host": 1, "strategy": "default", "per_device_batch": 64,
+                "told": "x", "boundaries": [b, {**b, "p50_us": None}]},
+               {"hosts": 2, "gpus_per_host": 1, "strategy": "peer", "per_device_batch": 64}]}
+    table = render_benchmarks.hosts_boundaries_table(doc)
+    rows = [line.split(" | ")[2:] for line in table.splitlines() if line.startswith("| 1x1")
+            or line.startswith("| 2x1")]
+    assert rows == [["64", "0", "1,244", "879", "-0.13", "47 |"],
+                    ["64", "0", "1,244", "879", "-0.13", "47 |"],
+                    ["64", "1", "1,244", "879", "-", "47 |"]]
 
 
 def test_bench_hosts_takes_the_median_after_the_compile_interval():

@@ -1,6 +1,7 @@
 """scripts/bench/second_stream.py on CPU: its plan, and the step paused around every action."""
 
 import contextlib
+import ctypes
 
 import pytest
 
@@ -33,8 +34,9 @@ class _FakeKernels:
 
     made: list["_FakeKernels"] = []
 
-    def __init__(self, ordinal):
+    def __init__(self, ordinal, priority="least", sync_domain="default"):
         self.ordinal, self.launches, self.destroyed = ordinal, [], False
+        self.stream_options = (priority, sync_domain)
         _FakeKernels.made.append(self)
 
     def launch(self, count):
@@ -78,6 +80,7 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
     doc = second_stream.main(
         ["--per_gpu=4", "--tiny_model", "--train_model=alexnet_bn",
          "--train_compute_dtype=float32", "--seconds=0.5", "--trace_seconds=0.2",
+         "--stream_priority=greatest", "--sync_domain=remote",
          "--plan", "alone", "k2", "k3", "p7", "destroy", "k1", "h2",
          f"--out={tmp_path / 'o.json'}"])
     rows = doc["results"]
@@ -86,6 +89,7 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
     first, second = _FakeKernels.made
     assert first.launches == [(2, True), (3, True)] and first.destroyed is True
     assert second.launches == [(1, True)] and not second.destroyed
+    assert first.stream_options == second.stream_options == ("greatest", "remote")
     assert others == [(0, 7, True)] and copies == [(2, True)]
     for r in rows:
         assert r["seconds"] >= 0.5 and r["traced_steps"] >= 1 and r["boundaries"] is None, r
@@ -106,3 +110,45 @@ def test_launch_only_launches_in_this_process_and_trains_nothing(monkeypatch):
     assert second_stream.main(["--launch_only=12", "--ordinal=1"]) is None
     (made,) = _FakeKernels.made
     assert made.ordinal == 1 and made.launches == [(12, True)]
+
+
+class _FakeDriver:
+    """libcuda's calls that CudaStream and EmptyKernels make, recorded; priorities 0 (least)
+    to -5 (greatest) as an H200's driver reports them."""
+
+    def __init__(self) -> None:
+        self.created, self.attributes = [], []
+
+    def __getattr__(self, name):  # the calls not recorded succeed
+        recorded = type(self).__dict__.get(f"_{name}")
+        return (lambda *args: recorded(self, *args)) if recorded else (lambda *args: 0)
+
+    def _cuCtxGetStreamPriorityRange(self, least, greatest):
+        least._obj.value, greatest._obj.value = 0, -5
+        return 0
+
+    def _cuStreamCreateWithPriority(self, stream, flags, priority):
+        stream._obj.value = 77
+        self.created.append((flags, priority.value))
+        return 0
+
+    def _cuStreamSetAttribute(self, stream, attribute, value):
+        domain = ctypes.c_int.from_buffer(value._obj).value
+        self.attributes.append((stream.value, attribute, domain))
+        return 0
+
+
+@pytest.mark.parametrize("priority, domain, created, attribute", [
+    ("least", "default", (1, 0), (77, 10, 0)), ("greatest", "remote", (1, -5), (77, 10, 1))])
+def test_the_second_stream_is_made_as_asked(monkeypatch, priority, domain, created, attribute):
+    # A non-blocking stream (flag 1) of the priority asked for, its kernels in the memory-sync
+    # domain asked for (CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN = 10; default 0, remote 1).
+    from jia_jax import cuda_stream
+
+    driver = _FakeDriver()
+    monkeypatch.setattr(cuda_stream.ctypes, "CDLL", lambda name: driver)
+    kernels = second_stream.EmptyKernels(0, priority, domain)
+    assert kernels.stream.handle == 77
+    assert (driver.created, driver.attributes) == ([created], [attribute])
+    with pytest.raises(ValueError, match="priority='high': least or greatest"):
+        cuda_stream.CudaStream(0, "high")

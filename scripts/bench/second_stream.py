@@ -19,6 +19,9 @@ traces the step alone for --trace_seconds (how its stream's kernels followed one
       --out=second_stream.json
 
 The empty kernels are PTX loaded through the CUDA driver, so `k` and `p` need a GPU.
+`--stream_priority` and `--sync_domain` make `k`'s stream as XLA makes the one its collectives
+(NCCL's kernels) run on: of CUDA's greatest priority, or its kernels in CUDA's remote
+memory-synchronisation domain, where NCCL launches its kernels on Hopper GPUs.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from scripts.bench import harness, step_thread
+
+# cuStreamSetAttribute's CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, and its values by name (cuda.h).
+_MEM_SYNC_DOMAIN = 10
+_SYNC_DOMAINS = {"default": 0, "remote": 1}
 
 # An empty kernel in PTX for the oldest target the driver still compiles for any newer GPU.
 _EMPTY_PTX = b""".version 7.0
@@ -72,13 +79,18 @@ def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
 class EmptyKernels:
     """An empty kernel launched on a stream of its own on the GPU of CUDA ordinal `ordinal`."""
 
-    def __init__(self, ordinal: int) -> None:
+    def __init__(self, ordinal: int, priority: str = "least", sync_domain: str = "default"
+                 ) -> None:
         from jia_jax import cuda_stream  # pylint: disable=import-outside-toplevel
 
-        self.stream = cuda_stream.CudaStream(ordinal)
+        self.stream = cuda_stream.CudaStream(ordinal, priority)
         self._kernel = ctypes.c_void_p()
         module = ctypes.c_void_p()
         with self.stream.current():
+            value = (ctypes.c_char * 64)()  # CUstreamAttrValue, a union of at most 64 bytes
+            ctypes.c_int.from_buffer(value).value = _SYNC_DOMAINS[sync_domain]
+            self.stream.call("cuStreamSetAttribute", ctypes.c_void_p(self.stream.handle),
+                             _MEM_SYNC_DOMAIN, ctypes.byref(value))
             self.stream.call("cuModuleLoadData", ctypes.byref(module), _EMPTY_PTX)
             self.stream.call("cuModuleGetFunction", ctypes.byref(self._kernel), module, b"empty")
 
@@ -127,7 +139,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
         for action, count in parse_plan(args.plan):
             times.run(False)
             if action == "k":
-                side = side or EmptyKernels(ordinal)
+                side = side or EmptyKernels(ordinal, args.stream_priority, args.sync_domain)
                 side.launch(count)
             elif action == "p":
                 other_process(ordinal, count)
@@ -169,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--seconds", type=float, default=6.0, help="each row's seconds timed")
     parser.add_argument("--trace_seconds", type=float, default=1.0,
                         help="each row's seconds traced, first")
+    parser.add_argument("--stream_priority", choices=("least", "greatest"), default="least",
+                        help="kN's stream: of CUDA's least (default) or greatest priority")
+    parser.add_argument("--sync_domain", choices=tuple(_SYNC_DOMAINS), default="default",
+                        help="kN's kernels: in CUDA's default or remote memory-sync domain")
     parser.add_argument("--train_model", default="resnet50")
     parser.add_argument("--train_compute_dtype", default="bfloat16")
     parser.add_argument("--tiny_model", action="store_true", help="a tiny model (CPU tests)")

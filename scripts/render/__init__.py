@@ -35,11 +35,11 @@ def render(source: str) -> str:
         from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
 
         table = benchmarks.bandwidth_table(source.removesuffix("#bandwidth"))
-    elif (view := source.rpartition("#")[2]) in ("schedule", "collectives"):
+    elif (view := source.rpartition("#")[2]) in ("schedule", "collectives", "boundaries"):
         from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
 
         with open(source.removesuffix(f"#{view}")) as f:
-            table = benchmarks.OVERLAP_VIEWS[view](json.load(f))
+            table = benchmarks.VIEWS[view](json.load(f))
     else:
         from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
 

@@ -862,7 +862,32 @@ def _collective_name(c: dict[str, Any]) -> str:
 
 
 # The views of an overlap raw file besides its rates (`scripts.render <file>#<view>`).
-OVERLAP_VIEWS = {"schedule": overlap_schedule_table, "collectives": overlap_collectives_table}
+def hosts_boundaries_table(doc: dict[str, Any]) -> str:
+    """How the kernels of each traced GPU's compute stream followed one another, per row of
+    scripts/bench/hosts.py that was traced (`--profile_steps`)."""
+    lines = [
+        f"Each traced GPU's busiest stream ({_where(doc)}; ResNet-50 64K config, bf16, synthetic "
+        "data; boundaries between consecutive kernels under 10 µs, per traced step; a process's "
+        "GPUs in order, the processes in order):",
+        "",
+        "| hosts x GPUs | strategy | per GPU | GPU | boundaries a step | negative a step | "
+        "median boundary µs | boundaries µs a step |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in doc["results"]:
+        for i, b in enumerate(r.get("boundaries") or []):
+            median = f"{b['p50_us']:.2f}" if b["p50_us"] is not None else "-"
+            lines.append(
+                f"| {r['hosts']}x{r['gpus_per_host']} | {_hosts_strategy(r)} | "
+                f"{r['per_device_batch']} | {i} | {b['count_per_step']:,.0f} | "
+                f"{b['negative_per_step']:,.0f} | {median} | {b['sum_us_per_step']:,.0f} |"
+            )
+    return "\n".join(lines)
+
+
+# `<raw file>#<view>`: a second table of a raw file (scripts/render's `render`).
+VIEWS = {"schedule": overlap_schedule_table, "collectives": overlap_collectives_table,
+         "boundaries": hosts_boundaries_table}
 
 
 def repro_table(doc: dict[str, Any]) -> str:
@@ -934,7 +959,8 @@ def kernels_so_far(results: list[dict[str, Any]]) -> list[int]:
 
 def second_stream_table(doc: dict[str, Any]) -> str:
     """The step alone after each action of scripts/bench/second_stream.py, per run (a process
-    each): how the kernels of its stream followed one another, and its rate where timed."""
+    each): how the kernels of its stream followed one another, and its rate where timed. A
+    run's `setting` (what else differed), or else its environment variables, in its rows."""
     runs = doc.get("runs") or [{"name": "-", "environment_variables": {},
                                 "results": doc["results"]}]
     per_gpu = doc.get("per_gpu") or doc["args"]["per_gpu"]
@@ -943,12 +969,13 @@ def second_stream_table(doc: dict[str, Any]) -> str:
         f"synthetic data, {per_gpu} images, one step in flight ahead; a run is a process; "
         "boundaries of its busiest stream under 10 µs, per traced step):",
         "",
-        "| run | environment | action | kernels on the second stream so far | traced steps | "
+        "| run | setting | action | kernels on the second stream so far | traced steps | "
         "median boundary µs | boundaries µs a step | images/s |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for run in runs:
-        env = " ".join(f"{k}={v}" for k, v in run["environment_variables"].items()) or "-"
+        env = run.get("setting") or " ".join(
+            f"{k}={v}" for k, v in run["environment_variables"].items()) or "-"
         for r, so_far in zip(run["results"], kernels_so_far(run["results"])):
             b = r["boundaries"] or {}
             action = f"{r['action']}{r['count'] or ''}"
@@ -957,6 +984,32 @@ def second_stream_table(doc: dict[str, Any]) -> str:
             rate = f"{r['train_images_per_s']:,.0f}" if "train_images_per_s" in r else "-"
             lines.append(f"| {run['name']} | {env} | {action} | {so_far:,} | "
                          f"{r['traced_steps']} | {median} | {total} | {rate} |")
+    return "\n".join(lines)
+
+
+def contention_table(doc: dict[str, Any]) -> str:
+    """scripts/bench/gpu_decode.py contention: per round and load, how the step's kernels
+    followed one another in its traced steps, its rate over the row (the traced steps
+    included) and the load's own rate."""
+    lines = [
+        f"The trainer's step beside each load ({_where(doc)}; ResNet-50 64K config, bf16, "
+        "synthetic data, one step in flight ahead; boundaries of its busiest stream under 10 µs, "
+        "per traced step; images/s over the row, its traced steps included):",
+        "",
+        "| per GPU | round | load | decoder options | traced steps | median boundary µs | "
+        "boundaries µs a step | images/s | load images/s |",
+        "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in doc["results"]:
+        b = r.get("boundaries") or {}
+        median = f"{b['p50_us']:.2f}" if b else "-"
+        total = f"{b['sum_us_per_step']:,.0f}" if b else "-"
+        load = f"{r['load_images_per_s']:,.0f}" if "load_images_per_s" in r else "-"
+        lines.append(
+            f"| {r['per_gpu']} | {r['round']} | {r['load']} | {r.get('decoder_options') or '-'} | "
+            f"{r.get('traced_steps', '-')} | {median} | {total} | "
+            f"{r['train_images_per_s']:,.0f} | {load} |"
+        )
     return "\n".join(lines)
 
 
@@ -1035,6 +1088,8 @@ def table(path: str) -> str:
     first = (doc.get("results") or [{}])[0]
     if "action" in first and "traced_steps" in first:
         return second_stream_table(doc)
+    if "load" in first and "round" in first:
+        return contention_table(doc)
     if first.get("variant") == "alone" and "crop_kernel" in first:
         return crop_in_step_table(doc)
     if "op" in first and "channels" in first:

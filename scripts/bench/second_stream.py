@@ -19,9 +19,11 @@ traces the step alone for --trace_seconds (how its stream's kernels followed one
       --out=second_stream.json
 
 The empty kernels are PTX loaded through the CUDA driver, so `k` and `p` need a GPU.
-`--stream_priority` and `--sync_domain` make `k`'s stream as XLA makes the one its collectives
-(NCCL's kernels) run on: of CUDA's greatest priority, or its kernels in CUDA's remote
-memory-synchronisation domain, where NCCL launches its kernels on Hopper GPUs.
+`--stream_priority` and `--sync_domain` give `k`'s stream what the stream of NCCL's kernels has
+in a step across processes: CUDA's greatest priority (XLA's
+`--xla_gpu_enable_highest_priority_async_stream`, on by default), and kernels in CUDA's remote
+memory-synchronisation domain (where NCCL launches its own on Hopper GPUs,
+`NCCL_MEM_SYNC_DOMAIN`'s default).
 """
 
 from __future__ import annotations

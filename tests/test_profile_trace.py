@@ -54,6 +54,7 @@ def test_summary_splits_time_by_kind_and_overlap():
     # Span 0-35 = 35 us; covered: 0-22 and 30-35 = 27 us; idle 8 us. Collectives 6 + 5 = 11 us,
     # of which 8-10 and 12-14 run beside compute (4 us). All per step (2 steps).
     assert s["span_us"] == 17.5 and s["idle_us"] == 4
+    assert s["compute_us"] == 10  # 0-10 and 12-22 (the collectives' 30-35 is not compute)
     assert s["collective_us"] == 5.5 and s["collective_overlapped_us"] == 2
     assert s["collective_exposed_us"] == 3.5
     assert s["busy_conv/gemm_us"] == 5 and s["busy_fusion_us"] == 4

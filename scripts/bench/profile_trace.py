@@ -276,8 +276,9 @@ def summarize(kernels: Sequence[Kernel], steps: int) -> dict[str, float]:
     """Per-step figures (microseconds) of one device's kernels over `steps` traced steps.
 
     `span` runs from the first kernel's start to the last one's end; `idle` is the part of it in
-    which no kernel runs; `collective_overlapped` is collective time during which some compute
-    kernel also runs, `collective_exposed` the rest. `busy_<kind>` sums kernel durations of each
+    which no kernel runs; `compute` the part in which some compute kernel runs;
+    `collective_overlapped` is collective time during which some compute kernel also runs,
+    `collective_exposed` the rest. `busy_<kind>` sums kernel durations of each
     kind (streams may run kernels concurrently, so they can add up to more than the span).
     """
     if not kernels:
@@ -291,6 +292,7 @@ def summarize(kernels: Sequence[Kernel], steps: int) -> dict[str, float]:
         "steps": steps,
         "span_us": span / steps,
         "idle_us": (span - length(every)) / steps,
+        "compute_us": length(compute) / steps,
         "collective_us": length(comm) / steps,
         "collective_overlapped_us": overlapped / steps,
         "collective_exposed_us": (length(comm) - overlapped) / steps,

@@ -1159,6 +1159,33 @@ def test_hosts_boundaries_quote_the_traces():
         f"{rate[2, 'default', 64]:.3f} at 64, the plain peer {rate[2, 'peer', 256]:.3f} and "
         f"{rate[2, 'peer', 64]:.3f}",
     ])
+    # The next call's accounting of the traced steps.
+    rows = {(r["hosts"], r["per_device_batch"]): r
+            for r in load("bench_hosts_compute_2x1_2xH200.json")["results"]}
+
+    def step_ms(r: dict) -> float:  # the timed step, from the logged rate per GPU
+        return 1e3 * r["per_device_batch"] * r["hosts"] * r["gpus_per_host"] / r["images_per_s"]
+
+    one, two, small, pair = rows[1, 256], rows[2, 256], rows[1, 64], rows[2, 64]
+    for r in rows.values():  # the traced span is its parts
+        assert r["span_ms"] == pytest.approx(
+            r["compute_ms"] + r["exposed_comm_ms"] + r["idle_ms"], abs=0.01)
+    needed = step_ms(one) / 0.95
+    assert_quoted(read("docs/benchmarks.md"), [
+        f"the trainer kept {two['efficiency']:.3f} of two GPUs: its timed step took "
+        f"{step_ms(two):.2f} ms against the one GPU's {step_ms(one):.2f}, and its traced step "
+        f"spent {two['compute_ms']:.2f} ms computing against {one['compute_ms']:.2f}, "
+        f"{two['exposed_comm_ms']:.2f} ms in exposed communication and {two['idle_ms']:.2f} ms "
+        "idle",
+        f"0.95 of two GPUs needs the step within {needed:.2f} ms, "
+        f"{step_ms(two) - needed:.2f} ms less",
+        f"At 64 images ({pair['efficiency']:.3f}) the compute grew by "
+        f"{pair['compute_ms'] - small['compute_ms']:.2f} ms and {pair['exposed_comm_ms']:.2f} ms "
+        "of communication a step were exposed",
+    ])
+    # A third and two thirds at 256: the compute's growth against the exposed wire.
+    grown = two["compute_ms"] - one["compute_ms"]
+    assert 0.3 < grown / (grown + two["exposed_comm_ms"]) < 0.37
 
 
 def test_gpu_decode_on_one_gpu_today_prose_quotes_the_json():

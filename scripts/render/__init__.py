@@ -35,7 +35,7 @@ def render(source: str) -> str:
         from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
 
         table = benchmarks.bandwidth_table(source.removesuffix("#bandwidth"))
-    elif (view := source.rpartition("#")[2]) in ("schedule", "collectives", "boundaries"):
+    elif (view := source.rpartition("#")[2]) in ("schedule", "collectives", "boundaries", "accounting"):
         from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
 
         with open(source.removesuffix(f"#{view}")) as f:

@@ -885,9 +885,34 @@ def hosts_boundaries_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def hosts_accounting_table(doc: dict[str, Any]) -> str:
+    """Where each traced row of scripts/bench/hosts.py spends its step: the timed step (from
+    its logged rate), then its traced steps' span split into the time some compute kernel runs,
+    communication no compute kernel overlaps, and idle time, averaged over its GPUs."""
+    lines = [
+        f"The step's time ({_where(doc)}; ResNet-50 64K config, bf16, synthetic data; timed: "
+        "from the logged images/s per GPU; the rest per traced step, averaged over the GPUs):",
+        "",
+        "| hosts x GPUs | strategy | per GPU | timed step ms | traced step ms | compute ms | "
+        "exposed comm ms | idle ms |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in doc["results"]:
+        if "span_ms" not in r:
+            continue
+        per_gpu = r["images_per_s"] / (r["hosts"] * r["gpus_per_host"])
+        lines.append(
+            f"| {r['hosts']}x{r['gpus_per_host']} | {_hosts_strategy(r)} | "
+            f"{r['per_device_batch']} | {1e3 * r['per_device_batch'] / per_gpu:.2f} | "
+            f"{r['span_ms']:.2f} | {r['compute_ms']:.2f} | {r['exposed_comm_ms']:.2f} | "
+            f"{r['idle_ms']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 # `<raw file>#<view>`: a second table of a raw file (scripts/render's `render`).
 VIEWS = {"schedule": overlap_schedule_table, "collectives": overlap_collectives_table,
-         "boundaries": hosts_boundaries_table}
+         "boundaries": hosts_boundaries_table, "accounting": hosts_accounting_table}
 
 
 def repro_table(doc: dict[str, Any]) -> str:

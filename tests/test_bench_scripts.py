@@ -1231,6 +1231,31 @@ def test_bench_hosts_rounds_repeat_every_row_against_its_own_one_gpu_row(monkeyp
     assert "| 2x1 | default seed=5 (run 2) | - | 64 | 80 | 0.800 |" in table
 
 
+def test_bench_hosts_row_variant_sets_environment_variables_for_its_row(monkeypatch, tmp_path):
+    # NAME=VALUE items reach the row's processes (launch_local.sh keeps a caller's NCCL_*);
+    # the other rows and the one-GPU row run in the environment as it was.
+    monkeypatch.delenv("NCCL_MAX_NCHANNELS", raising=False)
+    envs = []
+
+    def one_gpu_row(args, batch, env):
+        envs.append(("one", env.get("NCCL_MAX_NCHANNELS"), env.get("NCCL_PROTO")))
+        return {"images_per_s": 100.0}
+
+    def host_row(args, batch, strategy, env, variant):
+        envs.append((strategy, env.get("NCCL_MAX_NCHANNELS"), env.get("NCCL_PROTO")))
+        return {"images_per_s": 150.0}
+
+    monkeypatch.setattr(bench_hosts, "one_gpu_row", one_gpu_row)
+    monkeypatch.setattr(bench_hosts, "host_row", host_row)
+    doc = bench_hosts.main(["--hosts=2", "--gpus_per_host=1", "--batches=64",
+                            "--row_variant=NCCL_MAX_NCHANNELS=1 NCCL_PROTO=Simple "
+                            "--config.seed=5", f"--out={tmp_path / 'h.json'}"])
+    assert envs == [("one", None, None), ("default", None, None), ("default", "1", "Simple")]
+    assert doc["results"][2]["env"] == {"NCCL_MAX_NCHANNELS": "1", "NCCL_PROTO": "Simple"}
+    table = render_benchmarks.hosts_table(doc)
+    assert "| 2x1 | default seed=5 NCCL_MAX_NCHANNELS=1 NCCL_PROTO=Simple | - | 64 |" in table
+
+
 def test_bench_hosts_row_variant_says_what_is_wrong():
     with pytest.raises(SystemExit):
         bench_hosts.main(["--row_variant=watch_peers=false"])

@@ -175,10 +175,15 @@ def profile_figures(workdir: str, steps: int) -> dict[str, Any]:
 
 
 def parse_row_variant(spec: str) -> dict[str, Any]:
-    """`--row_variant`'s space-separated items: `source=DIR` and `--config.*` overrides."""
+    """`--row_variant`'s space-separated items: `source=DIR`, `--config.*` overrides and
+    `NAME=VALUE` environment variables (upper-case names, e.g. NCCL's settings) for the row's
+    processes."""
     row: dict[str, Any] = {"overrides": []}
     for item in spec.split():
-        if item.startswith("source="):
+        if re.fullmatch(r"[A-Z][A-Z0-9_]*=\S*", item):
+            name, value = item.split("=", 1)
+            row.setdefault("env", {})[name] = value
+        elif item.startswith("source="):
             row["source"] = os.path.abspath(item.split("=", 1)[1])
             if not os.path.isfile(os.path.join(row["source"], "jia_jax", "main.py")):
                 raise ValueError(f"--row_variant {spec!r}: no jia_jax/main.py under {item}")
@@ -186,7 +191,8 @@ def parse_row_variant(spec: str) -> dict[str, Any]:
             row["overrides"].append(item)
         else:
             raise ValueError(
-                f"--row_variant {spec!r}: {item!r} is neither source=DIR nor --config.*"
+                f"--row_variant {spec!r}: {item!r} is none of source=DIR, --config.* and "
+                "NAME=VALUE"
             )
     return row
 
@@ -349,7 +355,8 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="one more row of the config's default strategy: space-separated --config.* "
-        "overrides and/or source=DIR, the trainer of another checkout (repeatable)",
+        "overrides, NAME=VALUE environment variables (e.g. NCCL_MAX_NCHANNELS=1) and/or "
+        "source=DIR, the trainer of another checkout (repeatable)",
     )
     parser.add_argument(
         "--peer",
@@ -423,7 +430,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 **(variant or {}),
                 **tag,
             }
-            row_env = {**env, "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {flags}".strip()}
+            row_env = {**env, **(variant or {}).get("env", {}),
+                       "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {flags}".strip()}
             try:
                 row.update(host_row(args, batch, strategy, row_env, variant))
                 row["efficiency"] = row["images_per_s"] / (devices * base["images_per_s"])

@@ -678,9 +678,10 @@ def link_table(doc: dict[str, Any]) -> str:
 
 
 def _hosts_strategy(row: dict[str, Any]) -> str:
-    """A hosts row's strategy with its `--row_variant`: overrides, and the checkout it ran; the
-    run of a file that holds several."""
+    """A hosts row's strategy with its `--row_variant`: overrides, environment variables and
+    the checkout it ran; the run of a file that holds several."""
     parts = [row["strategy"]] + [o.removeprefix("--config.") for o in row.get("overrides", [])]
+    parts += [f"{name}={value}" for name, value in row.get("env", {}).items()]
     if "source" in row:
         parts.append(f"(trainer of {os.path.basename(row['source'].rstrip('/'))})")
     if row.get("timing") == "in-process":

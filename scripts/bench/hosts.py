@@ -150,10 +150,10 @@ def run(command: list[str], env: dict[str, str], cwd: str | None = None) -> str:
 def profile_figures(workdir: str, steps: int) -> dict[str, Any]:
     """Over the `steps` traced steps of each process: exposed NCCL time, idle time, time some
     compute kernel runs and the span of the traced steps, per step (ms), averaged over every
-    traced GPU; how the kernels of each traced GPU's compute stream
-    follow one another (`boundaries`, profile_trace.stream_boundaries, by process then GPU);
-    and each process's host time in the step's calls per step (`launch_ms`) with what process
-    0's spends it on (`launch`, host_trace.breakdown)."""
+    traced GPU; how the kernels of each traced GPU's compute stream follow one another
+    (`boundaries`, profile_trace.stream_boundaries, by process then GPU); and each process's
+    host time in the step's calls per step (`launch_ms`) with what process 0's spends it on
+    (`launch`, host_trace.breakdown)."""
     per_gpu, boundaries, launch_ms, launch = [], [], [], None
     for log_dir in sorted(glob.glob(os.path.join(workdir, "profile", "process_*"))):
         events = profile_trace.load_events(log_dir)

@@ -15,7 +15,9 @@ import json
 def render(source: str) -> str:
     """The block for `source`: a path of a raw file, `<overlap raw file>#schedule` (where XLA put
     each all-reduce), `<overlap raw file>#collectives` (each process's time in each collective),
-    `<profile raw file>#bandwidth` (its kernels furthest below the memory's speed), or
+    `<hosts raw file>#boundaries` (how each traced GPU's kernels followed one another),
+    `<hosts raw file>#accounting` (each traced row's step as compute, exposed communication and
+    idle), `<profile raw file>#bandwidth` (its kernels furthest below the memory's speed), or
     `scaling:<table name>`."""
     if source.startswith("scaling:"):
         # Imported here: the scaling tables need JAX (for parameter shapes), the others do not.
@@ -35,13 +37,13 @@ def render(source: str) -> str:
         from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
 
         table = benchmarks.bandwidth_table(source.removesuffix("#bandwidth"))
-    elif (view := source.rpartition("#")[2]) in ("schedule", "collectives", "boundaries", "accounting"):
-        from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
-
-        with open(source.removesuffix(f"#{view}")) as f:
-            table = benchmarks.VIEWS[view](json.load(f))
     else:
         from scripts.render import benchmarks  # pylint: disable=import-outside-toplevel
 
-        table = benchmarks.table(source)
+        path, _, view = source.rpartition("#")
+        if view in benchmarks.VIEWS:
+            with open(path) as f:
+                table = benchmarks.VIEWS[view](json.load(f))
+        else:
+            table = benchmarks.table(source)
     return f"From `{source}`.\n\n{table}\n"

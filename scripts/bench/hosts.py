@@ -224,19 +224,24 @@ def host_row(
             *rest,
         ]
         log = run(command, env, variant.get("source"))
-        timed = timed_lines(log)
-        rate, loss, rates = steady_rate(timed)
-        row = {
-            "command": " ".join(command),
-            "images_per_s": rate,
-            "logged_images_per_s": rates,
-            "logged_launch_ms": logged_launch_ms(timed),
-            "loss": loss,
-            "told": told(log),
-        }
+        row = {**logged_row(command, log), "told": told(log)}
         if profiled:
             row.update(profile_figures(workdir, args.profile_steps))
     return row
+
+
+def logged_row(command: list[str], log: str) -> dict[str, Any]:
+    """A row's command and what its trainer logged before any trace: the median rate, the
+    intervals' rates and launch times, the last loss."""
+    timed = timed_lines(log)
+    rate, loss, rates = steady_rate(timed)
+    return {
+        "command": " ".join(command),
+        "images_per_s": rate,
+        "logged_images_per_s": rates,
+        "logged_launch_ms": logged_launch_ms(timed),
+        "loss": loss,
+    }
 
 
 def profile_overrides(args: argparse.Namespace) -> list[str]:
@@ -269,16 +274,7 @@ def one_gpu_row(args: argparse.Namespace, batch: int, env: dict[str, str]) -> di
             one_env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=flags)
         else:
             one_env.update(CUDA_VISIBLE_DEVICES="0")
-        log = run(command, one_env)
-        timed = timed_lines(log)
-        rate, loss, rates = steady_rate(timed)
-        row = {
-            "command": " ".join(command),
-            "images_per_s": rate,
-            "logged_images_per_s": rates,
-            "logged_launch_ms": logged_launch_ms(timed),
-            "loss": loss,
-        }
+        row = logged_row(command, run(command, one_env))
         if profiled:
             row.update(profile_figures(workdir, args.profile_steps))
     return row

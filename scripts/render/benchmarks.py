@@ -862,7 +862,6 @@ def _collective_name(c: dict[str, Any]) -> str:
     return f"{c['op']} {re.sub(r'[{][0-9,]*[}]', '', shape)}"
 
 
-# The views of an overlap raw file besides its rates (`scripts.render <file>#<view>`).
 def hosts_boundaries_table(doc: dict[str, Any]) -> str:
     """How the kernels of each traced GPU's compute stream followed one another, per row of
     scripts/bench/hosts.py that was traced (`--profile_steps`)."""

@@ -1994,6 +1994,9 @@ def test_bench_hosts_profile_figures_are_per_traced_step_with_each_process_launc
     # Compute: process 0's [0, 10] and [25, 30], process 1's [0, 30]; spans 30 and 30.
     assert got["compute_ms"] == pytest.approx((15 / 2 + 30 / 2) / 2 / 1000)
     assert got["span_ms"] == pytest.approx(30 / 2 / 1000)
+    # loop_add_fusion is a fusion: 15 and 30 µs in 2 steps on the two GPUs; no conv/gemm.
+    assert got["busy_ms"]["fusion"] == pytest.approx((15 / 2 + 30 / 2) / 2 / 1000)
+    assert got["busy_ms"]["conv/gemm"] == 0
     assert got["launch_ms"] == pytest.approx([100 / 2 / 1000, 20 / 2 / 1000])
     assert got["launch"]["call_us_per_step"] == 50
     assert {r["name"]: r["us_per_step"] for r in got["launch"]["top"]} == {

@@ -149,8 +149,9 @@ def run(command: list[str], env: dict[str, str], cwd: str | None = None) -> str:
 
 def profile_figures(workdir: str, steps: int) -> dict[str, Any]:
     """Over the `steps` traced steps of each process: exposed NCCL time, idle time, time some
-    compute kernel runs and the span of the traced steps, per step (ms), averaged over every
-    traced GPU; how the kernels of each traced GPU's compute stream follow one another
+    compute kernel runs, the span of the traced steps and the kernels' time by kind (`busy_ms`:
+    which kinds run longer beside NCCL's kernels), per step (ms), averaged over every traced
+    GPU; how the kernels of each traced GPU's compute stream follow one another
     (`boundaries`, profile_trace.stream_boundaries, by process then GPU); and each process's
     host time in the step's calls per step (`launch_ms`) with what process 0's spends it on
     (`launch`, host_trace.breakdown)."""
@@ -171,6 +172,7 @@ def profile_figures(workdir: str, steps: int) -> dict[str, Any]:
 
     return {"exposed_comm_ms": mean_ms("collective_exposed_us"), "idle_ms": mean_ms("idle_us"),
             "compute_ms": mean_ms("compute_us"), "span_ms": mean_ms("span_us"),
+            "busy_ms": {kind: mean_ms(f"busy_{kind}_us") for kind in profile_trace.COMPUTE_KINDS},
             "boundaries": boundaries, "launch_ms": launch_ms, "launch": launch}
 
 

@@ -1186,6 +1186,13 @@ def test_hosts_boundaries_quote_the_traces():
     # A third and two thirds at 256: the compute's growth against the exposed wire.
     grown = two["compute_ms"] - one["compute_ms"]
     assert 0.3 < grown / (grown + two["exposed_comm_ms"]) < 0.37
+    assert_quoted(read("README.md"), [
+        f"In two later calls it kept {rate[2, 'default', 256]:.3f} and {two['efficiency']:.3f} "
+        f"at 256 images per GPU and {rate[2, 'default', 64]:.3f} and {pair['efficiency']:.3f} "
+        "at 64; traced beside the one-GPU step, a third of what its step adds at 256 is its "
+        "compute kernels running longer beside NCCL's and two thirds the wire's time left "
+        "exposed",
+    ])
 
 
 def test_gpu_decode_on_one_gpu_today_prose_quotes_the_json():

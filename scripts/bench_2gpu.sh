@@ -43,6 +43,8 @@
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh release   # the update under the last bucket's
 #                                                     # all-reduce, and fp8 between two hosts,
 #                                                     # against the told step
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh nccl_compute  # the trainer traced beside one GPU
+#                                                     # under NCCL settings that hold fewer SMs
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -223,6 +225,19 @@ case "$1" in
       --strategies=default --rounds="${ROUNDS:-2}" --peer \
       --row_variant="--config.launch.convolution_graphs=never" \
       --out="$OUT/bench_hosts_graphs_2x1.json"
+    ;;
+  nccl_compute)
+    # Do NCCL's kernels slow the step's compute across hosts by the SMs they hold? The trainer
+    # across 2 emulated hosts x 1 GPU traced beside one GPU, at BATCHES images per GPU (256
+    # unless set), ROUNDS rounds (1 unless set): the default, the default with NCCL's log of its
+    # set-up written beside the results (how many channels it opens), one channel, and fewer
+    # threads a channel. The rows' compute ms (`#accounting`) come from traces, whatever the
+    # link does meanwhile.
+    python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches="${BATCHES:-256}" \
+      --profile_steps=3 --rounds="${ROUNDS:-1}" \
+      --row_variant="NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT NCCL_DEBUG_FILE=$OUT/nccl.%h.%p.log" \
+      --row_variant="NCCL_MAX_NCHANNELS=1" --row_variant="NCCL_NTHREADS=128" \
+      --out="$OUT/bench_hosts_nccl_compute_2x1.json"
     ;;
   graphs_one_host)
     # The same as one process driving both GPUs (NVLink; launch_local.sh --hosts 1 2), against

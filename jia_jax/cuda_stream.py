@@ -18,6 +18,8 @@ _LIBRARY = "libcuda.so.1"
 # CU_STREAM_NON_BLOCKING: not implicitly ordered after the legacy default stream (JAX's streams
 # are non-blocking too), so the decoder never waits for work of other libraries by accident.
 _NON_BLOCKING = 0x1
+# The stream priorities `CudaStream` takes: the ends of the range the driver reports.
+PRIORITIES = ("least", "greatest")
 
 
 class CudaStream:
@@ -31,7 +33,7 @@ class CudaStream:
     """
 
     def __init__(self, ordinal: int, priority: str = "least") -> None:
-        if priority not in ("least", "greatest"):
+        if priority not in PRIORITIES:
             raise ValueError(f"priority={priority!r}: least or greatest")
         self._cuda = ctypes.CDLL(_LIBRARY)
         self.call("cuInit", 0)

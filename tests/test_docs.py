@@ -28,6 +28,11 @@ def load(name: str) -> dict:
     return json.loads((RAW / name).read_text())
 
 
+def _minus(value: float) -> str:
+    """`value` to two decimals with a minus sign, as the docs write boundaries in µs."""
+    return f"{value:.2f}".replace("-", "−")
+
+
 def span(values, fmt: str) -> str:
     """'lo–hi' of `values` in `fmt`, as the docs write ranges."""
     return f"{min(values):{fmt}}–{max(values):{fmt}}"
@@ -968,9 +973,6 @@ def test_the_step_kernels_boundaries_on_the_gpu_path_quote_the_traces():
     streams = {b: sum(1 for c, _ in decoder_streams if c == b) for b in ("64", "256")}
     assert streams["64"] == streams["256"]
 
-    def us(value: float) -> str:
-        return f"{value:.2f}".replace("-", "−")
-
     big = marks["256", "gpu"]
     spans = {k: f"{v:,.0f}" for k, v in spans.items()}  # as the paragraph writes them
     assert_quoted(read("docs/input_pipeline.md"), [
@@ -981,16 +983,16 @@ def test_the_step_kernels_boundaries_on_the_gpu_path_quote_the_traces():
         f"{spans['first_call', '64', 'synthetic']} and {spans['first_call', '256', 'gpu']} "
         f"against {spans['first_call', '256', 'synthetic']} in the first)",
         f"at {syn['negative_per_step']:.0f} of its {syn['count_per_step']:,.0f} boundaries a "
-        f"step at 64 images (median {us(syn['p50_us'])} µs)",
+        f"step at 64 images (median {_minus(syn['p50_us'])} µs)",
         f"({gpu['negative_per_step']:.0f} of {gpu['count_per_step']:,.0f} negative, median "
-        f"{us(gpu['p50_us'])} µs)",
+        f"{_minus(gpu['p50_us'])} µs)",
         f"add up to {gpu['sum_us_per_step']:.0f} µs a step against "
         f"{syn['sum_us_per_step']:.0f} at 64 images, {big['sum_us_per_step']:.0f} against "
         f"{marks['256', 'synthetic']['sum_us_per_step']:.0f} at 256: {more['64']:.0f} and "
         f"{more['256']:.0f} µs more a step",
-        f"the median boundary was {us(gpu['p50_us_beside_other'])} µs at 64 images "
-        f"({us(big['p50_us_beside_other'])} at 256), where none was, "
-        f"{us(gpu['p50_us_alone'])} ({us(big['p50_us_alone'])})",
+        f"the median boundary was {_minus(gpu['p50_us_beside_other'])} µs at 64 images "
+        f"({_minus(big['p50_us_beside_other'])} at 256), where none was, "
+        f"{_minus(gpu['p50_us_alone'])} ({_minus(big['p50_us_alone'])})",
         f"({streams['64']} in these traces",
     ])
     assert_quoted(read("README.md"), [
@@ -1022,14 +1024,11 @@ def test_kernels_on_a_second_stream_quote_the_runs():
     ])
     assert any(r["action"] == "destroy" for r in runs["cumulative"]["results"][1:])
 
-    def us(value: float) -> str:
-        return f"{value:.2f}".replace("-", "−")
-
     def sums(marks: list[dict]) -> str:
         return (f"{min(b['sum_us_per_step'] for b in marks):.0f} to "
                 f"{max(b['sum_us_per_step'] for b in marks):.0f}")
 
-    (medians,) = {us(b["p50_us"]) for b in before}
+    (medians,) = {_minus(b["p50_us"]) for b in before}
     other = [r["boundaries"] for r in runs["other_process"]["results"]]
     assert [r["action"] for r in runs["other_process"]["results"]] == ["alone", "p", "k"]
     queues = {n: runs[f"queues_{n}"]["results"][1]["boundaries"] for n in (32, 1)}
@@ -1045,22 +1044,20 @@ def test_kernels_on_a_second_stream_quote_the_runs():
         f"under 10 µs added up to {sums(before)} µs a step); after 10, the median was "
         f"{min(b['p50_us'] for b in after):.2f} to {max(b['p50_us'] for b in after):.2f} µs and "
         f"they added up to {sums(after)} µs a step",
-        f"left the step as it was (median {us(other[1]['p50_us'])} µs, "
+        f"left the step as it was (median {_minus(other[1]['p50_us'])} µs, "
         f"{other[1]['sum_us_per_step']:.0f} µs a step; its own 1,000 after that moved it less "
-        f"than elsewhere, to {us(other[2]['p50_us'])} µs and {other[2]['sum_us_per_step']:.0f})",
+        f"than elsewhere, to {_minus(other[2]['p50_us'])} µs and "
+        f"{other[2]['sum_us_per_step']:.0f})",
         f"or 1 the median was {queues[32]['p50_us']:.2f} µs after 1,000 kernels "
         f"({queues[32]['sum_us_per_step']:.0f} and {queues[1]['sum_us_per_step']:.0f} µs a step)",
         f"its boundaries added up to {plain[0]['sum_us_per_step']:,.0f} µs a step alone and "
         f"{plain[1]['sum_us_per_step']:,.0f} after",
-        f"had a median of {us(idle[0]['p50_us'])} µs ({idle[0]['sum_us_per_step']:.0f} µs a "
-        f"step) before any decoder existed in the process, {us(idle[1]['p50_us'])} µs "
+        f"had a median of {_minus(idle[0]['p50_us'])} µs ({idle[0]['sum_us_per_step']:.0f} "
+        f"µs a step) before any decoder existed in the process, {_minus(idle[1]['p50_us'])} µs "
         f"({idle[1]['sum_us_per_step']:.0f}) once the decoders had been made",
-        f"and {us(idle[2]['p50_us'])} µs ({idle[2]['sum_us_per_step']:.0f}) decoding beside it",
+        f"and {_minus(idle[2]['p50_us'])} µs ({idle[2]['sum_us_per_step']:.0f}) decoding "
+        "beside it",
     ])
-
-
-def _minus(value: float) -> str:
-    return f"{value:.2f}".replace("-", "−")
 
 
 def test_second_stream_settings_and_decoder_processes_quote_the_runs():

@@ -37,6 +37,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from jia_jax import cuda_stream
 from scripts.bench import harness, step_thread
 
 # cuStreamSetAttribute's CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, and its values by name (cuda.h).
@@ -83,8 +84,6 @@ class EmptyKernels:
 
     def __init__(self, ordinal: int, priority: str = "least", sync_domain: str = "default"
                  ) -> None:
-        from jia_jax import cuda_stream  # pylint: disable=import-outside-toplevel
-
         self.stream = cuda_stream.CudaStream(ordinal, priority)
         self._kernel = ctypes.c_void_p()
         module = ctypes.c_void_p()
@@ -183,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--seconds", type=float, default=6.0, help="each row's seconds timed")
     parser.add_argument("--trace_seconds", type=float, default=1.0,
                         help="each row's seconds traced, first")
-    parser.add_argument("--stream_priority", choices=("least", "greatest"), default="least",
+    parser.add_argument("--stream_priority", choices=cuda_stream.PRIORITIES, default="least",
                         help="kN's stream: of CUDA's least (default) or greatest priority")
     parser.add_argument("--sync_domain", choices=tuple(_SYNC_DOMAINS), default="default",
                         help="kN's kernels: in CUDA's default or remote memory-sync domain")

@@ -191,6 +191,13 @@ def get_config() -> ml_collections.ConfigDict:
     # H200: no faster at 256 images per GPU, faster queued and slower synced at 64, in one call
     # (docs/benchmarks.md, "Across hosts"). Same mean, up to summation order.
     config.comm.concatenate_buckets = True
+    # Explicit strategies: pack the vectors' gradients (BatchNorm's scale and bias, biases) after
+    # the kernels', into the last bucket, held until all exist. Consumed by the buckets that leave
+    # during backward, they made XLA fuse BatchNorm's backward worse (ReLU's mask written out);
+    # held for the last bucket, on two H200s packing during backward ran 14,391 images/s at 256
+    # images per GPU against 14,022 (docs/benchmarks.md, "Does packing the gradients change how
+    # XLA fuses backward?"). Same mean.
+    config.comm.vectors_last = True
     # The links `comm.strategy='auto'` plans for (jia_jax/comm_model.py, `network_model`) when
     # the run spans processes: "" the calibration's default fabric (a published 400 Gb/s
     # InfiniBand), a fabric name of jia_jax/comm_calibration.json, or "emulated": processes that

@@ -57,6 +57,8 @@ class BucketPlan:
       wire_dtype: Dtype of every bucket.
       buckets: For each bucket, its segments in packing order. Leaves are taken last-first (the
         order backward produces them); zero-size leaves are in no bucket.
+      held: Leaves (indices) that pass through one `optimization_barrier` together before
+        packing: the vectors where they ride last (`vectors_last`), else none.
     """
 
     treedef: Any
@@ -64,6 +66,7 @@ class BucketPlan:
     dtypes: tuple[np.dtype, ...]
     wire_dtype: np.dtype
     buckets: tuple[tuple[Segment, ...], ...]
+    held: tuple[int, ...] = ()
 
     def bucket_sizes(self) -> tuple[int, ...]:
         """Number of elements in each bucket."""
@@ -81,6 +84,7 @@ def plan_buckets(
     leaf_order: Sequence[int] | None = None,
     first_bucket_bytes: int = 0,
     last_bucket_bytes: int = 0,
+    vectors_last: bool = False,
 ) -> BucketPlan:
     """Plans tensor fusion for a pytree of arrays (or `jax.ShapeDtypeStruct`s).
 
@@ -98,6 +102,8 @@ def plan_buckets(
         0 = `bucket_bytes`.
       last_bucket_bytes: The limit of the last bucket (the gradients backward produces last,
         which can only leave after it), taken from the end; 0 = no limit of its own.
+      vectors_last: Pack the vectors (leaves of fewer than two dimensions) after the kernels,
+        into the last bucket, and hold them behind one barrier (`bucketing.packing_order`).
 
     Returns:
       The plan; it depends only on shapes, dtypes and the arguments.
@@ -115,6 +121,8 @@ def plan_buckets(
     order = tuple(reversed(range(len(leaves)))) if leaf_order is None else tuple(leaf_order)
     if sorted(order) != list(range(len(leaves))):
         raise ValueError(f"leaf_order must be a permutation of the {len(leaves)} leaf indices.")
+    order = bucketing.packing_order(order, [len(s) for s in shapes], vectors_last)
+    held = tuple(i for i in order if vectors_last and len(shapes[i]) < 2)
 
     sizes = [math.prod(shapes[i]) for i in order]
     buckets = []
@@ -127,7 +135,7 @@ def plan_buckets(
             Segment(leaf=order[p], offset=offset, size=sizes[p])
             for p, offset in zip(positions, offsets)
         ))
-    return BucketPlan(treedef, shapes, dtypes, wire, tuple(buckets))
+    return BucketPlan(treedef, shapes, dtypes, wire, tuple(buckets), held)
 
 
 def split(tree: Any, plan: BucketPlan) -> list[tuple[jax.Array, ...]]:
@@ -252,6 +260,7 @@ def reduce_gradients(
     after_backward: bool = False,
     packed: bool = True,
     release_before_last: bool = False,
+    vectors_last: bool = False,
 ) -> Any:
     """Averages per-device gradients over every device of the mesh.
 
@@ -279,6 +288,8 @@ def reduce_gradients(
       release_before_last: With `overlap`, release the buckets before the last once backward
         has packed the last (`hold_until_all_but_last_reduced`), not once the last is reduced:
         their leaves' update may run under the last bucket's all-reduce. The values are the same.
+      vectors_last: The vectors (BatchNorm's scale and bias, biases) in the last bucket, held
+        until all exist (`bucketing.packing_order`). The values are the same.
 
     Returns:
       The mean over all devices, same structure, shapes and dtypes as `grads`, identical on every
@@ -304,7 +315,8 @@ def reduce_gradients(
         # (docs/benchmarks.md, "One GPU").
         return grads
     plan = plan_buckets(
-        grads, bucket_bytes, wire_dtype, leaf_order, first_bucket_bytes, last_bucket_bytes
+        grads, bucket_bytes, wire_dtype, leaf_order, first_bucket_bytes, last_bucket_bytes,
+        vectors_last,
     )
     return reduce_buckets(
         grads,
@@ -346,6 +358,8 @@ def reduce_buckets(
         grads = jax.tree_util.tree_map(lambda g: g.astype(jnp.float32) / devices, grads)
     if after_backward:
         grads = hold_until_backward_ends(grads)
+    elif plan.held:
+        grads = hold_together(grads, plan.held)
     packed = bucketing.concatenated(packed, plan.wire_dtype)
     buckets = pack(grads, plan) if packed else split(grads, plan)
 
@@ -401,6 +415,15 @@ def hold_until_backward_ends(grads: Any) -> Any:
     the wire time hides (`comm.pack_after_backward`).
     """
     return jax.lax.optimization_barrier(grads)
+
+
+def hold_together(grads: Any, leaves: Sequence[int]) -> Any:
+    """`grads` with the leaves at `leaves` (indices into `tree_leaves`) passed through one
+    `optimization_barrier`: each of them exists only once all of them do. An identity."""
+    flat, treedef = jax.tree_util.tree_flatten(grads)
+    for i, leaf in zip(leaves, jax.lax.optimization_barrier(tuple(flat[i] for i in leaves))):
+        flat[i] = leaf
+    return treedef.unflatten(flat)
 
 
 def hold_until_all_reduced(reduced: list[Any]) -> list[Any]:

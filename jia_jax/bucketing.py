@@ -18,6 +18,26 @@ import numpy as np
 FP8_WIRE = "float8_e4m3fn"
 
 
+def packing_order(
+    order: Sequence[int], ndims: Sequence[int], vectors_last: bool
+) -> tuple[int, ...]:
+    """The leaves' packing order: `order` (leaf indices in the order backward produces their
+    gradients), with the vectors (leaves of fewer than two dimensions, `ndims[i] < 2`: BatchNorm's
+    scale and bias, biases) moved after the kernels where `vectors_last`, each group in its order.
+
+    The buckets fill in this order, so the vectors ride in the last bucket, the one that leaves
+    once backward ends (`allreduce.reduce_buckets` holds them there behind one barrier). Consumed
+    by buckets that leave during backward, BatchNorm's scale and bias gradients made XLA fuse
+    BatchNorm's backward worse on a GPU: ReLU's masked gradient written out and read again where
+    it folds into the reductions (docs/benchmarks.md, "Does packing the gradients change how XLA
+    fuses backward?").
+    """
+    if not vectors_last:
+        return tuple(order)
+    kernels = tuple(i for i in order if ndims[i] >= 2)
+    return kernels + tuple(i for i in order if ndims[i] < 2)
+
+
 def greedy_buckets(
     sizes: Sequence[int],
     itemsize: int,

@@ -28,8 +28,8 @@ from absl import logging
 #   per-device BatchNorm batch.
 # - `comm` strategy, buckets and crossover may change (`comm.first_bucket_bytes`,
 #   `comm.last_bucket_bytes`, `comm.release_before_last`, `comm.start_when_ready`,
-#   `comm.pack_after_backward`, `comm.concatenate_buckets` and `comm.tell_xla_network` may also
-#   be absent, in checkpoints from before they existed): every
+#   `comm.pack_after_backward`, `comm.concatenate_buckets`, `comm.vectors_last` and
+#   `comm.tell_xla_network` may also be absent, in checkpoints from before they existed): every
 #   strategy computes the same mean (up to summation order); so may `comm.network`, which only
 #   picks the plan, and what XLA is told of it, which only moves the schedule. `comm.dtype`, the
 #   precision on the wire, is compared.
@@ -70,6 +70,7 @@ FREE_ON_RESUME = (
     "comm.release_before_last",
     "comm.pack_after_backward",
     "comm.concatenate_buckets",
+    "comm.vectors_last",
     "comm.network",
     "comm.tell_xla_network",
     "comm.told_bandwidth_scale",

@@ -225,9 +225,10 @@ def _per_device_step(model, config, comm, mesh, image_shape):
     last, release = late_buckets(comm, after_backward)
     if not xla_reduces:
         logging.info(
-            "gradients: %s all-reduce of %g MiB buckets%s in %s, %s, sent %s backward%s",
+            "gradients: %s all-reduce of %g MiB buckets%s%s in %s, %s, sent %s backward%s",
             comm.strategy, comm.bucket_bytes / comm_model.MIB,
-            f" (the last of {last / comm_model.MIB:g} MiB)" if last else "", comm.dtype,
+            f" (the last of {last / comm_model.MIB:g} MiB)" if last else "",
+            ", the vectors in the last" if comm.get("vectors_last", False) else "", comm.dtype,
             "concatenated" if bucketing.concatenated(packed, comm.dtype) else "as their leaves",
             "after" if after_backward else "during",
             ", the others updated under the last one's all-reduce" if release else "",
@@ -262,6 +263,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
             after_backward=after_backward,
             packed=packed,
             release_before_last=release,
+            vectors_last=comm.get("vectors_last", False),
         )
         # Keep the running BN averages identical on every device (cheap: a few KB).
         new_stats, metrics = allreduce.pmean_packed((new_stats, metrics), mesh_lib.BATCH_AXES)
@@ -299,7 +301,11 @@ def resolve_comm(
     if not automatic:
         return comm
     leaves = jax.tree.leaves(params)
-    order = call_order.backward_leaf_order(model, image_shape)
+    order = bucketing.packing_order(
+        call_order.backward_leaf_order(model, image_shape),
+        [len(leaf.shape) for leaf in leaves],
+        comm.get("vectors_last", False),
+    )
     # The buckets the step will send: a last bucket of their own only where it applies.
     last, _ = late_buckets(comm, packs_after_backward(comm, mesh))
     plan = comm_model.resolve(

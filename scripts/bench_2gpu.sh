@@ -45,6 +45,8 @@
 #                                                     # against the told step
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh nccl_compute  # the trainer traced beside one GPU
 #                                                     # under NCCL settings that hold fewer SMs
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh vectors   # the trainer with the vectors in the last
+#                                                     # bucket (the default) and without, traced
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -238,6 +240,15 @@ case "$1" in
       --row_variant="NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT NCCL_DEBUG_FILE=$OUT/nccl.%h.%p.log" \
       --row_variant="NCCL_MAX_NCHANNELS=1" --row_variant="NCCL_NTHREADS=128" \
       --out="$OUT/bench_hosts_nccl_compute_2x1.json"
+    ;;
+  vectors)
+    # `comm.vectors_last` (the default) against the vectors packed among the kernels, across 2
+    # emulated hosts x 1 GPU at BATCHES images per GPU (256,64 unless set), each traced beside
+    # one GPU: the rows' compute ms (`#accounting`) and kernel time by kind say whether
+    # BatchNorm's backward is fused as on one GPU again.
+    python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches="${BATCHES:-256,64}" \
+      --profile_steps=3 --rounds="${ROUNDS:-1}" --row_variant="--config.comm.vectors_last=false" \
+      --out="$OUT/bench_hosts_vectors_2x1.json"
     ;;
   graphs_one_host)
     # The same as one process driving both GPUs (NVLink; launch_local.sh --hosts 1 2), against

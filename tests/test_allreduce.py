@@ -590,3 +590,17 @@ def test_pmean_packed_on_one_device_is_the_tree_and_packs_nothing():
     assert "concatenate" not in str(jax.make_jaxpr(fn)(tree))
     for got, want in zip(jax.tree.leaves(fn(tree)), jax.tree.leaves(tree)):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_vectors_last_packs_the_kernels_in_order_then_the_vectors_and_holds_the_vectors():
+    # Backward order (reversed tree order): e(vector) d c(vector) b a; kernels first, then the
+    # vectors, each group in that order; only the vectors are held. Without it: the order itself.
+    tree = {"a": jnp.zeros((2, 3)), "b": jnp.zeros(4), "c": jnp.zeros((5, 1)), "d": jnp.zeros(6),
+            "e": jnp.zeros(())}
+    plain = allreduce.plan_buckets(tree, 1 << 20, "float32")
+    last = allreduce.plan_buckets(tree, 1 << 20, "float32", vectors_last=True)
+    assert [s.leaf for s in plain.buckets[0]] == [4, 3, 2, 1, 0] and plain.held == ()
+    assert [s.leaf for s in last.buckets[0]] == [2, 0, 4, 3, 1] and last.held == (4, 3, 1)
+    # With a 24-byte last bucket the vectors (a scalar, 6 and 4 values) fill more than it.
+    small = allreduce.plan_buckets(tree, 24, "float32", vectors_last=True)
+    assert [[s.leaf for s in b] for b in small.buckets] == [[2], [0], [4], [3], [1]]

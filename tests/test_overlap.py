@@ -28,17 +28,19 @@ def _grads(rng: np.random.Generator, devices: int) -> dict[str, np.ndarray]:
 
 
 def test_overlapped_mean_equals_the_plain_one_bit_for_bit():
-    # The barriers are identities on the reduced buckets (and the last one's gradients), and a
-    # larger first bucket or a smaller last one only moves bucket boundaries: each value is summed
-    # over the same devices by the same collective in the same wire dtype, so the mean is the same
-    # to the last bit, for every strategy and wire dtype (one program for all of them: one compile).
+    # The barriers are identities on the reduced buckets (and the last one's gradients, and the
+    # vectors), and a larger first bucket, a smaller last one or the vectors last only move
+    # leaves between buckets: each value is summed over the same devices by the same collective
+    # in the same wire dtype, so the mean is the same to the last bit, for every strategy and
+    # wire dtype (one program for all of them: one compile).
     # Not for `hybrid` with other limits: a bucket that grows past the crossover, or shrinks below
     # it, is summed another way, another order of the same terms (still the mean, checked below).
     mesh = mesh_lib.create_mesh(2, 4)
     stacked = _grads(np.random.default_rng(0), 8)
-    # (overlap, first_bucket_bytes, last_bucket_bytes, release_before_last)
-    forms = ((False, 0, 0, False), (True, 0, 0, False), (True, 512, 0, False),
-             (True, 0, 96, False), (True, 0, 0, True))
+    # (overlap, first_bucket_bytes, last_bucket_bytes, release_before_last, vectors_last)
+    forms = ((False, 0, 0, False, False), (True, 0, 0, False, False), (True, 512, 0, False, False),
+             (True, 0, 96, False, False), (True, 0, 0, True, False), (True, 0, 0, False, True),
+             (True, 0, 96, True, True))
     cases = [(s, w, *f) for s in allreduce.STRATEGIES for w in WIRES for f in forms]
 
     def per_device(g):
@@ -54,8 +56,9 @@ def test_overlapped_mean_equals_the_plain_one_bit_for_bit():
                 first_bucket_bytes=first,
                 last_bucket_bytes=last,
                 release_before_last=release,
+                vectors_last=vectors_last,
             )
-            for strategy, wire, overlap, first, last, release in cases
+            for strategy, wire, overlap, first, last, release, vectors_last in cases
         ]
 
     fn = jax.shard_map(
@@ -63,11 +66,12 @@ def test_overlapped_mean_equals_the_plain_one_bit_for_bit():
     )
     means = dict(zip(cases, jax.device_get(jax.jit(fn)(stacked))))
     for strategy, wire, *_ in cases[:: len(forms)]:
-        plain = means[strategy, wire, False, 0, 0, False]
+        plain = means[strategy, wire, False, 0, 0, False, False]
         u = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}[wire]
         for k in stacked:
             # hybrid: where the plan is the default's
-            for form in (f for f in forms[1:] if strategy != "hybrid" or f[1:3] == (0, 0)):
+            hybrid_same = (f for f in forms[1:] if (f[1], f[2], f[4]) == (0, 0, False))
+            for form in forms[1:] if strategy != "hybrid" else hybrid_same:
                 np.testing.assert_array_equal(plain[k], means[strategy, wire, *form][k])
             # And it is the mean: within the wire's rounding of 8 terms (8 u of the largest
             # |term|).
@@ -104,15 +108,17 @@ def _step_hlo(
     last_bucket_bytes: int = 0,
     release: bool = False,
     mesh_shape: tuple[int, int] = (2, 4),
+    vectors_last: bool = False,
 ) -> str:
     """The HLO of the tiny train step on the 2x4 mesh, or `mesh_shape` (`flat`, several
-    buckets)."""
+    buckets; the vectors packed among the kernels unless `vectors_last`)."""
     mesh = mesh_lib.create_mesh(*mesh_shape)
     config = tiny_config("flat")
     config.comm.overlap = overlap
     config.comm.first_bucket_bytes = first_bucket_bytes
     config.comm.last_bucket_bytes = last_bucket_bytes
     config.comm.release_before_last = release
+    config.comm.vectors_last = vectors_last
     _, state, step = build(config, mesh)
     batch = {k: jax.device_put(v, mesh_lib.batch_sharding(mesh)) for k, v in global_batch().items()}
     return step.lower(state, batch).as_text(dialect="hlo")
@@ -142,6 +148,43 @@ def test_each_bucket_leaves_with_its_gradients_and_is_awaited_after_all_of_them(
     # Without overlap no barrier holds the buckets (the test can fail).
     assert "opt-barrier" not in _step_hlo(False)
 
+
+def test_vectors_last_ride_in_the_last_bucket_behind_one_barrier_of_their_own():
+    # The trainer's default (`comm.vectors_last`): one barrier takes every vector gradient
+    # (BatchNorm's scale and bias, the classifier's bias: the step's 1-D f32 leaves) and
+    # nothing else, and only the last bucket reads it; the buckets before it need no vector,
+    # so they still leave during backward. Without it every bucket reads vectors (can fail).
+    hlo = _step_hlo(True, vectors_last=True)
+    ins = _instructions(hlo)
+    barriers = [n for n, (op, _) in ins.items() if op == "opt-barrier"]
+    # The barriers of the tiny step take a tuple: the buckets' sums (overlap), or the vectors.
+    taken = {b: [o for t in ins[b][1] for o in ins[t][1]] for b in barriers}
+    [vectors] = [b for b in barriers if not any(ins[o][0] == "all-reduce" for o in taken[b])]
+    tuple_text = re.search(rf"\s{re.escape(ins[vectors][1][0])} = \((.*?)\) tuple", hlo)[1]
+    assert set(re.findall(r"f32\[(\d+)\]", tuple_text)) == {"10", "32", "16", "8", "4"}
+    assert "," not in re.sub(r"\{[\d,]*\}|/\*index=\d+\*/|, ", "", tuple_text), tuple_text
+    # The gradient buckets' sums, in bucket order: what the overlap's barrier takes.
+    [sums] = [taken[b] for b in barriers if b != vectors]
+    reading = [vectors in _closure(ins, n) for n in sums]
+    config = tiny_config("flat")
+    model, state, _ = build(config, mesh_lib.create_mesh(2, 4))
+    plan = allreduce.plan_buckets(
+        state.params, config.comm.bucket_bytes, config.comm.dtype,
+        call_order.backward_leaf_order(model, (IMAGE, IMAGE, 1)), vectors_last=True,
+    )
+    with_vectors = [any(s.leaf in plan.held for s in b) for b in plan.buckets]
+    assert reading == with_vectors and with_vectors.count(False) >= 2, reading
+    # Without it no barrier holds the vectors, and the first bucket holds one (the classifier's
+    # bias) among its kernels.
+    plain = _step_hlo(True)
+    assert plain.count(" opt-barrier(") == 1
+    vectors_in = [[s.leaf for s in b if len(plan.shapes[s.leaf]) < 2] for b in plan.buckets]
+    plain_plan = allreduce.plan_buckets(
+        state.params, config.comm.bucket_bytes, config.comm.dtype,
+        call_order.backward_leaf_order(model, (IMAGE, IMAGE, 1)),
+    )
+    assert any(len(plan.shapes[s.leaf]) < 2 for s in plain_plan.buckets[0]), plain_plan.buckets[0]
+    assert sorted(sum(vectors_in, [])) == sorted(plan.held)
 
 
 def test_release_before_last_holds_the_other_buckets_only_until_the_last_is_packed():

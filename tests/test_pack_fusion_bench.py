@@ -70,3 +70,35 @@ def test_variants_compile_what_they_say_and_keep_the_values(variant, barriers):
     assert jaxpr.count("optimization_barrier") == barriers, jaxpr
     for k in grads:
         np.testing.assert_array_equal(np.asarray(out[k]), np.asarray(grads[k]))
+
+
+@pytest.mark.parametrize("variant", ["flat_vectors_apart", "flat_vectors_held"])
+def test_vector_variants_keep_the_mean_and_keep_vectors_out_of_the_buckets(variant):
+    """Across 2 devices each variant's mean is numpy's (one fp32 sum of two values, halved:
+    exact up to one rounding, rtol 2**-23); `apart` sums the vectors in a psum of their own and
+    concatenates only kernels, `held` passes them through one barrier before packing."""
+    two = Mesh(np.array(jax.devices()[:2]).reshape(1, 2), ("node", "gpu"))
+    rng = np.random.default_rng(1)
+    shapes = {"a": (3, 5), "b": (7,), "c": (2, 2, 4), "d": (11,)}
+    stacked = {k: rng.normal(size=(2, *s)).astype(np.float32) for k, s in shapes.items()}
+
+    def per_device(g):
+        g = jax.tree.map(lambda x: x[0], g)
+        return allreduce.reduce_gradients(
+            g, strategy="flat", bucket_bytes=1000, wire_dtype="float32", hybrid_crossover_bytes=0
+        )
+
+    with pack_fusion._variant_patch(variant):
+        reduce = jax.jit(jax.shard_map(
+            per_device, mesh=two, in_specs=P(("node", "gpu")), out_specs=P()
+        ))
+        jaxpr = str(jax.make_jaxpr(reduce)(stacked))
+        out = reduce(stacked)
+    for k, x in stacked.items():
+        want = x.astype(np.float64).mean(axis=0)
+        np.testing.assert_allclose(np.asarray(out[k]), want, rtol=2**-23, atol=0)
+    concatenated = [line for line in jaxpr.splitlines() if "concatenate" in line]
+    assert len(concatenated) == 1, jaxpr
+    # apart: the bucket is [c, a] (31 values); held: all four (49).
+    assert ("f32[31]" in concatenated[0]) == (variant == "flat_vectors_apart"), concatenated
+    assert jaxpr.count("optimization_barrier") == (variant == "flat_vectors_held"), jaxpr

@@ -239,6 +239,37 @@ def test_resolve_comm_plans_a_last_bucket_only_where_the_step_sends_one(monkeypa
     assert seen == [1 << 20, 0]
 
 
+def test_resolve_comm_prices_the_leaves_in_the_order_the_step_packs_them(monkeypatch):
+    # 'auto' is planned over the leaves in `plan_buckets`' packing order: with `vectors_last`,
+    # the kernels first and the vectors (the tail of sizes) last; without, backward's order.
+    from jia_jax import comm_model
+    from jia_jax.models import call_order
+
+    seen = []
+    resolve = comm_model.resolve
+
+    def spy(comm, **kwargs):
+        seen.append(kwargs["leaf_sizes"])
+        return resolve(comm, **kwargs)
+
+    monkeypatch.setattr(comm_model, "resolve", spy)
+    mesh = mesh_lib.create_mesh(2, 4)
+    wanted = []
+    for vectors_last in (True, False):
+        config = tiny_config("auto")
+        config.comm.vectors_last = vectors_last
+        model, tx, _ = build_step(config, mesh)
+        _, state = train.state_initializer(model, tx, mesh, (16, 16, 1), config.precision, seed=0)
+        train.resolve_comm(config.comm, model, mesh, state.params, (16, 16, 1))
+        plan = allreduce.plan_buckets(
+            state.params, 1 << 62, "float32", call_order.backward_leaf_order(model, (16, 16, 1)),
+            vectors_last=vectors_last,
+        )
+        wanted.append([s.size for s in plan.buckets[0]])
+    assert seen == wanted and wanted[0] != wanted[1]
+    assert sorted(wanted[0]) == sorted(wanted[1])
+
+
 def test_resolve_comm_plans_for_the_network_the_config_names(monkeypatch):
     # resolve_comm hands `comm_model.resolve` the links of `comm.network` when the run spans
     # hosts (here pretended), NVLink only on one host; an unknown name fails clearly.

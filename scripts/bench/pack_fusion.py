@@ -13,7 +13,13 @@ fold it into BatchNorm's reductions) and its rate, 20 steps synced and 20 queued
   * `flat_grad_barrier`: the same packed once backward has ended (`'always'`: one
     `optimization_barrier` over the whole gradient tree before packing);
   * `flat_leaves`: `flat_packed` with each bucket sent as its leaves, not concatenated
-    (`comm.concatenate_buckets=False`).
+    (`comm.concatenate_buckets=False`);
+  * `flat_vectors_apart`: `flat_packed` with the buckets holding only the kernels (leaves of
+    two or more dimensions); the vectors (BatchNorm's scale and bias, the classifier's bias) are
+    summed as leaves in one `psum`, never concatenated;
+  * `flat_vectors_held`: `flat_packed` with the vectors passed through one
+    `optimization_barrier` before packing (a probe: no bucket with a vector leaves before
+    backward ends).
 
   python -m scripts.bench.pack_fusion --gpus=1 --batches=256 --out=/tmp/pack_fusion.json
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import os
 import re
 import time
 from collections.abc import Sequence
@@ -30,6 +37,7 @@ from typing import Any
 from unittest import mock
 
 import jax
+import jax.numpy as jnp
 
 from jia_jax import allreduce, train
 from scripts.bench import harness, trainer_step
@@ -43,6 +51,8 @@ VARIANT_COMM: dict[str, dict[str, Any]] = {
     "flat_leaves": {
         "strategy": "flat", "pack_after_backward": "never", "concatenate_buckets": False
     },
+    "flat_vectors_apart": {"strategy": "flat", "pack_after_backward": "never"},
+    "flat_vectors_held": {"strategy": "flat", "pack_after_backward": "never"},
 }
 VARIANTS = tuple(VARIANT_COMM)
 # `%loop_select_fusion.3 = ...`: the fusion's kind, from the name XLA gives it.
@@ -65,15 +75,57 @@ def _packed_everywhere(
     return allreduce.reduce_buckets(grads, plan, **reduction)
 
 
+def _backward_order(leaves: list, leaf_order: Sequence[int] | None) -> list[int]:
+    return list(reversed(range(len(leaves))) if leaf_order is None else leaf_order)
+
+
+def _vectors_apart(grads, *, bucket_bytes, wire_dtype, leaf_order=None, first_bucket_bytes=0,
+                   last_bucket_bytes=0, **reduction):
+    """`_packed_everywhere` of the kernels alone; the vectors' mean is one `psum` of their
+    leaves in the wire dtype."""
+    leaves, treedef = jax.tree_util.tree_flatten(grads)
+    order = _backward_order(leaves, leaf_order)
+    kernels = [i for i in order if leaves[i].ndim > 1]
+    vectors = [i for i in order if leaves[i].ndim <= 1]
+    plan = allreduce.plan_buckets(
+        [leaves[i] for i in kernels], bucket_bytes, wire_dtype, range(len(kernels)),
+        first_bucket_bytes, last_bucket_bytes,
+    )
+    out = list(leaves)
+    reduced = allreduce.reduce_buckets([leaves[i] for i in kernels], plan, **reduction)
+    for i, leaf in zip(kernels, reduced):
+        out[i] = leaf
+    axes = (reduction.get("node_axis", "node"), reduction.get("gpu_axis", "gpu"))
+    sums = jax.lax.psum(tuple(leaves[i].astype(wire_dtype) for i in vectors), axes)
+    for i, total in zip(vectors, sums):
+        out[i] = (total.astype(jnp.float32) / jax.lax.axis_size(axes)).astype(leaves[i].dtype)
+    return treedef.unflatten(out)
+
+
+def _vectors_held(grads, **kwargs):
+    """`_packed_everywhere` after one `optimization_barrier` over the vector leaves."""
+    leaves, treedef = jax.tree_util.tree_flatten(grads)
+    vectors = [i for i, leaf in enumerate(leaves) if leaf.ndim <= 1]
+    for i, leaf in zip(vectors, jax.lax.optimization_barrier(tuple(leaves[i] for i in vectors))):
+        leaves[i] = leaf
+    return _packed_everywhere(treedef.unflatten(leaves), **kwargs)
+
+
+_PATCHES = {"flat_vectors_apart": _vectors_apart, "flat_vectors_held": _vectors_held}
+
+
 def _variant_patch(variant: str) -> contextlib.AbstractContextManager:
     """The patch a variant compiles under; every variant but `xla` and `flat` packs on any mesh
     (`allreduce.reduce_buckets`), so a barrier's effect shows on one GPU too."""
     if variant.startswith("flat_"):
-        return mock.patch.object(allreduce, "reduce_gradients", _packed_everywhere)
+        patch = _PATCHES.get(variant, _packed_everywhere)
+        return mock.patch.object(allreduce, "reduce_gradients", patch)
     return contextlib.nullcontext()
 
 
-def measure(variant: str, batch: int, gpus: int, tiny: bool, steps: int) -> dict[str, Any]:
+def measure(
+    variant: str, batch: int, gpus: int, tiny: bool, steps: int, hlo_dir: str | None = None
+) -> dict[str, Any]:
     """One variant's row: fusion kinds of its compiled step and its synced and queued rates."""
     sizes = {"image_size": 32, "model_width": 8, "small_inputs": True} if tiny else {}
     comm = VARIANT_COMM[variant]
@@ -91,7 +143,12 @@ def measure(variant: str, batch: int, gpus: int, tiny: bool, steps: int) -> dict
         compiled = step.lower(state, setup["batch"]).compile()
     row: dict[str, Any] = {"variant": variant, "gpus": gpus, "per_device_batch": batch}
     row["compile_s"] = time.perf_counter() - start
-    kinds = fusion_kinds(compiled.as_text())
+    hlo = compiled.as_text()
+    if hlo_dir:
+        os.makedirs(hlo_dir, exist_ok=True)
+        with open(os.path.join(hlo_dir, f"{variant}_{gpus}x{batch}.txt"), "w") as f:
+            f.write(hlo)
+    kinds = fusion_kinds(hlo)
     row["fusions"] = sum(kinds.values())
     row["kinds"] = dict(kinds.most_common())
     state, synced, queued = harness.time_train_step(compiled, state, setup["batch"], steps, 3)
@@ -105,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batches", type=harness.strings, default=["256"])
     parser.add_argument("--variants", type=harness.strings, default=list(VARIANTS))
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--hlo_dir", help="write each variant's optimized HLO text here")
     parser.add_argument("--tiny", action="store_true", help="a narrow model on 32x32 images (CPU)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
@@ -115,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for batch in map(int, args.batches):
         for variant in args.variants:
             try:
-                row = measure(variant, batch, args.gpus, args.tiny, args.steps)
+                row = measure(variant, batch, args.gpus, args.tiny, args.steps, args.hlo_dir)
             except Exception as e:  # the other variants still run
                 row = {"variant": variant, "gpus": args.gpus, "per_device_batch": batch,
                        "error": harness.error_text(e)}

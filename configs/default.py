@@ -180,10 +180,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.comm.release_before_last = False
     # Explicit strategies: pack the buckets only once backward has produced every gradient
     # ("always"), or as it produces them ("never"), or "always" where the mesh has one node or
-    # its nodes are processes of one host ("auto"). Packed during backward, BatchNorm's backward
-    # was fused worse by XLA (ReLU's mask written out): on two H200s after backward was 4.2%
-    # faster at 256 images per GPU in one process, 3.7% as two (docs/benchmarks.md); across
-    # hosts the buckets must leave during backward to hide the wire time. Same mean.
+    # its nodes are processes of one host ("auto"). Packed during backward with the vectors among
+    # the kernels, BatchNorm's backward was fused worse by XLA (ReLU's mask written out): on two
+    # H200s after backward was 4.2% faster at 256 images per GPU in one process, 3.7% as two
+    # (docs/benchmarks.md), a fusion `comm.vectors_last` mends during backward; across hosts the
+    # buckets must leave during backward to hide the wire time. Same mean.
     config.comm.pack_after_backward = "auto"
     # Explicit strategies: copy each bucket's gradients into one array for its all-reduce (True),
     # or send the leaves themselves, whose all-reduces XLA's combiner merges (False: no copy, and
@@ -194,9 +195,10 @@ def get_config() -> ml_collections.ConfigDict:
     # Explicit strategies: pack the vectors' gradients (BatchNorm's scale and bias, biases) after
     # the kernels', into the last bucket, held until all exist. Consumed by the buckets that leave
     # during backward, they made XLA fuse BatchNorm's backward worse (ReLU's mask written out);
-    # held for the last bucket, on two H200s packing during backward ran 14,391 images/s at 256
-    # images per GPU against 14,022 (docs/benchmarks.md, "Does packing the gradients change how
-    # XLA fuses backward?"). Same mean.
+    # held for the last bucket, XLA fuses it as without buckets: across 2 emulated hosts of one
+    # H200 the trainer kept 0.947 of two GPUs at 256 images per GPU and 0.786 at 64, against
+    # 0.930 and 0.724 (docs/benchmarks.md, "Why does the step compute longer across hosts?").
+    # Same mean.
     config.comm.vectors_last = True
     # The links `comm.strategy='auto'` plans for (jia_jax/comm_model.py, `network_model`) when
     # the run spans processes: "" the calibration's default fabric (a published 400 Gb/s

@@ -29,8 +29,8 @@ def packing_order(
     once backward ends (`allreduce.reduce_buckets` holds them there behind one barrier). Consumed
     by buckets that leave during backward, BatchNorm's scale and bias gradients made XLA fuse
     BatchNorm's backward worse on a GPU: ReLU's masked gradient written out and read again where
-    it folds into the reductions (docs/benchmarks.md, "Does packing the gradients change how XLA
-    fuses backward?").
+    it folds into the reductions (docs/benchmarks.md, "Why does the step compute longer across
+    hosts?").
     """
     if not vectors_last:
         return tuple(order)

@@ -174,7 +174,8 @@ def packs_after_backward(
     "auto" does where the mesh has one node, or where its nodes are processes of one host (as
     `environ`'s launcher variables say, `xla_network.one_host`): over one host's links the
     all-reduce after backward is short, and packing during backward made XLA fuse BatchNorm's
-    backward worse (`allreduce.hold_until_backward_ends`). Across hosts the buckets leave during
+    backward worse (`allreduce.hold_until_backward_ends`; with the vectors packed among the
+    kernels, measured before `comm.vectors_last`). Across hosts the buckets leave during
     backward, where the network's wire time hides under it. One process's mesh of several nodes
     (emulating them) packs during backward.
     """

@@ -1183,12 +1183,99 @@ def test_hosts_boundaries_quote_the_traces():
     # A third and two thirds at 256: the compute's growth against the exposed wire.
     grown = two["compute_ms"] - one["compute_ms"]
     assert 0.3 < grown / (grown + two["exposed_comm_ms"]) < 0.37
+
+
+def _rows(name: str) -> dict[tuple, dict]:
+    """A hosts file's rows by (hosts, GPUs a host, images per GPU, overrides)."""
+    return {
+        (r["hosts"], r["gpus_per_host"], r["per_device_batch"], tuple(r.get("overrides") or ())): r
+        for r in load(name)["results"]
+    }
+
+
+def test_vectors_last_prose_quotes_the_json():
+    """Why the step computes longer across hosts: NCCL's settings leave it, the vectors packed
+    last mend it (bench_hosts_nccl_compute, pack_fusion_vectors, bench_hosts_vectors*)."""
+    off = ("--config.comm.vectors_last=false",)
+    nccl = {r.get("env", {}).get("NCCL_MAX_NCHANNELS", r.get("env", {}).get("NCCL_NTHREADS", "")):
+            r for r in load("bench_hosts_nccl_compute_2x1_2xH200.json")["results"]
+            if r["hosts"] == 2 and "NCCL_DEBUG" not in r.get("env", {})}
+    one = next(r for r in load("bench_hosts_nccl_compute_2x1_2xH200.json")["results"]
+               if r["hosts"] == 1)
+    fusion = {r["variant"]: r for r in load("pack_fusion_vectors_2xH200.json")["results"]}
+    apart, packed = fusion["flat_vectors_apart"], fusion["flat_packed"]
+    assert apart["kinds"]["input_reduce_select"] == 49 and apart["kinds"]["loop_select"] == 4
+    assert fusion["flat_leaves"]["kinds"]["loop_select"] == 46
+    v = _rows("bench_hosts_vectors_2x1_2xH200.json")
+    later = _rows("bench_hosts_vectors64_2x1_2xH200.json")
+    host = _rows("bench_hosts_vectors_1x2_2xH200.json")
+    host64 = _rows("bench_hosts_vectors64_1x2_2xH200.json")
+    assert_quoted(read("docs/benchmarks.md"), [
+        f"With one channel the step's compute took {nccl['1']['compute_ms']:.2f} ms a step, with "
+        f"fewer threads {nccl['128']['compute_ms']:.2f}, against {nccl['']['compute_ms']:.2f} "
+        f"with the defaults and {one['compute_ms']:.2f} on one GPU",
+        f"the step's fusions ran {nccl['']['busy_ms']['fusion']:.2f} ms a step against "
+        f"{one['busy_ms']['fusion']:.2f} on one GPU, its convolutions and matrix products "
+        f"{nccl['']['busy_ms']['conv/gemm']:.2f} against {one['busy_ms']['conv/gemm']:.2f}",
+        f"With one channel the trainer kept {nccl['1']['efficiency']:.3f} of two GPUs against "
+        f"the defaults' {nccl['']['efficiency']:.3f}",
+        f"the step ran {apart['images_per_s']:,.0f} images/s against "
+        f"{packed['images_per_s']:,.0f} with them packed among the kernels",
+        f"before being packed among the kernels, {fusion['flat_vectors_held']['images_per_s']:,.0f}",
+        f"they still broke it ({fusion['flat_leaves']['images_per_s']:,.0f}, 46 `loop_select`)",
+        f"the trainer kept {v[2, 1, 256, ()]['efficiency']:.3f} of two GPUs at 256 images per GPU "
+        f"and {v[2, 1, 64, ()]['efficiency']:.3f} at 64, against "
+        f"{v[2, 1, 256, off]['efficiency']:.3f} and {v[2, 1, 64, off]['efficiency']:.3f} "
+        "without it",
+        f"its compute took {v[2, 1, 256, ()]['compute_ms']:.2f} ms a step against one GPU's "
+        f"{v[1, 1, 256, ()]['compute_ms']:.2f} ({v[2, 1, 256, off]['compute_ms']:.2f} without), "
+        f"and {v[2, 1, 64, ()]['compute_ms']:.2f} against {v[1, 1, 64, ()]['compute_ms']:.2f} at "
+        f"64 ({v[2, 1, 64, off]['compute_ms']:.2f} without)",
+        f"{v[2, 1, 256, ()]['exposed_comm_ms']:.2f} ms in its traced steps",
+        f"at 64 images per GPU: {later[2, 1, 64, ()]['efficiency']:.3f} against "
+        f"{later[2, 1, 64, off]['efficiency']:.3f}",
+        f"{host[1, 2, 256, ()]['efficiency']:.3f} against {host[1, 2, 256, off]['efficiency']:.3f} "
+        f"at 256 images per GPU in that call, and {host64[1, 2, 64, ()]['efficiency']:.3f} against "
+        f"{host64[1, 2, 64, off]['efficiency']:.3f} at 64",
+    ])
+    assert (1, 2, 64, off) not in host  # the row the timeout stopped
+    earlier = {(r["hosts"], r["per_device_batch"]): r
+               for r in load("bench_hosts_compute_2x1_2xH200.json")["results"]}
+    grown = [earlier[2, 256]["compute_ms"] - earlier[1, 256]["compute_ms"],
+             v[2, 1, 256, off]["compute_ms"] - v[1, 1, 256, ()]["compute_ms"]]
     assert_quoted(read("README.md"), [
-        f"In two later calls it kept {rate[2, 'default', 256]:.3f} and {two['efficiency']:.3f} "
-        f"at 256 images per GPU and {rate[2, 'default', 64]:.3f} and {pair['efficiency']:.3f} "
-        "at 64; traced beside the one-GPU step, a third of what its step adds at 256 is its "
-        "compute kernels running longer beside NCCL's and two thirds the wire's time left "
-        "exposed",
+        f"the step computed {grown[0]:.2f} and {grown[1]:.2f} ms longer at 256 images per GPU than "
+        "on one GPU in two calls",
+        f"the trainer kept {v[2, 1, 256, ()]['efficiency']:.3f} of two H200s at 256 images per GPU "
+        f"and {v[2, 1, 64, ()]['efficiency']:.3f} at 64, against "
+        f"{v[2, 1, 256, off]['efficiency']:.3f} and {v[2, 1, 64, off]['efficiency']:.3f} without "
+        "it in the same call",
+    ])
+
+
+def test_resnet50_vectors_are_what_the_docs_count():
+    """The vectors `comm.vectors_last` moves: ResNet-50's leaves of fewer than two dimensions."""
+    import math
+
+    import jax
+    import jax.numpy as jnp
+
+    from configs import resnet50_64k
+    from jia_jax import models
+
+    config = resnet50_64k.get_config()
+    model = models.create_model(
+        config.model.name, num_classes=1000, dtype=jnp.bfloat16,
+        **{k: v for k, v in config.model.items() if k != "name"},
+    )
+    variables = jax.eval_shape(
+        lambda: model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)), train=False)
+    )
+    vectors = [leaf for leaf in jax.tree.leaves(variables["params"]) if leaf.ndim < 2]
+    values = sum(math.prod(leaf.shape) for leaf in vectors)
+    assert_quoted(read("docs/benchmarks.md"), [
+        f"With the {len(vectors)} vectors (BatchNorm's scales and biases, the classifier's bias)",
+        f"{values:,} values, {values * 2 / 1024:.0f} KiB of bf16 more in that bucket",
     ])
 
 

@@ -45,6 +45,7 @@ def _reduce(mesh: Mesh, variant: str):
         return allreduce.reduce_gradients(
             g, strategy="flat", bucket_bytes=100, wire_dtype="float32", hybrid_crossover_bytes=0,
             after_backward=after, packed=comm.get("concatenate_buckets", True),
+            vectors_last=comm.get("vectors_last", False),
         )
 
     return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P()))
@@ -52,13 +53,15 @@ def _reduce(mesh: Mesh, variant: str):
 
 @pytest.mark.parametrize(
     "variant, barriers",
-    [("flat", 0), ("flat_packed", 0), ("flat_grad_barrier", 1), ("flat_leaves", 0)],
+    [("flat", 0), ("flat_packed", 0), ("flat_grad_barrier", 1), ("flat_leaves", 0),
+     ("flat_vectors_last", 1)],
 )
 def test_variants_compile_what_they_say_and_keep_the_values(variant, barriers):
     one = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("node", "gpu"))
     grads = _grads()
     plan = allreduce.plan_buckets(grads, 100, "float32")
-    assert len(plan.buckets) == 3  # [d] [c, b] [a]: one barrier over all differs from one each
+    # [d] [c, b] [a]: one barrier over all differs from one each; vectors last: [c] [a] [d, b].
+    assert len(plan.buckets) == 3
     with pack_fusion._variant_patch(variant):
         reduce = _reduce(one, variant)
         jaxpr = str(jax.make_jaxpr(reduce)(grads))

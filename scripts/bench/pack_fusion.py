@@ -19,7 +19,11 @@ fold it into BatchNorm's reductions) and its rate, 20 steps synced and 20 queued
     summed as leaves in one `psum`, never concatenated;
   * `flat_vectors_held`: `flat_packed` with the vectors passed through one
     `optimization_barrier` before packing (a probe: no bucket with a vector leaves before
-    backward ends).
+    backward ends);
+  * `flat_vectors_last`: `flat_packed` with the vectors in the last bucket, held until all
+    exist (`comm.vectors_last`, what the trainer packs across hosts).
+
+`flat_packed`, `flat_grad_barrier` and `flat_leaves` pack the vectors among the kernels.
 
   python -m scripts.bench.pack_fusion --gpus=1 --batches=256 --out=/tmp/pack_fusion.json
 """
@@ -46,13 +50,17 @@ from scripts.bench import harness, trainer_step
 VARIANT_COMM: dict[str, dict[str, Any]] = {
     "xla": {"strategy": "xla"},
     "flat": {"strategy": "flat"},
-    "flat_packed": {"strategy": "flat", "pack_after_backward": "never"},
-    "flat_grad_barrier": {"strategy": "flat", "pack_after_backward": "always"},
+    "flat_packed": {"strategy": "flat", "pack_after_backward": "never", "vectors_last": False},
+    "flat_grad_barrier": {
+        "strategy": "flat", "pack_after_backward": "always", "vectors_last": False
+    },
     "flat_leaves": {
-        "strategy": "flat", "pack_after_backward": "never", "concatenate_buckets": False
+        "strategy": "flat", "pack_after_backward": "never", "concatenate_buckets": False,
+        "vectors_last": False,
     },
     "flat_vectors_apart": {"strategy": "flat", "pack_after_backward": "never"},
     "flat_vectors_held": {"strategy": "flat", "pack_after_backward": "never"},
+    "flat_vectors_last": {"strategy": "flat", "pack_after_backward": "never", "vectors_last": True},
 }
 VARIANTS = tuple(VARIANT_COMM)
 # `%loop_select_fusion.3 = ...`: the fusion's kind, from the name XLA gives it.
@@ -66,11 +74,12 @@ def fusion_kinds(hlo: str) -> collections.Counter:
 
 def _packed_everywhere(
     grads, *, bucket_bytes, wire_dtype, leaf_order=None, first_bucket_bytes=0,
-    last_bucket_bytes=0, **reduction
+    last_bucket_bytes=0, vectors_last=False, **reduction
 ):
     """`allreduce.reduce_gradients` without its one-device shortcut (`reduce_buckets`)."""
     plan = allreduce.plan_buckets(
-        grads, bucket_bytes, wire_dtype, leaf_order, first_bucket_bytes, last_bucket_bytes
+        grads, bucket_bytes, wire_dtype, leaf_order, first_bucket_bytes, last_bucket_bytes,
+        vectors_last,
     )
     return allreduce.reduce_buckets(grads, plan, **reduction)
 
@@ -80,9 +89,10 @@ def _backward_order(leaves: list, leaf_order: Sequence[int] | None) -> list[int]
 
 
 def _vectors_apart(grads, *, bucket_bytes, wire_dtype, leaf_order=None, first_bucket_bytes=0,
-                   last_bucket_bytes=0, **reduction):
-    """`_packed_everywhere` of the kernels alone; the vectors' mean is one `psum` of their
-    leaves in the wire dtype."""
+                   last_bucket_bytes=0, vectors_last=False, **reduction):
+    """`_packed_everywhere` of the kernels alone (`vectors_last` is moot); the vectors' mean is
+    one `psum` of their leaves in the wire dtype."""
+    del vectors_last
     leaves, treedef = jax.tree_util.tree_flatten(grads)
     order = _backward_order(leaves, leaf_order)
     kernels = [i for i in order if leaves[i].ndim > 1]
@@ -103,12 +113,13 @@ def _vectors_apart(grads, *, bucket_bytes, wire_dtype, leaf_order=None, first_bu
 
 
 def _vectors_held(grads, **kwargs):
-    """`_packed_everywhere` after one `optimization_barrier` over the vector leaves."""
+    """`_packed_everywhere` (among the kernels) after one `optimization_barrier` over the vector
+    leaves."""
     leaves, treedef = jax.tree_util.tree_flatten(grads)
     vectors = [i for i, leaf in enumerate(leaves) if leaf.ndim <= 1]
     for i, leaf in zip(vectors, jax.lax.optimization_barrier(tuple(leaves[i] for i in vectors))):
         leaves[i] = leaf
-    return _packed_everywhere(treedef.unflatten(leaves), **kwargs)
+    return _packed_everywhere(treedef.unflatten(leaves), **{**kwargs, "vectors_last": False})
 
 
 _PATCHES = {"flat_vectors_apart": _vectors_apart, "flat_vectors_held": _vectors_held}

@@ -229,7 +229,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
             "gradients: %s all-reduce of %g MiB buckets%s%s in %s, %s, sent %s backward%s",
             comm.strategy, comm.bucket_bytes / comm_model.MIB,
             f" (the last of {last / comm_model.MIB:g} MiB)" if last else "",
-            ", the vectors in the last" if comm.get("vectors_last", False) else "", comm.dtype,
+            ", the vectors in the last," if comm.get("vectors_last", False) else "", comm.dtype,
             "concatenated" if bucketing.concatenated(packed, comm.dtype) else "as their leaves",
             "after" if after_backward else "during",
             ", the others updated under the last one's all-reduce" if release else "",

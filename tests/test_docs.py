@@ -1221,7 +1221,8 @@ def test_vectors_last_prose_quotes_the_json():
         f"the defaults' {nccl['']['efficiency']:.3f}",
         f"the step ran {apart['images_per_s']:,.0f} images/s against "
         f"{packed['images_per_s']:,.0f} with them packed among the kernels",
-        f"before being packed among the kernels, {fusion['flat_vectors_held']['images_per_s']:,.0f}",
+        "before being packed among the kernels, "
+        f"{fusion['flat_vectors_held']['images_per_s']:,.0f}",
         f"they still broke it ({fusion['flat_leaves']['images_per_s']:,.0f}, 46 `loop_select`)",
         f"the trainer kept {v[2, 1, 256, ()]['efficiency']:.3f} of two GPUs at 256 images per GPU "
         f"and {v[2, 1, 64, ()]['efficiency']:.3f} at 64, against "

@@ -340,7 +340,10 @@ def test_pack_after_backward_holds_the_gradients_where_the_config_says(
     assert held_leaves == ([len(jax.tree.leaves(state.params))] if held else [])
     # and the log says so
     sent = "after" if held else "during"
-    line = f"flat all-reduce of 0.00390625 MiB buckets in float32, concatenated, sent {sent} back"
+    line = (
+        "flat all-reduce of 0.00390625 MiB buckets, the vectors in the last, in float32, "
+        f"concatenated, sent {sent} back"
+    )
     assert line in caplog.text
 
 
@@ -358,6 +361,13 @@ def test_the_log_names_the_last_buckets_own_limit_and_the_release(caplog):
         "flat all-reduce of 0.00390625 MiB buckets (the last of 1 MiB) in float32, concatenated, "
         "sent during backward, the others updated under the last one's all-reduce"
     )
+    assert line not in caplog.text  # the default packs the vectors last, and says so
+    assert line.replace(" in float32", ", the vectors in the last, in float32") in caplog.text
+    config.comm.vectors_last = False
+    caplog.clear()
+    model, tx, step = build_step(config, mesh)
+    with caplog.at_level("INFO"):
+        step.lower(state, batch)
     assert line in caplog.text
 
 

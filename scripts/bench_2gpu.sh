@@ -47,6 +47,8 @@
 #                                                     # under NCCL settings that hold fewer SMs
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh vectors   # the trainer with the vectors in the last
 #                                                     # bucket (the default) and without, traced
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh channels  # the trainer with NCCL's channels and with
+#                                                     # one, traced (BATCHES, ROUNDS)
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -249,6 +251,15 @@ case "$1" in
     python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches="${BATCHES:-256,64}" \
       --profile_steps=3 --rounds="${ROUNDS:-1}" --row_variant="--config.comm.vectors_last=false" \
       --out="$OUT/bench_hosts_vectors_2x1.json"
+    ;;
+  channels)
+    # NCCL's channels across 2 emulated hosts x 1 GPU: its choice (2 over the sockets) against
+    # one, in turns, ROUNDS rounds (2 unless set) at BATCHES images per GPU (256 unless set;
+    # about 7 minutes at 256), each row traced beside one GPU (`#accounting`). One channel
+    # kept 0.940 of two H200s against 0.910 in one row of one call (bench_hosts_nccl_compute).
+    python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches="${BATCHES:-256}" \
+      --profile_steps=3 --rounds="${ROUNDS:-2}" --row_variant="NCCL_MAX_NCHANNELS=1" \
+      --out="$OUT/bench_hosts_channels_2x1.json"
     ;;
   graphs_one_host)
     # The same as one process driving both GPUs (NVLink; launch_local.sh --hosts 1 2), against

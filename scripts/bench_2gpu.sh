@@ -49,6 +49,8 @@
 #                                                     # bucket (the default) and without, traced
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh channels  # the trainer with NCCL's channels and with
 #                                                     # one, traced (BATCHES, ROUNDS)
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh during_one_host  # one process on both GPUs packing
+#                                                     # after backward (auto) and during it
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -260,6 +262,15 @@ case "$1" in
     python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches="${BATCHES:-256}" \
       --profile_steps=3 --rounds="${ROUNDS:-2}" --row_variant="NCCL_MAX_NCHANNELS=1" \
       --out="$OUT/bench_hosts_channels_2x1.json"
+    ;;
+  during_one_host)
+    # With the vectors last (`comm.vectors_last`), does packing during backward still lose in one
+    # process on both GPUs? `comm.pack_after_backward`'s "auto" (after, on one host) against
+    # "never" (during, with the 64K config's last bucket and release), at BATCHES images per GPU
+    # (64,256 unless set), against one GPU.
+    python3 -m scripts.bench.hosts --hosts=1 --gpus_per_host=2 --batches="${BATCHES:-64,256}" \
+      --profile_steps=0 --row_variant="--config.comm.pack_after_backward=never" \
+      --out="$OUT/bench_hosts_during_1x2.json"
     ;;
   graphs_one_host)
     # The same as one process driving both GPUs (NVLink; launch_local.sh --hosts 1 2), against

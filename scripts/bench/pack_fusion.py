@@ -115,11 +115,9 @@ def _vectors_apart(grads, *, bucket_bytes, wire_dtype, leaf_order=None, first_bu
 def _vectors_held(grads, **kwargs):
     """`_packed_everywhere` (among the kernels) after one `optimization_barrier` over the vector
     leaves."""
-    leaves, treedef = jax.tree_util.tree_flatten(grads)
-    vectors = [i for i, leaf in enumerate(leaves) if leaf.ndim <= 1]
-    for i, leaf in zip(vectors, jax.lax.optimization_barrier(tuple(leaves[i] for i in vectors))):
-        leaves[i] = leaf
-    return _packed_everywhere(treedef.unflatten(leaves), **{**kwargs, "vectors_last": False})
+    vectors = [i for i, leaf in enumerate(jax.tree_util.tree_leaves(grads)) if leaf.ndim <= 1]
+    held = allreduce.hold_together(grads, vectors)
+    return _packed_everywhere(held, **{**kwargs, "vectors_last": False})
 
 
 _PATCHES = {"flat_vectors_apart": _vectors_apart, "flat_vectors_held": _vectors_held}

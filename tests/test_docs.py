@@ -1233,6 +1233,9 @@ def test_vectors_last_prose_quotes_the_json():
         f"and {v[2, 1, 64, ()]['compute_ms']:.2f} against {v[1, 1, 64, ()]['compute_ms']:.2f} at "
         f"64 ({v[2, 1, 64, off]['compute_ms']:.2f} without)",
         f"{v[2, 1, 256, ()]['exposed_comm_ms']:.2f} ms in its traced steps",
+        f"With today's defaults the trainer kept {v[2, 1, 256, ()]['efficiency']:.3f} of two "
+        f"H200s as 2 emulated hosts of one GPU at 256 images per GPU and "
+        f"{v[2, 1, 64, ()]['efficiency']:.3f} at 64",
         f"at 64 images per GPU: {later[2, 1, 64, ()]['efficiency']:.3f} against "
         f"{later[2, 1, 64, off]['efficiency']:.3f}",
         f"{host[1, 2, 256, ()]['efficiency']:.3f} against {host[1, 2, 256, off]['efficiency']:.3f} "

@@ -223,13 +223,14 @@ def _per_device_step(model, config, comm, mesh, image_shape):
     leaf_order = None if xla_reduces else call_order.backward_leaf_order(model, image_shape)
     after_backward = packs_after_backward(comm, mesh)
     packed = comm.get("concatenate_buckets", True)
+    vectors_last = comm.get("vectors_last", False)
     last, release = late_buckets(comm, after_backward)
     if not xla_reduces:
         logging.info(
             "gradients: %s all-reduce of %g MiB buckets%s%s in %s, %s, sent %s backward%s",
             comm.strategy, comm.bucket_bytes / comm_model.MIB,
             f" (the last of {last / comm_model.MIB:g} MiB)" if last else "",
-            ", the vectors in the last," if comm.get("vectors_last", False) else "", comm.dtype,
+            ", the vectors in the last," if vectors_last else "", comm.dtype,
             "concatenated" if bucketing.concatenated(packed, comm.dtype) else "as their leaves",
             "after" if after_backward else "during",
             ", the others updated under the last one's all-reduce" if release else "",
@@ -264,7 +265,7 @@ def _per_device_step(model, config, comm, mesh, image_shape):
             after_backward=after_backward,
             packed=packed,
             release_before_last=release,
-            vectors_last=comm.get("vectors_last", False),
+            vectors_last=vectors_last,
         )
         # Keep the running BN averages identical on every device (cheap: a few KB).
         new_stats, metrics = allreduce.pmean_packed((new_stats, metrics), mesh_lib.BATCH_AXES)

@@ -150,7 +150,7 @@ def run(command: list[str], env: dict[str, str], cwd: str | None = None) -> str:
 def profile_figures(workdir: str, steps: int) -> dict[str, Any]:
     """Over the `steps` traced steps of each process: exposed NCCL time, idle time, time some
     compute kernel runs, the span of the traced steps and the kernels' time by kind (`busy_ms`:
-    which kinds run longer beside NCCL's kernels), per step (ms), averaged over every traced
+    which kinds run longer across hosts than on one GPU), per step (ms), averaged over every traced
     GPU; how the kernels of each traced GPU's compute stream follow one another
     (`boundaries`, profile_trace.stream_boundaries, by process then GPU); and each process's
     host time in the step's calls per step (`launch_ms`) with what process 0's spends it on

@@ -213,6 +213,8 @@ def test_tables_are_the_render_of_their_sources(monkeypatch):
     ):
         text = read(doc)
         sources[doc] = re.findall(r"^From `([^`]+)`\.$", text, re.MULTILINE)
+        # The render opens with its own "From" line: one written above it as well is a repeat.
+        assert not re.search(r"^(From `[^`]+`\.)\n\n\1$", text, re.MULTILINE), doc
         for source in sources[doc]:
             assert render.render(source).rstrip("\n") in text, (doc, source)
     assert len(sources["docs/benchmarks.md"]) >= 4

@@ -183,8 +183,9 @@ def get_config() -> ml_collections.ConfigDict:
     # its nodes are processes of one host ("auto"). Packed during backward with the vectors among
     # the kernels, BatchNorm's backward was fused worse by XLA (ReLU's mask written out): on two
     # H200s after backward was 4.2% faster at 256 images per GPU in one process, 3.7% as two
-    # (docs/benchmarks.md), a fusion `comm.vectors_last` mends during backward; across hosts the
-    # buckets must leave during backward to hide the wire time. Same mean.
+    # (docs/benchmarks.md), a fusion `comm.vectors_last` mends during backward (with it, during
+    # kept 0.974 of two H200s against after's 0.977 in one call); across hosts the buckets must
+    # leave during backward to hide the wire time. Same mean.
     config.comm.pack_after_backward = "auto"
     # Explicit strategies: copy each bucket's gradients into one array for its all-reduce (True),
     # or send the leaves themselves, whose all-reduces XLA's combiner merges (False: no copy, and

@@ -257,8 +257,9 @@ case "$1" in
   channels)
     # NCCL's channels across 2 emulated hosts x 1 GPU: its choice (2 over the sockets) against
     # one, in turns, ROUNDS rounds (2 unless set) at BATCHES images per GPU (256 unless set;
-    # about 7 minutes at 256), each row traced beside one GPU (`#accounting`). One channel
-    # kept 0.940 of two H200s against 0.910 in one row of one call (bench_hosts_nccl_compute).
+    # about 7 minutes at 256), each row traced beside one GPU (`#accounting`). One channel won
+    # in some calls and lost in others (docs/benchmarks.md, "Do one NCCL channel or a larger
+    # first bucket help today's defaults?").
     python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches="${BATCHES:-256}" \
       --profile_steps=3 --rounds="${ROUNDS:-2}" --row_variant="NCCL_MAX_NCHANNELS=1" \
       --out="$OUT/bench_hosts_channels_2x1.json"

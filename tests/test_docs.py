@@ -1195,6 +1195,73 @@ def _rows(name: str) -> dict[tuple, dict]:
     }
 
 
+def _variant_rows(name: str) -> dict[tuple, dict]:
+    """A hosts file's rows by (run, hosts, images per GPU, strategy, overrides, NCCL channels)."""
+    return {
+        (r.get("run"), r["hosts"], r["per_device_batch"], r["strategy"],
+         tuple(r.get("overrides") or ()), r.get("env", {}).get("NCCL_MAX_NCHANNELS")): r
+        for r in load(name)["results"]
+    }
+
+
+def _timed_ms(row: dict) -> float:
+    """The step's ms from the logged rate: one GPU's images over its share of images/s."""
+    return 1e3 * row["per_device_batch"] * row["hosts"] * row["gpus_per_host"] / row["images_per_s"]
+
+
+def test_levers_prose_quotes_the_json():
+    """Today's defaults against the peer, one NCCL channel and the 32 MiB first bucket started
+    where it is ready (bench_hosts_levers, bench_hosts_ready256), and packing during backward
+    on one host (bench_hosts_during)."""
+    ready = ("--config.comm.first_bucket_bytes=33554432", "--config.comm.start_when_ready=True")
+    fp8 = ("--config.comm.dtype=float8_e4m3fn", "--config.comm.bucket_bytes=8388608")
+    lv = _variant_rows("bench_hosts_levers_2x1_2xH200.json")
+    d256, d64 = lv[1, 2, 256, "default", (), None], lv[2, 2, 64, "default", (), None]
+    one256, one64 = lv[1, 1, 256, "default", (), None], lv[2, 1, 64, "default", (), None]
+    later = _variant_rows("bench_hosts_ready256_2x1_2xH200.json")
+    l_one = later[None, 1, 256, "default", (), None]
+    l_def = later[None, 2, 256, "default", (), None]
+    during = _rows("bench_hosts_during_1x2_2xH200.json")
+    never = ("--config.comm.pack_after_backward=never",)
+    eff = lambda r: f"{r['efficiency']:.3f}"  # noqa: E731
+    adds = [_timed_ms(d256) - _timed_ms(one256), _timed_ms(l_def) - _timed_ms(l_one)]
+    doc = read("docs/benchmarks.md")
+    assert_quoted(doc, [
+        f"the trainer kept {eff(d256)} of two H200s at 256 and {eff(d64)} at 64, the peer "
+        f"{eff(lv[1, 2, 256, 'peer', (), None])} and {eff(lv[2, 2, 64, 'peer', (), None])}",
+        f"the step took {_timed_ms(d256):.2f} ms at 256 against one GPU's {_timed_ms(one256):.2f}, "
+        f"and {_timed_ms(d64):.2f} ms at 64 against {_timed_ms(one64):.2f}, where 0.85 would need "
+        f"{_timed_ms(one64) / 0.85:.2f}",
+        f"left {d256['exposed_comm_ms']:.2f} ms of communication a step exposed, but ran "
+        f"{d256['span_ms']:.2f} ms where the untraced ones ran {_timed_ms(d256):.2f}",
+        f"both won at 256: {eff(lv[1, 2, 256, 'default', (), '1'])} and "
+        f"{eff(lv[1, 2, 256, 'default', ready, None])} of two GPUs, with "
+        f"{lv[1, 2, 256, 'default', (), '1']['exposed_comm_ms']:.2f} and "
+        f"{lv[1, 2, 256, 'default', ready, None]['exposed_comm_ms']:.2f} ms exposed",
+        f"the default kept {eff(l_def)} ({l_def['exposed_comm_ms']:.2f} ms exposed; "
+        f"{_timed_ms(l_def):.2f} ms a step against one GPU's {_timed_ms(l_one):.2f}), one channel "
+        f"{eff(later[None, 2, 256, 'default', (), '1'])}, the first bucket "
+        f"{eff(later[None, 2, 256, 'default', ready, None])}, both together "
+        f"{eff(later[None, 2, 256, 'default', ready, '1'])}",
+        f"At 64 one channel lost ({eff(lv[2, 2, 64, 'default', (), '1'])}), with the first bucket "
+        f"far more ({eff(lv[2, 2, 64, 'default', ready, '1'])}), and the fp8 wire with one channel "
+        f"kept {eff(lv[2, 2, 64, 'default', fp8, '1'])}",
+        f"the default's step now adds {min(adds):.2f} to {max(adds):.2f} ms to one GPU's, where "
+        f"0.95 of two GPUs allows {_timed_ms(one256) * (1 / 0.95 - 1):.2f}",
+        f"`comm.pack_after_backward=never` kept {eff(during[1, 2, 64, never])} of two GPUs at 64 "
+        f"images per GPU and {eff(during[1, 2, 256, never])} at 256, against the default's "
+        f"{eff(during[1, 2, 64, ()])} and {eff(during[1, 2, 256, ()])}",
+        f"and in later calls {eff(d256)} and {eff(l_def)} at 256 and {eff(d64)} at 64, where the "
+        f"plain peer kept {eff(lv[1, 2, 256, 'peer', (), None])} and "
+        f"{eff(lv[2, 2, 64, 'peer', (), None])}",
+    ])
+    assert_quoted(read("README.md"), [
+        f"In two later calls it kept {eff(d256)} and {eff(l_def)} at 256 and {eff(d64)} at 64, "
+        f"against the plain peer's {eff(lv[1, 2, 256, 'peer', (), None])} and "
+        f"{eff(lv[2, 2, 64, 'peer', (), None])}",
+    ])
+
+
 def test_vectors_last_prose_quotes_the_json():
     """Why the step computes longer across hosts: NCCL's settings leave it, the vectors packed
     last mend it (bench_hosts_nccl_compute, pack_fusion_vectors, bench_hosts_vectors*)."""

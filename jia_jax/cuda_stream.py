@@ -24,15 +24,18 @@ PRIORITIES = ("least", "greatest")
 
 class CudaStream:
     """A non-blocking stream on the GPU of CUDA ordinal `ordinal` (a JAX device's
-    `local_hardware_id`), of the `priority` CUDA calls least (its default) or greatest.
-    `handle` is the `cudaStream_t` as an integer.
+    `local_hardware_id`), of the `priority` CUDA calls least (its default) or greatest, or
+    `existing`, a stream another library made in the device's primary context (e.g. XLA's,
+    `jax.Device.get_stream_for_external_ready_events()`), used as it is. `handle` is the
+    `cudaStream_t` as an integer.
 
     Raises:
       OSError: no CUDA driver on this host.
       RuntimeError: a driver call failed (its name and CUDA's error name say which and why).
     """
 
-    def __init__(self, ordinal: int, priority: str = "least") -> None:
+    def __init__(self, ordinal: int, priority: str = "least", existing: int | None = None
+                 ) -> None:
         if priority not in PRIORITIES:
             raise ValueError(f"priority={priority!r}: least or greatest")
         self._cuda = ctypes.CDLL(_LIBRARY)
@@ -43,13 +46,16 @@ class CudaStream:
         # Retained for the life of the process, as JAX retains it: the stream must outlive
         # every decode, and the process ends with both.
         self.call("cuDevicePrimaryCtxRetain", ctypes.byref(self._context), device)
+        if existing is not None:
+            self.handle: int = existing
+            return
         stream = ctypes.c_void_p()
         with self.current():
             least, greatest = ctypes.c_int(), ctypes.c_int()
             self.call("cuCtxGetStreamPriorityRange", ctypes.byref(least), ctypes.byref(greatest))
             chosen = least if priority == "least" else greatest
             self.call("cuStreamCreateWithPriority", ctypes.byref(stream), _NON_BLOCKING, chosen)
-        self.handle: int = stream.value
+        self.handle = stream.value
 
     def synchronize(self) -> None:
         """Returns once the GPU has run everything enqueued on the stream (the GIL is released

@@ -10,12 +10,13 @@ from scripts.render import benchmarks as render_benchmarks
 
 
 def test_the_plan_reads_each_action_and_refuses_what_is_none():
-    assert second_stream.parse_plan(["alone", "k1", "k1000", "destroy", "p5", "h3"]) == [
-        ("alone", 0), ("k", 1), ("k", 1000), ("destroy", 0), ("p", 5), ("h", 3)]
-    for bad in ("k0", "k", "x3", "kk", "p-1", "h0", "Alone"):
+    assert second_stream.parse_plan(["alone", "k1", "k1000", "destroy", "x4", "p5", "h3"]) == [
+        ("alone", 0), ("k", 1), ("k", 1000), ("destroy", 0), ("x", 4), ("p", 5), ("h", 3)]
+    for bad in ("k0", "k", "y3", "x0", "kk", "p-1", "h0", "Alone"):
         with pytest.raises(ValueError, match=repr(bad)):
             second_stream.parse_plan(["alone", bad])
-    for bad in (["alone", "destroy"], ["destroy", "k1"], ["k1", "destroy", "destroy"]):
+    for bad in (["alone", "destroy"], ["destroy", "k1"], ["k1", "destroy", "destroy"],
+                ["x1", "destroy"]):  # XLA's stream is XLA's to destroy
         with pytest.raises(ValueError, match="no second stream to destroy"):
             second_stream.parse_plan(bad)
     assert second_stream.parse_plan(["k1", "destroy", "k2", "destroy"])[-1] == ("destroy", 0)
@@ -26,7 +27,7 @@ def test_a_bad_plan_or_no_out_stops_before_any_training(capsys):
         with pytest.raises(SystemExit) as stopped:
             second_stream.main(argv)
         assert stopped.value.code == 2
-    assert "'k0' is not alone, destroy, kN, pN or hN" in capsys.readouterr().err
+    assert "'k0' is not alone, destroy, kN, xN, pN or hN" in capsys.readouterr().err
 
 
 class _FakeKernels:
@@ -34,9 +35,9 @@ class _FakeKernels:
 
     made: list["_FakeKernels"] = []
 
-    def __init__(self, ordinal, priority="least", sync_domain="default"):
+    def __init__(self, ordinal, priority="least", sync_domain="default", existing=None):
         self.ordinal, self.launches, self.destroyed = ordinal, [], False
-        self.stream_options = (priority, sync_domain)
+        self.stream_options, self.existing = (priority, sync_domain), existing
         _FakeKernels.made.append(self)
 
     def launch(self, count):
@@ -56,7 +57,8 @@ def _paused():
 def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch):
     """Each action of the plan runs with the step paused and none in flight, in order, and a
     row follows it: the step's untraced rate over the row's seconds, the traced steps (no
-    boundaries on CPU); a k after a destroy makes a new stream."""
+    boundaries on CPU); a k after a destroy makes a new stream; x launches on XLA's stream,
+    one object for every x, apart from k's."""
     training, others = step_thread.training, []
 
     @contextlib.contextmanager
@@ -67,6 +69,7 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
 
     monkeypatch.setattr(step_thread, "training", kept)
     monkeypatch.setattr(second_stream, "EmptyKernels", _FakeKernels)
+    monkeypatch.setattr(second_stream, "xla_stream", lambda device: 4242)
     monkeypatch.setattr(second_stream, "other_process",
                         lambda ordinal, count: others.append((ordinal, count, _paused())))
     host, copies = second_stream.host_copies, []
@@ -81,13 +84,16 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
         ["--per_gpu=4", "--tiny_model", "--train_model=alexnet_bn",
          "--train_compute_dtype=float32", "--seconds=0.5", "--trace_seconds=0.2",
          "--stream_priority=greatest", "--sync_domain=remote",
-         "--plan", "alone", "k2", "k3", "p7", "destroy", "k1", "h2",
+         "--plan", "alone", "k2", "x3", "k3", "x1", "p7", "destroy", "k1", "h2",
          f"--out={tmp_path / 'o.json'}"])
     rows = doc["results"]
     assert [(r["action"], r["count"]) for r in rows] == [
-        ("alone", 0), ("k", 2), ("k", 3), ("p", 7), ("destroy", 0), ("k", 1), ("h", 2)]
-    first, second = _FakeKernels.made
+        ("alone", 0), ("k", 2), ("x", 3), ("k", 3), ("x", 1), ("p", 7), ("destroy", 0), ("k", 1),
+        ("h", 2)]
+    first, xla, second = _FakeKernels.made
     assert first.launches == [(2, True), (3, True)] and first.destroyed is True
+    assert xla.launches == [(3, True), (1, True)] and not xla.destroyed
+    assert (first.existing, xla.existing, second.existing) == (None, 4242, None)
     assert second.launches == [(1, True)] and not second.destroyed
     assert first.stream_options == second.stream_options == ("greatest", "remote")
     assert others == [(0, 7, True)] and copies == [(2, True)]
@@ -97,8 +103,8 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
     assert doc["environment"]["backend"] == "cpu"
     table = render_benchmarks.table(str(tmp_path / "o.json"))  # a row each, kernels added up
     assert [line.split(" | ")[2:4] for line in table.splitlines() if line.startswith("| - |")] == [
-        ["alone", "0"], ["k2", "2"], ["k3", "5"], ["p7", "5"], ["destroy", "5"], ["k1", "6"],
-        ["h2", "6"]]
+        ["alone", "0"], ["k2", "2"], ["x3", "2"], ["k3", "5"], ["x1", "5"], ["p7", "5"],
+        ["destroy", "5"], ["k1", "6"], ["h2", "6"]]
     assert f"| {rows[1]['train_images_per_s']:,.0f} |" in table
 
 
@@ -152,3 +158,14 @@ def test_the_second_stream_is_made_as_asked(monkeypatch, priority, domain, creat
     assert (driver.created, driver.attributes) == ([created], [attribute])
     with pytest.raises(ValueError, match="priority='high': least or greatest"):
         cuda_stream.CudaStream(0, "high")
+
+
+def test_xla_stream_is_used_as_xla_made_it(monkeypatch):
+    # An existing stream: none created, its attributes untouched, its handle the one given.
+    from jia_jax import cuda_stream
+
+    driver = _FakeDriver()
+    monkeypatch.setattr(cuda_stream.ctypes, "CDLL", lambda name: driver)
+    kernels = second_stream.EmptyKernels(0, existing=4242)
+    assert kernels.stream.handle == 4242
+    assert (driver.created, driver.attributes) == ([], [])

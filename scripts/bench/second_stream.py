@@ -10,6 +10,9 @@ traces the step alone for --trace_seconds (how its stream's kernels followed one
 
   * `alone`: none;
   * `kN`: N empty kernels on a second stream of this process (made by its first `k`);
+  * `xN`: N empty kernels on a stream XLA made when JAX started (the device's stream for
+    external ready events, `jax.Device.get_stream_for_external_ready_events()`): does a
+    stream of XLA's own, as NCCL's kernels run on across processes, leave the step as it is?
   * `pN`: N empty kernels on a stream of another process (a CUDA context of its own);
   * `hN`: N copies of 1 MiB from host memory to the GPU (`jax.device_put`, as the CPU input
     path hands over its batches), each waited for;
@@ -56,8 +59,8 @@ _EMPTY_PTX = b""".version 7.0
 
 
 def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
-    """(action, count) per token of --plan: `alone` and `destroy` (count 0), `kN`, `pN` and `hN`
-    with N >= 1.
+    """(action, count) per token of --plan: `alone` and `destroy` (count 0), `kN`, `xN`, `pN`
+    and `hN` with N >= 1.
 
     Raises:
       ValueError: a token is none of these (the message names it and the forms), or a destroy
@@ -71,27 +74,30 @@ def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
                                  "(no second stream to destroy)")
             stream = stream and token != "destroy"
             plan.append((token, 0))
-        elif token[:1] in ("k", "p", "h") and token[1:].isdigit() and int(token[1:]) >= 1:
+        elif token[:1] in ("k", "x", "p", "h") and token[1:].isdigit() and int(token[1:]) >= 1:
             stream = stream or token[0] == "k"
             plan.append((token[0], int(token[1:])))
         else:
-            raise ValueError(f"--plan: {token!r} is not alone, destroy, kN, pN or hN (N >= 1)")
+            raise ValueError(
+                f"--plan: {token!r} is not alone, destroy, kN, xN, pN or hN (N >= 1)")
     return plan
 
 
 class EmptyKernels:
-    """An empty kernel launched on a stream of its own on the GPU of CUDA ordinal `ordinal`."""
+    """An empty kernel launched on a stream of its own on the GPU of CUDA ordinal `ordinal`, or
+    on the `existing` stream (XLA's), whose settings are left as XLA made them."""
 
-    def __init__(self, ordinal: int, priority: str = "least", sync_domain: str = "default"
-                 ) -> None:
-        self.stream = cuda_stream.CudaStream(ordinal, priority)
+    def __init__(self, ordinal: int, priority: str = "least", sync_domain: str = "default",
+                 existing: int | None = None) -> None:
+        self.stream = cuda_stream.CudaStream(ordinal, priority, existing)
         self._kernel = ctypes.c_void_p()
         module = ctypes.c_void_p()
         with self.stream.current():
-            value = (ctypes.c_char * 64)()  # CUstreamAttrValue, a union of at most 64 bytes
-            ctypes.c_int.from_buffer(value).value = _SYNC_DOMAINS[sync_domain]
-            self.stream.call("cuStreamSetAttribute", ctypes.c_void_p(self.stream.handle),
-                             _MEM_SYNC_DOMAIN, ctypes.byref(value))
+            if existing is None:
+                value = (ctypes.c_char * 64)()  # CUstreamAttrValue, a union of <= 64 bytes
+                ctypes.c_int.from_buffer(value).value = _SYNC_DOMAINS[sync_domain]
+                self.stream.call("cuStreamSetAttribute", ctypes.c_void_p(self.stream.handle),
+                                 _MEM_SYNC_DOMAIN, ctypes.byref(value))
             self.stream.call("cuModuleLoadData", ctypes.byref(module), _EMPTY_PTX)
             self.stream.call("cuModuleGetFunction", ctypes.byref(self._kernel), module, b"empty")
 
@@ -107,6 +113,11 @@ class EmptyKernels:
         """The stream destroyed (the kernel's module stays loaded)."""
         with self.stream.current():
             self.stream.call("cuStreamDestroy_v2", ctypes.c_void_p(self.stream.handle))
+
+
+def xla_stream(device) -> int:
+    """A stream XLA made for `device` when JAX started (GPUs only), as a `cudaStream_t`."""
+    return device.get_stream_for_external_ready_events()
 
 
 def other_process(ordinal: int, count: int) -> None:
@@ -135,6 +146,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     device = jax.local_devices()[0]
     ordinal = getattr(device, "local_hardware_id", None) or 0
     side: EmptyKernels | None = None
+    xla: EmptyKernels | None = None
     rows = []
     with step_thread.training(device, args.per_gpu, args) as times:
         for action, count in parse_plan(args.plan):
@@ -142,6 +154,9 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             if action == "k":
                 side = side or EmptyKernels(ordinal, args.stream_priority, args.sync_domain)
                 side.launch(count)
+            elif action == "x":
+                xla = xla or EmptyKernels(ordinal, existing=xla_stream(device))
+                xla.launch(count)
             elif action == "p":
                 other_process(ordinal, count)
             elif action == "h":
@@ -178,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per_gpu", type=int, default=64)
     parser.add_argument("--plan", nargs="+", default=["alone", "k1", "k1000", "alone"],
-                        help="actions, each followed by a row: alone, kN, pN, hN, destroy")
+                        help="actions, each followed by a row: alone, kN, xN, pN, hN, destroy")
     parser.add_argument("--seconds", type=float, default=6.0, help="each row's seconds timed")
     parser.add_argument("--trace_seconds", type=float, default=1.0,
                         help="each row's seconds traced, first")

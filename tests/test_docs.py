@@ -1209,6 +1209,21 @@ def _timed_ms(row: dict) -> float:
     return 1e3 * row["per_device_batch"] * row["hosts"] * row["gpus_per_host"] / row["images_per_s"]
 
 
+def test_xla_stream_prose_quotes_the_json():
+    """Kernels on a stream XLA made flip the step as a stream of the process's own does."""
+    rows = load("second_stream_xla_1xH200.json")["results"]
+    alone, x10 = rows[0], rows[1]
+    assert (alone["action"], x10["action"], x10["count"]) == ("alone", "x", 10)
+    before, after = alone["boundaries"], x10["boundaries"]
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"moved the step's median boundary from {_minus(before['p50_us'])} µs to "
+        f"{after['p50_us']:.2f}, those under 10 µs from {before['sum_us_per_step']:,.0f} to "
+        f"{after['sum_us_per_step']:,.0f} µs a step and its rate from "
+        f"{alone['train_images_per_s']:,.0f} to "
+        f"{x10['train_images_per_s']:,.0f} images/s",
+    ])
+
+
 def test_levers_prose_quotes_the_json():
     """Today's defaults against the peer, one NCCL channel and the 32 MiB first bucket started
     where it is ready (bench_hosts_levers, bench_hosts_ready256), and packing during backward

@@ -103,8 +103,8 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
     assert doc["environment"]["backend"] == "cpu"
     table = render_benchmarks.table(str(tmp_path / "o.json"))  # a row each, kernels added up
     assert [line.split(" | ")[2:4] for line in table.splitlines() if line.startswith("| - |")] == [
-        ["alone", "0"], ["k2", "2"], ["x3", "2"], ["k3", "5"], ["x1", "5"], ["p7", "5"],
-        ["destroy", "5"], ["k1", "6"], ["h2", "6"]]
+        ["alone", "0"], ["k2", "2"], ["x3", "5"], ["k3", "8"], ["x1", "9"], ["p7", "9"],
+        ["destroy", "9"], ["k1", "10"], ["h2", "10"]]
     assert f"| {rows[1]['train_images_per_s']:,.0f} |" in table
 
 

@@ -1961,6 +1961,37 @@ def _write_process_trace(workdir, process, events):
         json.dump({"traceEvents": _TRACE_META + events}, f)
 
 
+def test_bench_hosts_steady_figures_leave_out_the_first_traced_step(tmp_path):
+    """Two processes, 3 traced steps of 2 compute kernels each on stream 3; NCCL on stream 4.
+    Process 0 started its trace first: its first all-reduce waits 20 µs alone for process 1.
+    After that, each step leaves 1 µs of NCCL exposed on each GPU."""
+    from scripts.bench import hosts as bench_hosts
+
+    x = _trace_event
+    stream4 = {"ph": "M", "pid": 7, "tid": 4, "name": "thread_name",
+               "args": {"name": "Stream #4(Nccl)"}}
+
+    def steps(first_wait):  # compute 10 µs, all-reduce beside the second kernel, per step
+        events, t = [stream4], 0
+        for wait in (first_wait, 0, 0):
+            events += [x(7, 3, "loop_add_fusion", t, 10), x(7, 4, "ncclDevKernel_AllReduce",
+                                                            t + 10, wait + 6),
+                       x(7, 3, "loop_add_fusion", t + 10 + wait, 5)]
+            t += 10 + wait + 6
+        return events
+
+    for process, wait in enumerate((20, 0)):
+        _write_process_trace(tmp_path, process, steps(wait))
+    got = bench_hosts.profile_figures(str(tmp_path), steps=3)
+    # Whole trace: process 0 exposes 21 + 1 + 1 µs, process 1 1 + 1 + 1, over 3 steps.
+    assert got["exposed_comm_ms"] == pytest.approx((23 / 3 + 3 / 3) / 2 / 1000)
+    steady = got["steady"]
+    assert steady["steps"] == 2
+    assert steady["exposed_comm_ms"] == pytest.approx(1 / 1000)
+    assert steady["span_ms"] == pytest.approx(16 / 1000) and steady["idle_ms"] == 0
+    assert steady["compute_ms"] == pytest.approx(15 / 1000)
+
+
 def test_bench_hosts_profile_figures_are_per_traced_step_with_each_process_launch(tmp_path):
     """A profiled row's figures from the trainer's traces (one per process): exposed NCCL and
     idle time per traced step averaged over the GPUs, how each GPU's kernels follow one another
@@ -1999,6 +2030,7 @@ def test_bench_hosts_profile_figures_are_per_traced_step_with_each_process_launc
     assert got["busy_ms"]["conv/gemm"] == 0
     assert got["launch_ms"] == pytest.approx([100 / 2 / 1000, 20 / 2 / 1000])
     assert got["launch"]["call_us_per_step"] == 50
+    assert got["steady"] is None  # 3 kernels and 1 on the busiest streams: no 2 equal steps
     assert {r["name"]: r["us_per_step"] for r in got["launch"]["top"]} == {
         "PjitFunction(step)": 30, "cuGraphLaunch (CudaGraph:N)": 12.5,
         "PjitFunction(jit(step))": 7.5}

@@ -351,3 +351,27 @@ def test_kernel_dump_round_trip():
     # Times are kept to the trace's resolution (ns), 3 decimals of µs.
     want = sorted((k.start_us, k.end_us) for k in kernels)
     assert np.allclose([(k.start_us, k.end_us) for k in back], want, atol=2e-3, rtol=0)
+
+
+def test_after_first_step_leaves_out_the_first_steps_wait_and_clips_at_the_second():
+    """Three steps of two compute kernels each (stream C): the first step's all-reduce waits
+    10-30 with nothing beside it (a peer that started late); steps 2 and 3 leave 2 µs of
+    their all-reduce (stream N) exposed each. A copy (stream H) straddles step 2's start."""
+    k = profile_trace.Kernel
+    kernels = [k("f", a, b, "C", "fusion") for a, b in
+               ((0, 10), (30, 40), (40, 50), (52, 62), (62, 72), (74, 84))]
+    kernels += [k("nccl", a, b, "N", "collective") for a, b in ((10, 30), (45, 52), (67, 74))]
+    kernels.append(k("memcpy", 38, 44, "H", "copy"))
+    whole = profile_trace.summarize(kernels, steps=3)
+    assert whole["collective_exposed_us"] == pytest.approx((20 + 2 + 2) / 3)
+    later = profile_trace.after_first_step(kernels, steps=3)
+    assert min(x.start_us for x in later) == 40  # kernel 2 of C (of 6) opens step 2
+    s = profile_trace.summarize(later, steps=2)
+    # Steps 2-3: span 40-84; compute 40-50, 52-62, 62-72, 74-84 (the copy's 40-44 within);
+    # collectives 45-52 and 67-74, of which 50-52 and 72-74 alone.
+    assert s["span_us"] == 22 and s["idle_us"] == 0 and s["compute_us"] == 20
+    assert s["collective_exposed_us"] == 2 and s["collective_overlapped_us"] == 5
+    assert s["busy_copy_us"] == 2  # 40-44 of the copy, clipped at step 2's start
+    assert profile_trace.after_first_step(kernels, steps=1) is None
+    assert profile_trace.after_first_step(kernels, steps=4) is None  # 6 kernels of C: uneven
+    assert profile_trace.after_first_step([], steps=3) is None

@@ -35,7 +35,9 @@ the step the trainer compiles across hosts, to set the trainer's loop against it
 
 With `--profile_strategies`, those rows also trace `--profile_steps` steps after the timed ones
 (`config.profile`) and report, per GPU and step, the NCCL time no compute kernel overlaps
-(`exposed_comm_ms`) and the time no kernel runs (`idle_ms`), averaged over the GPUs, and each
+(`exposed_comm_ms`) and the time no kernel runs (`idle_ms`), averaged over the GPUs, the same
+over the traced steps after the first (`steady`: each process starts its trace on its own, so
+the first traced step's collectives wait for the last to start), and each
 process's host time in the step's calls (`launch_ms`), with what the first spends it on
 (`launch`: scripts/bench/host_trace.py).
 
@@ -154,12 +156,16 @@ def profile_figures(workdir: str, steps: int) -> dict[str, Any]:
     GPU; how the kernels of each traced GPU's compute stream follow one another
     (`boundaries`, profile_trace.stream_boundaries, by process then GPU); and each process's
     host time in the step's calls per step (`launch_ms`) with what process 0's spends it on
-    (`launch`, host_trace.breakdown)."""
-    per_gpu, boundaries, launch_ms, launch = [], [], [], None
+    (`launch`, host_trace.breakdown); and the same exposed, idle, compute and span times over
+    the traced steps after the first (`steady`: profile_trace.after_first_step; None where a
+    GPU's trace does not split into steps), which leave out the processes' start apart."""
+    per_gpu, steady, boundaries, launch_ms, launch = [], [], [], [], None
     for log_dir in sorted(glob.glob(os.path.join(workdir, "profile", "process_*"))):
         events = profile_trace.load_events(log_dir)
         for device_kernels in profile_trace.device_kernels(events).values():
             per_gpu.append(profile_trace.summarize(device_kernels, steps=steps))
+            later = profile_trace.after_first_step(device_kernels, steps)
+            steady.append(later and profile_trace.summarize(later, steps=steps - 1))
             boundaries.append(profile_trace.stream_boundaries(device_kernels, steps))
         host = host_trace.breakdown(events, steps, call=host_trace.TRAIN_STEP_CALLS, n=8)
         launch_ms.append(host["call_us_per_step"] / 1000)
@@ -167,12 +173,15 @@ def profile_figures(workdir: str, steps: int) -> dict[str, Any]:
     if not per_gpu:
         raise ValueError(f"no trace under {workdir}/profile")
 
-    def mean_ms(key: str) -> float:
-        return statistics.mean(s[key] for s in per_gpu) / 1000
+    def mean_ms(key: str, summaries: list[dict[str, float]] = per_gpu) -> float:
+        return statistics.mean(s[key] for s in summaries) / 1000
 
-    return {"exposed_comm_ms": mean_ms("collective_exposed_us"), "idle_ms": mean_ms("idle_us"),
-            "compute_ms": mean_ms("compute_us"), "span_ms": mean_ms("span_us"),
+    times = {"exposed_comm_ms": "collective_exposed_us", "idle_ms": "idle_us",
+             "compute_ms": "compute_us", "span_ms": "span_us"}
+    return {**{name: mean_ms(key) for name, key in times.items()},
             "busy_ms": {kind: mean_ms(f"busy_{kind}_us") for kind in profile_trace.COMPUTE_KINDS},
+            "steady": None if None in steady else {
+                "steps": steps - 1, **{name: mean_ms(key, steady) for name, key in times.items()}},
             "boundaries": boundaries, "launch_ms": launch_ms, "launch": launch}
 
 

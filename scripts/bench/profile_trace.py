@@ -305,6 +305,31 @@ def summarize(kernels: Sequence[Kernel], steps: int) -> dict[str, float]:
     return out
 
 
+def busiest_stream(kernels: Sequence[Kernel]) -> str:
+    """The stream with the most kernels (XLA's compute stream in a train step)."""
+    counts = collections.Counter(k.stream for k in kernels)
+    return max(counts, key=lambda s: (counts[s], s))
+
+
+def after_first_step(kernels: Sequence[Kernel], steps: int) -> list[Kernel] | None:
+    """The kernels of traced steps 2 to `steps`, each clipped to start no earlier than step 2.
+
+    A trace starts after the steps before it are done, so its first step starts from an empty
+    queue, and across processes each process's first step starts when its own trace has: the
+    first collective waits for the last process to begin, exposed time no later step has. The
+    busiest stream runs the same kernels every step, so its kernel `len / steps` opens step 2.
+    None where `steps` < 2 or that stream's kernels do not split evenly into `steps`."""
+    if steps < 2 or not kernels:
+        return None
+    stream = busiest_stream(kernels)
+    own = sorted((k for k in kernels if k.stream == stream), key=lambda k: k.start_us)
+    if len(own) % steps:
+        return None
+    start = own[len(own) // steps].start_us
+    return [dataclasses.replace(k, start_us=max(k.start_us, start))
+            for k in kernels if k.end_us > start]
+
+
 def top_kernels(kernels: Sequence[Kernel], steps: int, n: int = 15) -> list[dict[str, object]]:
     """The `n` kernel names with the most total time per step, with counts per step."""
     totals: dict[str, list[float]] = {}
@@ -361,8 +386,7 @@ def stream_boundaries(
     another stream was busy (the previous kernel ended while a kernel or copy of another stream
     ran) and of the rest. A stream whose kernels follow each other later by the same amount
     whether or not another stream runs loses it at every boundary, not to what runs beside."""
-    counts = collections.Counter(k.stream for k in kernels)
-    stream = max(counts, key=lambda s: (counts[s], s))
+    stream = busiest_stream(kernels)
     own = sorted((k for k in kernels if k.stream == stream), key=lambda k: k.start_us)
     others = union((k.start_us, k.end_us) for k in kernels if k.stream != stream)
     starts = [a for a, _ in others]

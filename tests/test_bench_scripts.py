@@ -1563,6 +1563,27 @@ def test_bench_hosts_boundaries_render_a_row_per_traced_gpu():
                     ["64", "1", "1,244", "879", "-", "47 |"]]
 
 
+def test_bench_hosts_accounting_adds_the_steady_columns_only_where_the_file_has_them():
+    env = {"device_count": 2, "device_kind": "GPU", "jax_version": "0", "xla_flags": ""}
+    row = {"hosts": 2, "gpus_per_host": 1, "strategy": "default", "per_device_batch": 64,
+           "images_per_s": 8000.0, "span_ms": 15.7, "compute_ms": 12.0, "exposed_comm_ms": 3.42,
+           "idle_ms": 0.28}
+    one = {**row, "hosts": 1, "images_per_s": 5000.0, "exposed_comm_ms": 0.0}
+    before = render_benchmarks.hosts_accounting_table({"environment": env, "results": [one, row]})
+    assert "steps after the first" not in before
+    assert before.splitlines()[-1] == (
+        "| 2x1 | default | 64 | 16.00 | 15.70 | 12.00 | 3.42 | 0.28 |")  # 64 / (8000 / 2) s
+    steady = {"steps": 2, "span_ms": 14.81, "exposed_comm_ms": 1.5, "compute_ms": 12.0,
+              "idle_ms": 0.2}
+    table = render_benchmarks.hosts_accounting_table(
+        {"environment": env, "results": [{**one, "steady": None}, {**row, "steady": steady}]})
+    lines = table.splitlines()
+    assert lines[2].endswith("| idle ms | steps after the first: step ms | exposed comm ms |")
+    assert lines[3].count("---:") == 8
+    assert lines[-2].endswith("| 0.00 | 0.28 | - | - |")
+    assert lines[-1] == "| 2x1 | default | 64 | 16.00 | 15.70 | 12.00 | 3.42 | 0.28 | 14.81 | 1.50 |"
+
+
 def test_bench_hosts_takes_the_median_after_the_compile_interval():
     log = "\n".join(
         f"I0 loop.py] step {s:3d}/90 | learning_rate 0.1 | loss {l} | top1 0 | {r} img/s | ETA 0:00:01"

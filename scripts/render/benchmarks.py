@@ -888,24 +888,29 @@ def hosts_boundaries_table(doc: dict[str, Any]) -> str:
 def hosts_accounting_table(doc: dict[str, Any]) -> str:
     """Where each traced row of scripts/bench/hosts.py spends its step: the timed step (from
     its logged rate), then its traced steps' span split into the time some compute kernel runs,
-    communication no compute kernel overlaps, and idle time, averaged over its GPUs."""
+    communication no compute kernel overlaps, and idle time, averaged over its GPUs; where the
+    file has them, the span and exposed communication over the traced steps after the first
+    (`steady`: without the processes' start apart)."""
+    traced = [r for r in doc["results"] if "span_ms" in r]
+    steady = any(r.get("steady") for r in traced)
+    later = " | steps after the first: step ms | exposed comm ms" if steady else ""
     lines = [
         f"The step's time ({_where(doc)}; ResNet-50 64K config, bf16, synthetic data; timed: "
         "from the logged images/s per GPU; the rest per traced step, averaged over the GPUs):",
         "",
         "| hosts x GPUs | strategy | per GPU | timed step ms | traced step ms | compute ms | "
-        "exposed comm ms | idle ms |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"exposed comm ms | idle ms{later} |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |" + " ---: | ---: |" * steady,
     ]
-    for r in doc["results"]:
-        if "span_ms" not in r:
-            continue
+    for r in traced:
         per_gpu = r["images_per_s"] / (r["hosts"] * r["gpus_per_host"])
+        s = r.get("steady")
+        after = (f" {s['span_ms']:.2f} | {s['exposed_comm_ms']:.2f} |" if s else " - | - |")
         lines.append(
             f"| {r['hosts']}x{r['gpus_per_host']} | {_hosts_strategy(r)} | "
             f"{r['per_device_batch']} | {1e3 * r['per_device_batch'] / per_gpu:.2f} | "
             f"{r['span_ms']:.2f} | {r['compute_ms']:.2f} | {r['exposed_comm_ms']:.2f} | "
-            f"{r['idle_ms']:.2f} |"
+            f"{r['idle_ms']:.2f} |" + after * steady
         )
     return "\n".join(lines)
 

@@ -51,6 +51,8 @@
 #                                                     # one, traced (BATCHES, ROUNDS)
 #   OUT=/tmp/out bash scripts/bench_2gpu.sh during_one_host  # one process on both GPUs packing
 #                                                     # after backward (auto) and during it
+#   OUT=/tmp/out bash scripts/bench_2gpu.sh defaults  # today's defaults and the plain peer
+#                                                     # across 2 emulated hosts, traced
 # Autotuning results are cached across the child processes (same kernels, same choices).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_per_fusion_autotune_cache_dir=/tmp/jia_jax_autotune"
@@ -272,6 +274,14 @@ case "$1" in
     python3 -m scripts.bench.hosts --hosts=1 --gpus_per_host=2 --batches="${BATCHES:-64,256}" \
       --profile_steps=0 --row_variant="--config.comm.pack_after_backward=never" \
       --out="$OUT/bench_hosts_during_1x2.json"
+    ;;
+  defaults)
+    # Today's defaults across 2 emulated hosts x 1 GPU against one GPU, with the plain peer timed
+    # in-process in the same call, at BATCHES images per GPU (256,64 unless set; about 9
+    # minutes), each row traced for 5 steps: `#accounting` gives the exposed communication over
+    # the 4 after the first (`steady`) beside that of all 5.
+    python3 -m scripts.bench.hosts --hosts=2 --gpus_per_host=1 --batches="${BATCHES:-256,64}" \
+      --profile_steps=5 --peer --out="$OUT/bench_hosts_defaults_2x1.json"
     ;;
   graphs_one_host)
     # The same as one process driving both GPUs (NVLink; launch_local.sh --hosts 1 2), against

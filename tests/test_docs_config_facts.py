@@ -175,3 +175,31 @@ def test_readme_stable_config_keys_exist_and_name_real_choices():
     [resnets] = [n for n in names if n.startswith("resnet") and "|" in n]
     offered = {f"resnet{d}" for d in resnets.removeprefix("resnet").split("|")} | {"alexnet_bn"}
     assert offered == set(MODEL_NAMES)
+
+
+def test_readme_comm_options_table_states_each_default():
+    """Each row of README's table of `comm` options: its default in configs/default.py, and
+    where the 64K configs differ, what they hold, by name; each but the wire's dtype free to
+    change on resume, as the README says."""
+    rows = dict(re.findall(r"^\| `comm\.(\w+)` \| ([^|]+) \|", (REPO / "README.md").read_text(),
+                           re.MULTILINE))
+
+    def say(value) -> str:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, int):
+            return f"{value // 2**20} MiB" if value else "0"
+        return f"`{value}`"
+
+    assert len(rows) >= 10
+    free = {f for f in rows if f"comm.{f}" in recipe.FREE_ON_RESUME}
+    assert set(rows) - free == {"dtype"}
+    for field, cell in rows.items():
+        assert cell.startswith(say(config("default").comm[field])), (field, cell)
+        large = {n: config(n).comm[field] for n in LARGE}
+        if len(set(large.values())) == 1 and large["resnet50_64k"] != config("default").comm[field]:
+            assert f"({say(large['resnet50_64k'])} in the 64K configs)" in cell, (field, cell)
+        elif large["resnet50_64k"] != config("default").comm[field]:
+            assert f"({say(large['resnet50_64k'])} in the ResNet-50 64K config)" in cell, field
+        else:
+            assert "64K" not in cell, (field, cell)

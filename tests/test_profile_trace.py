@@ -1,5 +1,6 @@
 """The trace reader and the schedule reader of the profiling scripts, on hand-made inputs."""
 
+import dataclasses
 import gzip
 import json
 
@@ -375,3 +376,6 @@ def test_after_first_step_leaves_out_the_first_steps_wait_and_clips_at_the_secon
     assert profile_trace.after_first_step(kernels, steps=1) is None
     assert profile_trace.after_first_step(kernels, steps=4) is None  # 6 kernels of C: uneven
     assert profile_trace.after_first_step([], steps=3) is None
+    # As many kernels a step, but step 2 opened by another kernel: the steps are not alike.
+    renamed = [dataclasses.replace(x, name="g") if x.start_us == 40 else x for x in kernels]
+    assert profile_trace.after_first_step(renamed, steps=3) is None

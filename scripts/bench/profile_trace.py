@@ -318,14 +318,16 @@ def after_first_step(kernels: Sequence[Kernel], steps: int) -> list[Kernel] | No
     queue, and across processes each process's first step starts when its own trace has: the
     first collective waits for the last process to begin, exposed time no later step has. The
     busiest stream runs the same kernels every step, so its kernel `len / steps` opens step 2.
-    None where `steps` < 2 or that stream's kernels do not split evenly into `steps`."""
+    None where `steps` < 2 or that stream's kernels do not split into `steps` alike (as many
+    each, each opened by the same kernel)."""
     if steps < 2 or not kernels:
         return None
     stream = busiest_stream(kernels)
     own = sorted((k for k in kernels if k.stream == stream), key=lambda k: k.start_us)
-    if len(own) % steps:
+    per_step = len(own) // steps
+    if len(own) % steps or len({own[i * per_step].name for i in range(steps)}) > 1:
         return None
-    start = own[len(own) // steps].start_us
+    start = own[per_step].start_us
     return [dataclasses.replace(k, start_us=max(k.start_us, start))
             for k in kernels if k.end_us > start]
 

@@ -165,7 +165,7 @@ def profile_figures(workdir: str, steps: int) -> dict[str, Any]:
         for device_kernels in profile_trace.device_kernels(events).values():
             per_gpu.append(profile_trace.summarize(device_kernels, steps=steps))
             later = profile_trace.after_first_step(device_kernels, steps)
-            steady.append(later and profile_trace.summarize(later, steps=steps - 1))
+            steady.append(profile_trace.summarize(later, steps=steps - 1) if later else None)
             boundaries.append(profile_trace.stream_boundaries(device_kernels, steps))
         host = host_trace.breakdown(events, steps, call=host_trace.TRAIN_STEP_CALLS, n=8)
         launch_ms.append(host["call_us_per_step"] / 1000)

@@ -1001,7 +1001,7 @@ def test_the_step_kernels_boundaries_on_the_gpu_path_quote_the_traces():
     assert_quoted(read("README.md"), [
         f"the step's own kernels, which follow one another later on the GPU path, "
         f"{more['64']:.0f} µs a step more between them, as in any process that has run a few "
-        f"kernels on a second CUDA stream outside XLA",
+        f"kernels of its own on a second CUDA stream, even one XLA made",
     ])
 
 

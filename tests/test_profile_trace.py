@@ -3,6 +3,7 @@
 import dataclasses
 import gzip
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -379,3 +380,19 @@ def test_after_first_step_leaves_out_the_first_steps_wait_and_clips_at_the_secon
     # As many kernels a step, but step 2 opened by another kernel: the steps are not alike.
     renamed = [dataclasses.replace(x, name="g") if x.start_us == 40 else x for x in kernels]
     assert profile_trace.after_first_step(renamed, steps=3) is None
+
+
+def test_after_first_step_splits_a_kept_trace_of_ten_steps_at_a_step():
+    """The trainer's 64-image step traced for 10 steps on one H200 (a kept raw trace): split at
+    the step, the later 9 hold exactly 9 steps' kernels of every stream; a wrong step count
+    does not split."""
+    kept = pathlib.Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+    events = profile_trace.load_events(
+        str(kept / "gpu_decode_trace64_synthetic_1xH200.trace.json.gz"))
+    [kernels] = profile_trace.device_kernels(events).values()
+    later = profile_trace.after_first_step(kernels, steps=10)
+    assert len(later) * 10 == len(kernels) * 9
+    assert profile_trace.summarize(later, 9)["kernels_per_step"] == pytest.approx(
+        profile_trace.summarize(kernels, 10)["kernels_per_step"])
+    for wrong in (3, 4, 7):
+        assert profile_trace.after_first_step(kernels, steps=wrong) is None

@@ -244,6 +244,23 @@ def _fp8_mean(x: jax.Array, hierarchical: bool, node_axis: str, gpu_axis: str) -
     )
 
 
+def _check_reducible(grads: Any, strategy: str) -> None:
+    """Raises where `reduce_gradients` cannot average `grads` with `strategy`: 'xla' (XLA's own
+    all-reduce, not this function's), an unknown strategy, or a leaf that is not floating-point."""
+    if strategy == "xla":
+        raise ValueError(
+            "comm.strategy='xla' leaves the all-reduce to XLA; the step must not call "
+            "reduce_gradients."
+        )
+    if strategy not in STRATEGIES:
+        raise ValueError(
+            f"Unknown comm.strategy {strategy!r}; expected 'xla' or one of {STRATEGIES}."
+        )
+    for leaf in jax.tree_util.tree_leaves(grads):
+        if not jnp.issubdtype(leaf.dtype, jnp.inexact):
+            raise TypeError(f"reduce_gradients averages floating-point leaves, got {leaf.dtype}.")
+
+
 def reduce_gradients(
     grads: Any,
     *,
@@ -295,19 +312,7 @@ def reduce_gradients(
       The mean over all devices, same structure, shapes and dtypes as `grads`, identical on every
       device.
     """
-    if strategy == "xla":
-        raise ValueError(
-            "comm.strategy='xla' leaves the all-reduce to XLA; the step must not call "
-            "reduce_gradients."
-        )
-    if strategy not in STRATEGIES:
-        raise ValueError(
-            f"Unknown comm.strategy {strategy!r}; expected 'xla' or one of {STRATEGIES}."
-        )
-    for leaf in jax.tree_util.tree_leaves(grads):
-        if not jnp.issubdtype(leaf.dtype, jnp.inexact):
-            raise TypeError(f"reduce_gradients averages floating-point leaves, got {leaf.dtype}.")
-
+    _check_reducible(grads, strategy)
     if jax.lax.axis_size((node_axis, gpu_axis)) == 1:
         # The mean over one device is its gradient. Packing it anyway is not free: consumed by
         # the buckets, BatchNorm's backward was fused worse by XLA (ReLU's mask written out

@@ -604,3 +604,15 @@ def test_vectors_last_packs_the_kernels_in_order_then_the_vectors_and_holds_the_
     # With a 24-byte last bucket the vectors (a scalar, 6 and 4 values) fill more than it.
     small = allreduce.plan_buckets(tree, 24, "float32", vectors_last=True)
     assert [[s.leaf for s in b] for b in small.buckets] == [[2], [0], [4], [3], [1]]
+
+
+def test_reduce_gradients_refuses_what_it_cannot_average_before_any_collective():
+    # Outside any shard_map: each refusal comes before the mesh axes are read.
+    grads = {"w": jnp.ones((2,), jnp.float32)}
+    kwargs = dict(bucket_bytes=1 << 20, wire_dtype=jnp.float32, hybrid_crossover_bytes=1 << 20)
+    with pytest.raises(ValueError, match="leaves the all-reduce to XLA"):
+        allreduce.reduce_gradients(grads, strategy="xla", **kwargs)
+    with pytest.raises(ValueError, match="Unknown comm.strategy 'ring'"):
+        allreduce.reduce_gradients(grads, strategy="ring", **kwargs)
+    with pytest.raises(TypeError, match="floating-point leaves, got int32"):
+        allreduce.reduce_gradients({"n": jnp.ones((2,), jnp.int32)}, strategy="flat", **kwargs)

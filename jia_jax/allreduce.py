@@ -121,8 +121,9 @@ def plan_buckets(
     order = tuple(reversed(range(len(leaves)))) if leaf_order is None else tuple(leaf_order)
     if sorted(order) != list(range(len(leaves))):
         raise ValueError(f"leaf_order must be a permutation of the {len(leaves)} leaf indices.")
-    order = bucketing.packing_order(order, [len(s) for s in shapes], vectors_last)
-    held = tuple(i for i in order if vectors_last and len(shapes[i]) < 2)
+    ndims = [len(s) for s in shapes]
+    order = bucketing.packing_order(order, ndims, vectors_last)
+    held = bucketing.vector_leaves(order, ndims) if vectors_last else ()
 
     sizes = [math.prod(shapes[i]) for i in order]
     buckets = []

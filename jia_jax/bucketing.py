@@ -34,8 +34,14 @@ def packing_order(
     """
     if not vectors_last:
         return tuple(order)
-    kernels = tuple(i for i in order if ndims[i] >= 2)
-    return kernels + tuple(i for i in order if ndims[i] < 2)
+    vectors = vector_leaves(order, ndims)
+    return tuple(i for i in order if i not in vectors) + vectors
+
+
+def vector_leaves(order: Sequence[int], ndims: Sequence[int]) -> tuple[int, ...]:
+    """The leaves of `order` with fewer than two dimensions (`ndims[i] < 2`: BatchNorm's scale
+    and bias, biases), in that order."""
+    return tuple(i for i in order if ndims[i] < 2)
 
 
 def greedy_buckets(

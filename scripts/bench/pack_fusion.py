@@ -43,7 +43,7 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 
-from jia_jax import allreduce, train
+from jia_jax import allreduce, bucketing, train
 from scripts.bench import harness, trainer_step
 
 # Each variant's `comm` settings over the config's.
@@ -95,8 +95,8 @@ def _vectors_apart(grads, *, bucket_bytes, wire_dtype, leaf_order=None, first_bu
     del vectors_last
     leaves, treedef = jax.tree_util.tree_flatten(grads)
     order = _backward_order(leaves, leaf_order)
-    kernels = [i for i in order if leaves[i].ndim > 1]
-    vectors = [i for i in order if leaves[i].ndim <= 1]
+    vectors = bucketing.vector_leaves(order, [leaf.ndim for leaf in leaves])
+    kernels = [i for i in order if i not in vectors]
     plan = allreduce.plan_buckets(
         [leaves[i] for i in kernels], bucket_bytes, wire_dtype, range(len(kernels)),
         first_bucket_bytes, last_bucket_bytes,
@@ -115,7 +115,8 @@ def _vectors_apart(grads, *, bucket_bytes, wire_dtype, leaf_order=None, first_bu
 def _vectors_held(grads, **kwargs):
     """`_packed_everywhere` (among the kernels) after one `optimization_barrier` over the vector
     leaves."""
-    vectors = [i for i, leaf in enumerate(jax.tree_util.tree_leaves(grads)) if leaf.ndim <= 1]
+    leaves = jax.tree_util.tree_leaves(grads)
+    vectors = bucketing.vector_leaves(range(len(leaves)), [leaf.ndim for leaf in leaves])
     held = allreduce.hold_together(grads, vectors)
     return _packed_everywhere(held, **{**kwargs, "vectors_last": False})
 

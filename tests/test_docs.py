@@ -1139,6 +1139,11 @@ def test_second_stream_settings_and_decoder_processes_quote_the_runs():
     ])
 
 
+def _timed_ms(row: dict) -> float:
+    """The step's ms from the logged rate: one GPU's images over its share of images/s."""
+    return 1e3 * row["per_device_batch"] * row["hosts"] * row["gpus_per_host"] / row["images_per_s"]
+
+
 def test_hosts_boundaries_quote_the_traces():
     """The step across hosts follows its kernels as the one GPU does (bench_hosts_boundaries)."""
     rows = load("bench_hosts_boundaries_2x1_2xH200.json")["results"]
@@ -1163,22 +1168,19 @@ def test_hosts_boundaries_quote_the_traces():
     rows = {(r["hosts"], r["per_device_batch"]): r
             for r in load("bench_hosts_compute_2x1_2xH200.json")["results"]}
 
-    def step_ms(r: dict) -> float:  # the timed step, from the logged rate per GPU
-        return 1e3 * r["per_device_batch"] * r["hosts"] * r["gpus_per_host"] / r["images_per_s"]
-
     one, two, small, pair = rows[1, 256], rows[2, 256], rows[1, 64], rows[2, 64]
     for r in rows.values():  # the traced span is its parts
         assert r["span_ms"] == pytest.approx(
             r["compute_ms"] + r["exposed_comm_ms"] + r["idle_ms"], abs=0.01)
-    needed = step_ms(one) / 0.95
+    needed = _timed_ms(one) / 0.95
     assert_quoted(read("docs/benchmarks.md"), [
         f"the trainer kept {two['efficiency']:.3f} of two GPUs: its timed step took "
-        f"{step_ms(two):.2f} ms against the one GPU's {step_ms(one):.2f}, and its traced step "
+        f"{_timed_ms(two):.2f} ms against the one GPU's {_timed_ms(one):.2f}, and its traced step "
         f"spent {two['compute_ms']:.2f} ms computing against {one['compute_ms']:.2f}, "
         f"{two['exposed_comm_ms']:.2f} ms in exposed communication and {two['idle_ms']:.2f} ms "
         "idle",
         f"0.95 of two GPUs needs the step within {needed:.2f} ms, "
-        f"{step_ms(two) - needed:.2f} ms less",
+        f"{_timed_ms(two) - needed:.2f} ms less",
         f"At 64 images ({pair['efficiency']:.3f}) the compute grew by "
         f"{pair['compute_ms'] - small['compute_ms']:.2f} ms and {pair['exposed_comm_ms']:.2f} ms "
         "of communication a step were exposed",
@@ -1203,11 +1205,6 @@ def _variant_rows(name: str) -> dict[tuple, dict]:
          tuple(r.get("overrides") or ()), r.get("env", {}).get("NCCL_MAX_NCHANNELS")): r
         for r in load(name)["results"]
     }
-
-
-def _timed_ms(row: dict) -> float:
-    """The step's ms from the logged rate: one GPU's images over its share of images/s."""
-    return 1e3 * row["per_device_batch"] * row["hosts"] * row["gpus_per_host"] / row["images_per_s"]
 
 
 def test_xla_stream_prose_quotes_the_json():

@@ -10,13 +10,15 @@ from scripts.render import benchmarks as render_benchmarks
 
 
 def test_the_plan_reads_each_action_and_refuses_what_is_none():
-    assert second_stream.parse_plan(["alone", "k1", "k1000", "destroy", "x4", "p5", "h3"]) == [
-        ("alone", 0), ("k", 1), ("k", 1000), ("destroy", 0), ("x", 4), ("p", 5), ("h", 3)]
-    for bad in ("k0", "k", "y3", "x0", "kk", "p-1", "h0", "Alone"):
+    assert second_stream.parse_plan(
+        ["alone", "k1", "k1000", "destroy", "x4", "p5", "h3", "g2", "c3", "destroy", "j6"]) == [
+        ("alone", 0), ("k", 1), ("k", 1000), ("destroy", 0), ("x", 4), ("p", 5), ("h", 3),
+        ("g", 2), ("c", 3), ("destroy", 0), ("j", 6)]
+    for bad in ("k0", "k", "y3", "x0", "kk", "p-1", "h0", "Alone", "g0", "c", "j-2"):
         with pytest.raises(ValueError, match=repr(bad)):
             second_stream.parse_plan(["alone", bad])
     for bad in (["alone", "destroy"], ["destroy", "k1"], ["k1", "destroy", "destroy"],
-                ["x1", "destroy"]):  # XLA's stream is XLA's to destroy
+                ["x1", "destroy"], ["j1", "destroy"]):  # XLA's streams are XLA's to destroy
         with pytest.raises(ValueError, match="no second stream to destroy"):
             second_stream.parse_plan(bad)
     assert second_stream.parse_plan(["k1", "destroy", "k2", "destroy"])[-1] == ("destroy", 0)
@@ -27,7 +29,7 @@ def test_a_bad_plan_or_no_out_stops_before_any_training(capsys):
         with pytest.raises(SystemExit) as stopped:
             second_stream.main(argv)
         assert stopped.value.code == 2
-    assert "'k0' is not alone, destroy, kN, xN, pN or hN" in capsys.readouterr().err
+    assert "'k0' is not alone, destroy, kN, xN, gN, cN, jN, pN or hN" in capsys.readouterr().err
 
 
 class _FakeKernels:
@@ -42,6 +44,12 @@ class _FakeKernels:
 
     def launch(self, count):
         self.launches.append((count, _paused()))
+
+    def launch_graph(self, count):
+        self.launches.append(("graph", count, _paused()))
+
+    def launch_clustered(self, count):
+        self.launches.append(("clustered", count, _paused()))
 
     def destroy(self):
         self.destroyed = _paused()
@@ -79,24 +87,33 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
         host(device, count)
 
     monkeypatch.setattr(second_stream, "host_copies", copied)
+    programs, run_programs = [], second_stream.xla_programs
+
+    def ran(device, count):  # the jitted program really runs, on the CPU here
+        programs.append((count, _paused()))
+        run_programs(device, count)
+
+    monkeypatch.setattr(second_stream, "xla_programs", ran)
     _FakeKernels.made.clear()
     doc = second_stream.main(
         ["--per_gpu=4", "--tiny_model", "--train_model=alexnet_bn",
          "--train_compute_dtype=float32", "--seconds=0.5", "--trace_seconds=0.2",
          "--stream_priority=greatest", "--sync_domain=remote",
-         "--plan", "alone", "k2", "x3", "k3", "x1", "p7", "destroy", "k1", "h2",
-         f"--out={tmp_path / 'o.json'}"])
+         "--plan", "alone", "k2", "x3", "k3", "x1", "p7", "destroy", "k1", "h2", "g4", "c5",
+         "j6", f"--out={tmp_path / 'o.json'}"])
     rows = doc["results"]
     assert [(r["action"], r["count"]) for r in rows] == [
         ("alone", 0), ("k", 2), ("x", 3), ("k", 3), ("x", 1), ("p", 7), ("destroy", 0), ("k", 1),
-        ("h", 2)]
+        ("h", 2), ("g", 4), ("c", 5), ("j", 6)]
     first, xla, second = _FakeKernels.made
     assert first.launches == [(2, True), (3, True)] and first.destroyed is True
     assert xla.launches == [(3, True), (1, True)] and not xla.destroyed
     assert (first.existing, xla.existing, second.existing) == (None, 4242, None)
-    assert second.launches == [(1, True)] and not second.destroyed
+    # g and c launch on the second stream k made (after the destroy, the new one).
+    assert second.launches == [(1, True), ("graph", 4, True), ("clustered", 5, True)]
+    assert not second.destroyed
     assert first.stream_options == second.stream_options == ("greatest", "remote")
-    assert others == [(0, 7, True)] and copies == [(2, True)]
+    assert others == [(0, 7, True)] and copies == [(2, True)] and programs == [(6, True)]
     for r in rows:
         assert r["seconds"] >= 0.5 and r["traced_steps"] >= 1 and r["boundaries"] is None, r
         assert r["timed_steps"] >= 2 and r["train_images_per_s"] > 0, r
@@ -104,7 +121,7 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
     table = render_benchmarks.table(str(tmp_path / "o.json"))  # a row each, kernels added up
     assert [line.split(" | ")[2:4] for line in table.splitlines() if line.startswith("| - |")] == [
         ["alone", "0"], ["k2", "2"], ["x3", "5"], ["k3", "8"], ["x1", "9"], ["p7", "9"],
-        ["destroy", "9"], ["k1", "10"], ["h2", "10"]]
+        ["destroy", "9"], ["k1", "10"], ["h2", "10"], ["g4", "14"], ["c5", "19"], ["j6", "19"]]
     assert f"| {rows[1]['train_images_per_s']:,.0f} |" in table
 
 
@@ -126,7 +143,7 @@ class _FakeDriver:
         self.created, self.attributes = [], []
 
     def __getattr__(self, name):  # the calls not recorded succeed
-        recorded = type(self).__dict__.get(f"_{name}")
+        recorded = getattr(type(self), f"_{name}", None)
         return (lambda *args: recorded(self, *args)) if recorded else (lambda *args: 0)
 
     def _cuCtxGetStreamPriorityRange(self, least, greatest):
@@ -169,3 +186,77 @@ def test_xla_stream_is_used_as_xla_made_it(monkeypatch):
     kernels = second_stream.EmptyKernels(0, existing=4242)
     assert kernels.stream.handle == 4242
     assert (driver.created, driver.attributes) == ([], [])
+
+
+class _LaunchingDriver(_FakeDriver):
+    """Also records, in order, the launch and graph calls EmptyKernels makes, which PTX it
+    loads (module n is the n-th loaded; its kernel `empty` is 100 + n) and what each
+    cuLaunchKernelEx is told."""
+
+    _LOGGED = ("cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags",
+               "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy", "cuStreamSynchronize")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls, self.loaded = [], []
+
+    def __getattr__(self, name):
+        base = super().__getattr__(name)
+
+        def call(*args):
+            if name in self._LOGGED:
+                self.calls.append(name)
+            return base(*args)
+        return call
+
+    def _cuModuleLoadData(self, module, ptx):
+        self.loaded.append(ptx)
+        module._obj.value = len(self.loaded)
+        return 0
+
+    def _cuModuleGetFunction(self, kernel, module, name):
+        assert name == b"empty"
+        kernel._obj.value = 100 + module.value
+        return 0
+
+    def _cuLaunchKernel(self, kernel, *args):
+        self.calls.append(("launch", kernel.value))
+        return 0
+
+    def _cuLaunchKernelEx(self, config, kernel, params, extra):
+        c = config._obj
+        attributes = {c.attrs[i].id: bytes(c.attrs[i].value[:12]) for i in range(c.num_attrs)}
+        self.calls.append(("launch_ex", kernel.value, tuple(c.grid), tuple(c.block), c.stream,
+                           attributes))
+        return 0
+
+
+def test_a_graph_holds_the_kernels_and_is_launched_once(monkeypatch):
+    from jia_jax import cuda_stream
+
+    driver = _LaunchingDriver()
+    monkeypatch.setattr(cuda_stream.ctypes, "CDLL", lambda name: driver)
+    second_stream.EmptyKernels(0).launch_graph(3)
+    assert driver.calls == [
+        "cuStreamBeginCapture_v2", ("launch", 101), ("launch", 101), ("launch", 101),
+        "cuStreamEndCapture", "cuGraphInstantiateWithFlags", "cuGraphLaunch",
+        "cuStreamSynchronize", "cuGraphExecDestroy", "cuGraphDestroy"]
+
+
+def test_clustered_launches_are_told_what_nccl_tells_its_own(monkeypatch):
+    # A cluster of 4 blocks (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4: x, y, z as uint32) in the
+    # remote memory-sync domain (attribute 10, value 1), the kernel from PTX for sm_90, loaded
+    # once, on the second stream (handle 77), waited for once.
+    from jia_jax import cuda_stream
+
+    driver = _LaunchingDriver()
+    monkeypatch.setattr(cuda_stream.ctypes, "CDLL", lambda name: driver)
+    kernels = second_stream.EmptyKernels(0)
+    kernels.launch_clustered(2)
+    kernels.launch_clustered(1)
+    assert [b".target sm_50" in p for p in driver.loaded] == [True, False]
+    assert b".target sm_90" in driver.loaded[1]
+    told = {4: (4).to_bytes(4, "little") + (1).to_bytes(4, "little") * 2,
+            10: (1).to_bytes(4, "little") + bytes(8)}
+    launch = ("launch_ex", 102, (4, 1, 1), (1, 1, 1), 77, told)
+    assert driver.calls == [launch, launch, "cuStreamSynchronize", launch, "cuStreamSynchronize"]

@@ -13,6 +13,13 @@ traces the step alone for --trace_seconds (how its stream's kernels followed one
   * `xN`: N empty kernels on a stream XLA made when JAX started (the device's stream for
     external ready events, `jax.Device.get_stream_for_external_ready_events()`): does a
     stream of XLA's own, as NCCL's kernels run on across processes, leave the step as it is?
+  * `gN`: N empty kernels captured once into a CUDA graph on the second stream, the graph
+    launched there (as XLA's command buffers launch the step's kernels);
+  * `cN`: N empty kernels on the second stream, each launched as NCCL launches its own on
+    Hopper GPUs (`cuLaunchKernelEx`, a cluster of 4 blocks in CUDA's remote
+    memory-synchronisation domain);
+  * `jN`: N runs of a small jitted program from this thread, each waited for: XLA's compute
+    stream, from a thread other than the step's (as the GPU path's crop program runs);
   * `pN`: N empty kernels on a stream of another process (a CUDA context of its own);
   * `hN`: N copies of 1 MiB from host memory to the GPU (`jax.device_put`, as the CPU input
     path hands over its batches), each waited for;
@@ -21,7 +28,8 @@ traces the step alone for --trace_seconds (how its stream's kernels followed one
   python -m scripts.bench.second_stream --per_gpu 64 --plan alone k1 k1 k1 k2 k5 \
       --out=second_stream.json
 
-The empty kernels are PTX loaded through the CUDA driver, so `k` and `p` need a GPU.
+The empty kernels are PTX loaded through the CUDA driver, so `k`, `g`, `c` and `p` need a GPU
+(`c` one of compute capability 9.0 or later, for clusters).
 `--stream_priority` and `--sync_domain` give `k`'s stream what the stream of NCCL's kernels has
 in a step across processes: CUDA's greatest priority (XLA's
 `--xla_gpu_enable_highest_priority_async_stream`, on by default), and kernels in CUDA's remote
@@ -47,7 +55,8 @@ from scripts.bench import harness, step_thread
 _MEM_SYNC_DOMAIN = 10
 _SYNC_DOMAINS = {"default": 0, "remote": 1}
 
-# An empty kernel in PTX for the oldest target the driver still compiles for any newer GPU.
+# An empty kernel in PTX for the oldest target the driver still compiles for any newer GPU, and
+# for the oldest with thread-block clusters (Hopper's), which `c` launches.
 _EMPTY_PTX = b""".version 7.0
 .target sm_50
 .address_size 64
@@ -56,11 +65,35 @@ _EMPTY_PTX = b""".version 7.0
   ret;
 }
 """
+_CLUSTER_PTX = _EMPTY_PTX.replace(b"7.0", b"7.8").replace(b"sm_50", b"sm_90")
+# cuLaunchKernelEx's attributes (cuda.h's CUlaunchAttributeID) and NCCL's cluster size on Hopper
+# (NCCL_CGA_CLUSTER_SIZE's default there).
+_CLUSTER_DIMENSION = 4
+_CLUSTER = 4
+# cuStreamBeginCapture's CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: other threads' CUDA calls go on.
+_CAPTURE_THREAD_LOCAL = 1
+_ACTIONS = ("k", "x", "g", "c", "j", "p", "h")  # kN, xN, ...: N >= 1
+_STREAM_ACTIONS = ("k", "g", "c")  # those that launch on the second stream (made by the first)
+
+
+class _LaunchAttribute(ctypes.Structure):
+    """cuda.h's CUlaunchAttribute: an id, padded to 8 bytes, and a value of <= 64 bytes."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4),
+                ("value", ctypes.c_ubyte * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    """cuda.h's CUlaunchConfig."""
+
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
 
 
 def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
-    """(action, count) per token of --plan: `alone` and `destroy` (count 0), `kN`, `xN`, `pN`
-    and `hN` with N >= 1.
+    """(action, count) per token of --plan: `alone` and `destroy` (count 0), `kN`, `xN`, `gN`,
+    `cN`, `jN`, `pN` and `hN` with N >= 1.
 
     Raises:
       ValueError: a token is none of these (the message names it and the forms), or a destroy
@@ -70,16 +103,16 @@ def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
     for token in tokens:
         if token in ("alone", "destroy"):
             if token == "destroy" and not stream:
-                raise ValueError("--plan: each destroy needs a k action since the last destroy "
-                                 "(no second stream to destroy)")
+                raise ValueError("--plan: each destroy needs a k, g or c action since the last "
+                                 "destroy (no second stream to destroy)")
             stream = stream and token != "destroy"
             plan.append((token, 0))
-        elif token[:1] in ("k", "x", "p", "h") and token[1:].isdigit() and int(token[1:]) >= 1:
-            stream = stream or token[0] == "k"
+        elif token[:1] in _ACTIONS and token[1:].isdigit() and int(token[1:]) >= 1:
+            stream = stream or token[0] in _STREAM_ACTIONS
             plan.append((token[0], int(token[1:])))
         else:
-            raise ValueError(
-                f"--plan: {token!r} is not alone, destroy, kN, xN, pN or hN (N >= 1)")
+            raise ValueError(f"--plan: {token!r} is not alone, destroy, kN, xN, gN, cN, jN, pN "
+                             "or hN (N >= 1)")
     return plan
 
 
@@ -90,23 +123,66 @@ class EmptyKernels:
     def __init__(self, ordinal: int, priority: str = "least", sync_domain: str = "default",
                  existing: int | None = None) -> None:
         self.stream = cuda_stream.CudaStream(ordinal, priority, existing)
-        self._kernel = ctypes.c_void_p()
-        module = ctypes.c_void_p()
+        self._clustered: ctypes.c_void_p | None = None  # loaded by the first clustered launch
         with self.stream.current():
             if existing is None:
                 value = (ctypes.c_char * 64)()  # CUstreamAttrValue, a union of <= 64 bytes
                 ctypes.c_int.from_buffer(value).value = _SYNC_DOMAINS[sync_domain]
                 self.stream.call("cuStreamSetAttribute", ctypes.c_void_p(self.stream.handle),
                                  _MEM_SYNC_DOMAIN, ctypes.byref(value))
-            self.stream.call("cuModuleLoadData", ctypes.byref(module), _EMPTY_PTX)
-            self.stream.call("cuModuleGetFunction", ctypes.byref(self._kernel), module, b"empty")
+            self._kernel = self._load(_EMPTY_PTX)
+
+    def _load(self, ptx: bytes) -> ctypes.c_void_p:
+        """The kernel `empty` of `ptx`, compiled by the driver (its context current)."""
+        module, kernel = ctypes.c_void_p(), ctypes.c_void_p()
+        self.stream.call("cuModuleLoadData", ctypes.byref(module), ptx)
+        self.stream.call("cuModuleGetFunction", ctypes.byref(kernel), module, b"empty")
+        return kernel
 
     def launch(self, count: int) -> None:
         """`count` launches of one thread each, returned once the GPU has run them."""
         with self.stream.current():
+            self._launch_each(count)
+        self.stream.synchronize()
+
+    def _launch_each(self, count: int) -> None:
+        for _ in range(count):
+            self.stream.call("cuLaunchKernel", self._kernel, 1, 1, 1, 1, 1, 1, 0,
+                             ctypes.c_void_p(self.stream.handle), None, None)
+
+    def launch_graph(self, count: int) -> None:
+        """`count` launches captured into one CUDA graph, which is launched once on the stream;
+        returned once the GPU has run it."""
+        graph, executable = ctypes.c_void_p(), ctypes.c_void_p()
+        handle = ctypes.c_void_p(self.stream.handle)
+        with self.stream.current():
+            self.stream.call("cuStreamBeginCapture_v2", handle, _CAPTURE_THREAD_LOCAL)
+            self._launch_each(count)
+            self.stream.call("cuStreamEndCapture", handle, ctypes.byref(graph))
+            self.stream.call("cuGraphInstantiateWithFlags", ctypes.byref(executable), graph, 0)
+            self.stream.call("cuGraphLaunch", executable, handle)
+        self.stream.synchronize()
+        with self.stream.current():
+            self.stream.call("cuGraphExecDestroy", executable)
+            self.stream.call("cuGraphDestroy", graph)
+
+    def launch_clustered(self, count: int) -> None:
+        """`count` launches of a cluster of 4 one-thread blocks each in CUDA's remote
+        memory-synchronisation domain, as NCCL launches its kernels on Hopper GPUs; returned
+        once the GPU has run them."""
+        attributes = (_LaunchAttribute * 2)()
+        attributes[0].id = _CLUSTER_DIMENSION
+        (ctypes.c_uint * 3).from_buffer(attributes[0].value)[:] = [_CLUSTER, 1, 1]
+        attributes[1].id = _MEM_SYNC_DOMAIN
+        ctypes.c_int.from_buffer(attributes[1].value).value = _SYNC_DOMAINS["remote"]
+        config = _LaunchConfig((_CLUSTER, 1, 1), (1, 1, 1), 0, self.stream.handle,
+                               attributes, len(attributes))
+        with self.stream.current():
+            if self._clustered is None:
+                self._clustered = self._load(_CLUSTER_PTX)
             for _ in range(count):
-                self.stream.call("cuLaunchKernel", self._kernel, 1, 1, 1, 1, 1, 1, 0,
-                                 ctypes.c_void_p(self.stream.handle), None, None)
+                self.stream.call("cuLaunchKernelEx", ctypes.byref(config), self._clustered,
+                                 None, None)
         self.stream.synchronize()
 
     def destroy(self) -> None:
@@ -127,6 +203,18 @@ def other_process(ordinal: int, count: int) -> None:
          f"--ordinal={ordinal}"],
         check=True,
     )
+
+
+def xla_programs(device, count: int) -> None:
+    """`count` runs of a small jitted program on `device` from the calling thread, each waited
+    for."""
+    import jax  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    data = jax.device_put(np.zeros(1024, np.float32), device)
+    add_one = jax.jit(lambda x: x + 1)
+    for _ in range(count):
+        data = add_one(data).block_until_ready()
 
 
 def host_copies(device, count: int) -> None:
@@ -151,9 +239,12 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     with step_thread.training(device, args.per_gpu, args) as times:
         for action, count in parse_plan(args.plan):
             times.run(False)
-            if action == "k":
+            if action in _STREAM_ACTIONS:
                 side = side or EmptyKernels(ordinal, args.stream_priority, args.sync_domain)
-                side.launch(count)
+                {"k": side.launch, "g": side.launch_graph, "c": side.launch_clustered}[action](
+                    count)
+            elif action == "j":
+                xla_programs(device, count)
             elif action == "x":
                 xla = xla or EmptyKernels(ordinal, existing=xla_stream(device))
                 xla.launch(count)
@@ -193,7 +284,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per_gpu", type=int, default=64)
     parser.add_argument("--plan", nargs="+", default=["alone", "k1", "k1000", "alone"],
-                        help="actions, each followed by a row: alone, kN, xN, pN, hN, destroy")
+                        help="actions, each followed by a row: alone, kN, xN, gN, cN, jN, pN, hN, "
+                        "destroy")
     parser.add_argument("--seconds", type=float, default=6.0, help="each row's seconds timed")
     parser.add_argument("--trace_seconds", type=float, default=1.0,
                         help="each row's seconds traced, first")

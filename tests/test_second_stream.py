@@ -14,7 +14,8 @@ def test_the_plan_reads_each_action_and_refuses_what_is_none():
         ["alone", "k1", "k1000", "destroy", "x4", "p5", "h3", "g2", "c3", "destroy", "j6"]) == [
         ("alone", 0), ("k", 1), ("k", 1000), ("destroy", 0), ("x", 4), ("p", 5), ("h", 3),
         ("g", 2), ("c", 3), ("destroy", 0), ("j", 6)]
-    for bad in ("k0", "k", "y3", "x0", "kk", "p-1", "h0", "Alone", "g0", "c", "j-2"):
+    assert second_stream.parse_plan(["y3", "destroy", "r1", "destroy"])[-1] == ("destroy", 0)
+    for bad in ("k0", "k", "z3", "x0", "y0", "r", "kk", "p-1", "h0", "Alone", "g0", "c", "j-2"):
         with pytest.raises(ValueError, match=repr(bad)):
             second_stream.parse_plan(["alone", bad])
     for bad in (["alone", "destroy"], ["destroy", "k1"], ["k1", "destroy", "destroy"],
@@ -29,7 +30,8 @@ def test_a_bad_plan_or_no_out_stops_before_any_training(capsys):
         with pytest.raises(SystemExit) as stopped:
             second_stream.main(argv)
         assert stopped.value.code == 2
-    assert "'k0' is not alone, destroy, kN, xN, gN, cN, jN, pN or hN" in capsys.readouterr().err
+    assert ("'k0' is not alone, destroy, kN, xN, gN, cN, jN, rN, yN, pN or hN"
+            in capsys.readouterr().err)
 
 
 class _FakeKernels:
@@ -40,6 +42,7 @@ class _FakeKernels:
     def __init__(self, ordinal, priority="least", sync_domain="default", existing=None):
         self.ordinal, self.launches, self.destroyed = ordinal, [], False
         self.stream_options, self.existing = (priority, sync_domain), existing
+        self.stream = object()  # a stream of its own
         _FakeKernels.made.append(self)
 
     def launch(self, count):
@@ -53,6 +56,20 @@ class _FakeKernels:
 
     def destroy(self):
         self.destroyed = _paused()
+
+
+class _FakeDecodes:
+    """Records each decode, its format, the stream it was given and whether the step was
+    paused, none in flight, then."""
+
+    made: list["_FakeDecodes"] = []
+
+    def __init__(self, ordinal, stream):
+        self.ordinal, self.stream, self.decodes = ordinal, stream, []
+        _FakeDecodes.made.append(self)
+
+    def decode(self, count, sample_format):
+        self.decodes.append((count, sample_format, _paused()))
 
 
 _TIMES = []
@@ -94,17 +111,19 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
         run_programs(device, count)
 
     monkeypatch.setattr(second_stream, "xla_programs", ran)
+    monkeypatch.setattr(second_stream, "JpegDecodes", _FakeDecodes)
     _FakeKernels.made.clear()
+    _FakeDecodes.made.clear()
     doc = second_stream.main(
         ["--per_gpu=4", "--tiny_model", "--train_model=alexnet_bn",
          "--train_compute_dtype=float32", "--seconds=0.5", "--trace_seconds=0.2",
          "--stream_priority=greatest", "--sync_domain=remote",
-         "--plan", "alone", "k2", "x3", "k3", "x1", "p7", "destroy", "k1", "h2", "g4", "c5",
-         "j6", f"--out={tmp_path / 'o.json'}"])
+         "--plan", "alone", "k2", "x3", "y64", "k3", "x1", "p7", "destroy", "r5", "k1", "h2",
+         "g4", "c5", "j6", "y2", f"--out={tmp_path / 'o.json'}"])
     rows = doc["results"]
     assert [(r["action"], r["count"]) for r in rows] == [
-        ("alone", 0), ("k", 2), ("x", 3), ("k", 3), ("x", 1), ("p", 7), ("destroy", 0), ("k", 1),
-        ("h", 2), ("g", 4), ("c", 5), ("j", 6)]
+        ("alone", 0), ("k", 2), ("x", 3), ("y", 64), ("k", 3), ("x", 1), ("p", 7), ("destroy", 0),
+        ("r", 5), ("k", 1), ("h", 2), ("g", 4), ("c", 5), ("j", 6), ("y", 2)]
     first, xla, second = _FakeKernels.made
     assert first.launches == [(2, True), (3, True)] and first.destroyed is True
     assert xla.launches == [(3, True), (1, True)] and not xla.destroyed
@@ -113,6 +132,11 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
     assert second.launches == [(1, True), ("graph", 4, True), ("clustered", 5, True)]
     assert not second.destroyed
     assert first.stream_options == second.stream_options == ("greatest", "remote")
+    # Decodes on the second stream of their time: one decoder per stream, remade after destroy.
+    before, after = _FakeDecodes.made
+    assert (before.stream, after.stream) == (first.stream, second.stream)
+    assert before.decodes == [(64, "P_YUV", True)]
+    assert after.decodes == [(5, "I_RGB", True), (2, "P_YUV", True)]
     assert others == [(0, 7, True)] and copies == [(2, True)] and programs == [(6, True)]
     for r in rows:
         assert r["seconds"] >= 0.5 and r["traced_steps"] >= 1 and r["boundaries"] is None, r
@@ -120,8 +144,9 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
     assert doc["environment"]["backend"] == "cpu"
     table = render_benchmarks.table(str(tmp_path / "o.json"))  # a row each, kernels added up
     assert [line.split(" | ")[2:4] for line in table.splitlines() if line.startswith("| - |")] == [
-        ["alone", "0"], ["k2", "2"], ["x3", "5"], ["k3", "8"], ["x1", "9"], ["p7", "9"],
-        ["destroy", "9"], ["k1", "10"], ["h2", "10"], ["g4", "14"], ["c5", "19"], ["j6", "19"]]
+        ["alone", "0"], ["k2", "2"], ["x3", "5"], ["y64", "5"], ["k3", "8"], ["x1", "9"],
+        ["p7", "9"], ["destroy", "9"], ["r5", "9"], ["k1", "10"], ["h2", "10"], ["g4", "14"],
+        ["c5", "19"], ["j6", "19"], ["y2", "19"]]
     assert f"| {rows[1]['train_images_per_s']:,.0f} |" in table
 
 
@@ -260,3 +285,41 @@ def test_clustered_launches_are_told_what_nccl_tells_its_own(monkeypatch):
             10: (1).to_bytes(4, "little") + bytes(8)}
     launch = ("launch_ex", 102, (4, 1, 1), (1, 1, 1), 77, told)
     assert driver.calls == [launch, launch, "cuStreamSynchronize", launch, "cuStreamSynchronize"]
+
+
+def test_jpeg_decodes_call_the_hardware_decoder_64_at_a_time_on_the_stream(monkeypatch):
+    """On a fake nvImageCodec: calls of at most 64 code streams of one 500 x 375 4:2:0 JPEG, each
+    on the stream given and waited for; a refused JPEG raises, naming the format."""
+    import io
+    import sys
+    import types
+
+    import PIL.Image
+
+    calls, waits = [], []
+
+    class Decoder:
+        def __init__(self, device_id, backends):
+            assert (device_id, backends) == (3, ["HW_GPU_ONLY"])
+
+        def decode(self, streams, params, cuda_stream):
+            calls.append((len(streams), params["sample_format"], cuda_stream))
+            return [None if params["sample_format"] == "NV12" else s for s in streams]
+
+    fake = types.SimpleNamespace(
+        Decoder=Decoder, Backend=lambda kind: kind, CodeStream=lambda data: data,
+        BackendKind=types.SimpleNamespace(HW_GPU_ONLY="HW_GPU_ONLY"),
+        DecodeParams=lambda **kw: kw,
+        SampleFormat=types.SimpleNamespace(P_YUV="P_YUV", I_RGB="I_RGB", NV12="NV12"))
+    monkeypatch.setitem(sys.modules, "nvidia", types.SimpleNamespace(nvimgcodec=fake))
+    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", fake)
+    stream = types.SimpleNamespace(handle=99, synchronize=lambda: waits.append(len(calls)))
+    decodes = second_stream.JpegDecodes(3, stream)
+    decodes.decode(150, "P_YUV")
+    assert calls == [(64, "P_YUV", 99), (64, "P_YUV", 99), (22, "P_YUV", 99)]
+    assert waits == [1, 2, 3]
+    image = PIL.Image.open(io.BytesIO(decodes._code_streams[0]))
+    assert (image.format, image.size, image.layer) == ("JPEG", (500, 375), [
+        (1, 2, 2, 0), (2, 1, 1, 1), (3, 1, 1, 1)])  # luma sampled 2 x 2 against chroma: 4:2:0
+    with pytest.raises(RuntimeError, match="refused a JPEG into NV12"):
+        decodes.decode(1, "NV12")

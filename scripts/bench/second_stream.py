@@ -20,6 +20,10 @@ traces the step alone for --trace_seconds (how its stream's kernels followed one
     memory-synchronisation domain);
   * `jN`: N runs of a small jitted program from this thread, each waited for: XLA's compute
     stream, from a thread other than the step's (as the GPU path's crop program runs);
+  * `rN` / `yN`: N JPEGs (500 x 375, 4:2:0, 64 a call) decoded on the second stream by
+    nvImageCodec's hardware decoder, as the GPU input path's decoders do: into interleaved RGB
+    (`r`, nvJPEG converting the colours with a kernel of its own) or into planar YCbCr (`y`,
+    as the hardware decoder writes them: no kernel, a copy);
   * `pN`: N empty kernels on a stream of another process (a CUDA context of its own);
   * `hN`: N copies of 1 MiB from host memory to the GPU (`jax.device_put`, as the CPU input
     path hands over its batches), each waited for;
@@ -29,7 +33,8 @@ traces the step alone for --trace_seconds (how its stream's kernels followed one
       --out=second_stream.json
 
 The empty kernels are PTX loaded through the CUDA driver, so `k`, `g`, `c` and `p` need a GPU
-(`c` one of compute capability 9.0 or later, for clusters).
+(`c` one of compute capability 9.0 or later, for clusters); `r` and `y` need nvImageCodec and a
+GPU with JPEG engines.
 `--stream_priority` and `--sync_domain` give `k`'s stream what the stream of NCCL's kernels has
 in a step across processes: CUDA's greatest priority (XLA's
 `--xla_gpu_enable_highest_priority_async_stream`, on by default), and kernels in CUDA's remote
@@ -72,8 +77,11 @@ _CLUSTER_DIMENSION = 4
 _CLUSTER = 4
 # cuStreamBeginCapture's CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: other threads' CUDA calls go on.
 _CAPTURE_THREAD_LOCAL = 1
-_ACTIONS = ("k", "x", "g", "c", "j", "p", "h")  # kN, xN, ...: N >= 1
-_STREAM_ACTIONS = ("k", "g", "c")  # those that launch on the second stream (made by the first)
+_ACTIONS = ("k", "x", "g", "c", "j", "r", "y", "p", "h")  # kN, xN, ...: N >= 1
+# Those that launch on the second stream (made by the first), and the decodes' sample formats.
+_STREAM_ACTIONS = ("k", "g", "c", "r", "y")
+_DECODED_INTO = {"r": "I_RGB", "y": "P_YUV"}
+_DECODE_CALL = 64
 
 
 class _LaunchAttribute(ctypes.Structure):
@@ -93,7 +101,7 @@ class _LaunchConfig(ctypes.Structure):
 
 def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
     """(action, count) per token of --plan: `alone` and `destroy` (count 0), `kN`, `xN`, `gN`,
-    `cN`, `jN`, `pN` and `hN` with N >= 1.
+    `cN`, `jN`, `rN`, `yN`, `pN` and `hN` with N >= 1.
 
     Raises:
       ValueError: a token is none of these (the message names it and the forms), or a destroy
@@ -103,16 +111,16 @@ def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
     for token in tokens:
         if token in ("alone", "destroy"):
             if token == "destroy" and not stream:
-                raise ValueError("--plan: each destroy needs a k, g or c action since the last "
-                                 "destroy (no second stream to destroy)")
+                raise ValueError("--plan: each destroy needs a k, g, c, r or y action since the "
+                                 "last destroy (no second stream to destroy)")
             stream = stream and token != "destroy"
             plan.append((token, 0))
         elif token[:1] in _ACTIONS and token[1:].isdigit() and int(token[1:]) >= 1:
             stream = stream or token[0] in _STREAM_ACTIONS
             plan.append((token[0], int(token[1:])))
         else:
-            raise ValueError(f"--plan: {token!r} is not alone, destroy, kN, xN, gN, cN, jN, pN "
-                             "or hN (N >= 1)")
+            raise ValueError(f"--plan: {token!r} is not alone, destroy, kN, xN, gN, cN, jN, rN, "
+                             "yN, pN or hN (N >= 1)")
     return plan
 
 
@@ -191,6 +199,50 @@ class EmptyKernels:
             self.stream.call("cuStreamDestroy_v2", ctypes.c_void_p(self.stream.handle))
 
 
+class JpegDecodes:
+    """nvImageCodec's hardware decoder, decoding one generated JPEG over and over on `stream`
+    (a `cuda_stream.CudaStream`) of the GPU of CUDA ordinal `ordinal`."""
+
+    def __init__(self, ordinal: int, stream: cuda_stream.CudaStream) -> None:
+        from nvidia import nvimgcodec  # pylint: disable=import-outside-toplevel
+
+        self._nv, self._stream = nvimgcodec, stream
+        self._decoder = nvimgcodec.Decoder(
+            device_id=ordinal, backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
+        jpeg = _jpeg()
+        self._code_streams = [nvimgcodec.CodeStream(jpeg) for _ in range(_DECODE_CALL)]
+
+    def decode(self, count: int, sample_format: str) -> None:
+        """`count` decodes into `sample_format` (a `nvimgcodec.SampleFormat` name),
+        `_DECODE_CALL` a call, returned once the GPU has run them.
+
+        Raises:
+          RuntimeError: the decoder refused a JPEG.
+        """
+        params = self._nv.DecodeParams(apply_exif_orientation=False,
+                                       sample_format=getattr(self._nv.SampleFormat, sample_format))
+        for start in range(0, count, _DECODE_CALL):
+            images = self._decoder.decode(self._code_streams[:min(_DECODE_CALL, count - start)],
+                                          params=params, cuda_stream=self._stream.handle)
+            if any(image is None for image in images):
+                raise RuntimeError(f"the hardware decoder refused a JPEG into {sample_format}")
+            self._stream.synchronize()
+
+
+def _jpeg() -> bytes:
+    """A 500 x 375 JPEG of smooth colours (4:2:0, quality 90), as ImageNet's photographs are."""
+    import io  # pylint: disable=import-outside-toplevel
+
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import PIL.Image  # pylint: disable=import-outside-toplevel
+
+    coarse = np.random.default_rng(0).integers(0, 256, (6, 8, 3), dtype=np.uint8)
+    encoded = io.BytesIO()
+    PIL.Image.fromarray(coarse).resize((500, 375), PIL.Image.BICUBIC).save(
+        encoded, format="JPEG", quality=90)
+    return encoded.getvalue()
+
+
 def xla_stream(device) -> int:
     """A stream XLA made for `device` when JAX started (GPUs only), as a `cudaStream_t`."""
     return device.get_stream_for_external_ready_events()
@@ -235,11 +287,16 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     ordinal = getattr(device, "local_hardware_id", None) or 0
     side: EmptyKernels | None = None
     xla: EmptyKernels | None = None
+    decodes: JpegDecodes | None = None  # on `side`'s stream
     rows = []
     with step_thread.training(device, args.per_gpu, args) as times:
         for action, count in parse_plan(args.plan):
             times.run(False)
-            if action in _STREAM_ACTIONS:
+            if action in _DECODED_INTO:
+                side = side or EmptyKernels(ordinal, args.stream_priority, args.sync_domain)
+                decodes = decodes or JpegDecodes(ordinal, side.stream)
+                decodes.decode(count, _DECODED_INTO[action])
+            elif action in _STREAM_ACTIONS:
                 side = side or EmptyKernels(ordinal, args.stream_priority, args.sync_domain)
                 {"k": side.launch, "g": side.launch_graph, "c": side.launch_clustered}[action](
                     count)
@@ -254,7 +311,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 host_copies(device, count)
             elif action == "destroy":
                 side.destroy()
-                side = None
+                side, decodes = None, None
             rows.append(_row(times, action, count, args))
             print(rows[-1], flush=True)
     return rows
@@ -284,8 +341,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per_gpu", type=int, default=64)
     parser.add_argument("--plan", nargs="+", default=["alone", "k1", "k1000", "alone"],
-                        help="actions, each followed by a row: alone, kN, xN, gN, cN, jN, pN, hN, "
-                        "destroy")
+                        help="actions, each followed by a row: alone, kN, xN, gN, cN, jN, rN, yN, "
+                        "pN, hN, destroy")
     parser.add_argument("--seconds", type=float, default=6.0, help="each row's seconds timed")
     parser.add_argument("--trace_seconds", type=float, default=1.0,
                         help="each row's seconds traced, first")

@@ -979,7 +979,7 @@ def crop_in_step_table(doc: dict[str, Any]) -> str:
 def kernels_so_far(results: list[dict[str, Any]]) -> list[int]:
     """Empty kernels launched on a stream of the process other than the step's before each row
     of a scripts/bench/second_stream.py run (its `k`, `x`, `g` and `c` actions add up; `j`,
-    `p`, `h` and `destroy` add none)."""
+    `r`, `y`, `p`, `h` and `destroy` add none)."""
     total, counts = 0, []
     for r in results:
         total += r["count"] if r["action"] in ("k", "x", "g", "c") else 0

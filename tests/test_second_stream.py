@@ -303,21 +303,24 @@ def test_jpeg_decodes_call_the_hardware_decoder_64_at_a_time_on_the_stream(monke
             assert (device_id, backends) == (3, ["HW_GPU_ONLY"])
 
         def decode(self, streams, params, cuda_stream):
-            calls.append((len(streams), params["sample_format"], cuda_stream))
+            calls.append((len(streams), params["sample_format"], params.get("color_spec"),
+                          cuda_stream))
             return [None if params["sample_format"] == "NV12" else s for s in streams]
 
     fake = types.SimpleNamespace(
         Decoder=Decoder, Backend=lambda kind: kind, CodeStream=lambda data: data,
         BackendKind=types.SimpleNamespace(HW_GPU_ONLY="HW_GPU_ONLY"),
-        DecodeParams=lambda **kw: kw,
+        DecodeParams=lambda **kw: kw, ColorSpec=types.SimpleNamespace(UNCHANGED="UNCHANGED"),
         SampleFormat=types.SimpleNamespace(P_YUV="P_YUV", I_RGB="I_RGB", NV12="NV12"))
     monkeypatch.setitem(sys.modules, "nvidia", types.SimpleNamespace(nvimgcodec=fake))
     monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", fake)
     stream = types.SimpleNamespace(handle=99, synchronize=lambda: waits.append(len(calls)))
     decodes = second_stream.JpegDecodes(3, stream)
-    decodes.decode(150, "P_YUV")
-    assert calls == [(64, "P_YUV", 99), (64, "P_YUV", 99), (22, "P_YUV", 99)]
-    assert waits == [1, 2, 3]
+    decodes.decode(150, "P_YUV")  # in the JPEG's own colours: nvImageCodec refuses P_YUV in sRGB
+    decodes.decode(10, "I_RGB")
+    assert calls == [(64, "P_YUV", "UNCHANGED", 99), (64, "P_YUV", "UNCHANGED", 99),
+                     (22, "P_YUV", "UNCHANGED", 99), (10, "I_RGB", None, 99)]
+    assert waits == [1, 2, 3, 4]
     image = PIL.Image.open(io.BytesIO(decodes._code_streams[0]))
     assert (image.format, image.size, image.layer) == ("JPEG", (500, 375), [
         (1, 2, 2, 0), (2, 1, 1, 1), (3, 1, 1, 1)])  # luma sampled 2 x 2 against chroma: 4:2:0

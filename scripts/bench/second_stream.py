@@ -219,8 +219,11 @@ class JpegDecodes:
         Raises:
           RuntimeError: the decoder refused a JPEG.
         """
+        # Planar YCbCr is the JPEG's own colour space, which nvImageCodec must be told to keep.
+        colours = {"color_spec": self._nv.ColorSpec.UNCHANGED} if sample_format == "P_YUV" else {}
         params = self._nv.DecodeParams(apply_exif_orientation=False,
-                                       sample_format=getattr(self._nv.SampleFormat, sample_format))
+                                       sample_format=getattr(self._nv.SampleFormat, sample_format),
+                                       **colours)
         for start in range(0, count, _DECODE_CALL):
             images = self._decoder.decode(self._code_streams[:min(_DECODE_CALL, count - start)],
                                           params=params, cuda_stream=self._stream.handle)

@@ -1222,6 +1222,39 @@ def test_xla_stream_prose_quotes_the_json():
     ])
 
 
+def test_which_launches_prose_quotes_the_json():
+    """Graph-launched kernels and a jitted program from another thread leave the step as it is;
+    NCCL-like launches and the hardware decoder, into RGB or planar YCbCr, move it."""
+    runs = {r["name"]: r["results"] for r in load("second_stream_launches_1xH200.json")["runs"]}
+    graph, clustered, jitted = runs["graph"], runs["clustered"], runs["jitted"]
+    rgb, planar = runs["rgb"], runs["planar"]
+    assert [(r["action"], r["count"]) for r in graph] == [
+        ("alone", 0), ("g", 10), ("g", 1000), ("alone", 0), ("k", 10), ("alone", 0)]
+    assert [(r["action"], r["count"]) for r in planar][:2] == [("alone", 0), ("y", 64)]
+    assert [(r["action"], r["count"]) for r in rgb][:2] == [("alone", 0), ("r", 64)]
+    assert (clustered[1]["action"], jitted[2]["action"], jitted[2]["count"]) == ("c", "j", 1000)
+    p50 = lambda r: _minus(r["boundaries"]["p50_us"])  # noqa: E731
+    total = lambda r: f"{r['boundaries']['sum_us_per_step']:,.0f}"  # noqa: E731
+    rate = lambda r: f"{r['train_images_per_s']:,.0f}"  # noqa: E731
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"(median boundary {p50(graph[2])} µs, {total(graph[2])} µs a step, {rate(graph[2])} "
+        f"images/s against {rate(graph[0])} before); 10 launched one at a time on that stream "
+        f"after them moved the median to {p50(graph[4])} µs ({total(graph[4])} µs a step, "
+        f"{rate(graph[4])} images/s)",
+        f"10 moved it to {p50(clustered[1])} µs ({total(clustered[1])})",
+        f"left it at {p50(jitted[2])} µs ({total(jitted[2])})",
+        f"moved it to {p50(rgb[1])} µs ({total(rgb[1])} µs a step, {rate(rgb[1])} images/s "
+        f"against {rate(rgb[0])})",
+        f"to {p50(planar[1])} µs as well ({total(planar[1])} µs a step, {rate(planar[1])} images/s "
+        f"against {rate(planar[0])})",
+    ])
+    # What the prose concludes: the graphs and the program left the median negative, every
+    # other launch made it positive.
+    assert graph[2]["boundaries"]["p50_us"] < 0 and jitted[2]["boundaries"]["p50_us"] < 0
+    for moved in (graph[4], clustered[1], rgb[1], planar[1]):
+        assert moved["boundaries"]["p50_us"] > 0
+
+
 def test_levers_prose_quotes_the_json():
     """Today's defaults against the peer, one NCCL channel and the 32 MiB first bucket started
     where it is ready (bench_hosts_levers, bench_hosts_ready256), and packing during backward

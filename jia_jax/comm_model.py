@@ -50,7 +50,7 @@ import dataclasses
 import json
 import math
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -512,20 +512,37 @@ def resolve(
     overlap = model.overlap if getattr(comm, "overlap", True) else 0.0
     limits = getattr(comm, "first_bucket_bytes", 0), getattr(comm, "last_bucket_bytes", 0)
 
-    best: dict[str, Plan] = {}  # per strategy: its fastest bucket (and crossover)
+    plan = _fastest(strategies, buckets, crossovers,
+                    lambda bucket: bucket_elements(leaf_sizes, bucket, itemsize, *limits),
+                    lambda strategy, bucket, crossover, sizes: _costed(
+                        strategy, bucket, crossover, sizes, itemsize, node, gpu, model, overlap))
+    step = None if compute_s is None else step_s(compute_s, plan.exposed_s, model, node * gpu)
+    return dataclasses.replace(plan, step_s=step)
+
+
+def _fastest(
+    strategies: Sequence[str],
+    buckets: Sequence[int],
+    crossovers: Sequence[int],
+    sizes_for: Callable[[int], list[int]],
+    cost: Callable[[str, int, int, list[int]], Plan],
+) -> Plan:
+    """`resolve`'s choice among the candidates: each strategy's fastest bucket (and crossover,
+    for hybrid), ties to the earlier; then the first strategy unless a later one is predicted
+    `SIMPLER_MARGIN` faster."""
+    best: dict[str, Plan] = {}
     for strategy in strategies:
         for bucket in buckets:
-            sizes = bucket_elements(leaf_sizes, bucket, itemsize, *limits)
+            sizes = sizes_for(bucket)
             for crossover in crossovers if strategy == "hybrid" else crossovers[:1]:
-                c = _costed(strategy, bucket, crossover, sizes, itemsize, node, gpu, model, overlap)
+                c = cost(strategy, bucket, crossover, sizes)
                 if strategy not in best or c.exposed_s < best[strategy].exposed_s * (1 - _TIE):
                     best[strategy] = c
     plan = best[strategies[0]]
     for strategy in strategies[1:]:
         if best[strategy].exposed_s < plan.exposed_s * (1 - SIMPLER_MARGIN):
             plan = best[strategy]
-    step = None if compute_s is None else step_s(compute_s, plan.exposed_s, model, node * gpu)
-    return dataclasses.replace(plan, step_s=step)
+    return plan
 
 
 def _costed(

@@ -943,7 +943,8 @@ def _report_row(
     return row
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: a mode and each mode's options."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "mode",
@@ -1004,6 +1005,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--contention_options", nargs="+", default=[""],
                         help="contention: the decoders' options, a decode (and both) row each")
     parser.add_argument("--out", help="required but in decode_loop")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = _parser()
     args = parser.parse_args(argv)
     if not args.out and args.mode != "decode_loop":
         parser.error("--out is required")

@@ -16,6 +16,7 @@ import optax
 from absl import logging
 
 from jia_jax import checkpoint
+from jia_jax import gc_freeze
 from jia_jax import input_pipeline
 from jia_jax import liveness
 from jia_jax import mesh as mesh_lib
@@ -275,6 +276,8 @@ class _TrainRun:
             lag=METRICS_LAG,
         )
         self.results: dict[str, float] = {}
+        # Frozen once the first step has compiled: what is built by then lives for the run.
+        self.gc = gc_freeze.GcFreeze()
 
     def save(self, step: int, force: bool = False) -> None:
         """Checkpoints `step` if the checkpointer's interval (or `force`) asks for it."""
@@ -310,6 +313,7 @@ class _TrainRun:
         self.overflow.update(step, values)
         if step == self.start_step + 1:
             # The first step compiled (after the restore of a checkpoint, if resumed).
+            self.gc.freeze()
             self.progress.restart(step)
         if step % self.config.log_every_steps and step != steps:
             return
@@ -351,12 +355,29 @@ class _TrainRun:
         Returns:
           False if a preemption signal stopped the run (its checkpoint saved), else True.
         """
-        steps = self.trainer.steps
         batches = self.trainer.data.train(self.start_step)
         # A stop signal travels inside the step (`train.make_train_step`'s `stop`): no collective
         # or host wait of its own. Both flag arrays are made once: no transfer per step.
         stop_flags = {asked: train.stop_flags(self.mesh, asked) for asked in (False, True)}
         tracing = Tracing(self.config.profile, os.path.abspath(profile_dir))
+        with self.gc:
+            finished = self._steps(train_step, peers, preemption, tracing, batches, stop_flags)
+        if finished:
+            tracing.stop(self.state)
+            self.log_held()
+        return finished
+
+    def _steps(
+        self,
+        train_step: Callable,
+        peers: peer_watch.PeerWatch,
+        preemption: preemption_lib.PreemptionHandler,
+        tracing: Tracing,
+        batches: Iterator[input_pipeline.Batch],
+        stop_flags: dict[bool, jax.Array],
+    ) -> bool:
+        """`run_steps`' loop: False if a preemption signal stopped it (its checkpoint saved)."""
+        steps = self.trainer.steps
         for step in range(self.start_step, steps):
             tracing.before(step, self.state)
             batch = self.next_batch(batches)
@@ -386,8 +407,6 @@ class _TrainRun:
                 self._evaluate(done)
                 logging.info("step %d: eval top-1 %.4f", done, self.results["eval/top1"])
                 self.progress.restart(done)
-        tracing.stop(self.state)
-        self.log_held()
         return True
 
     def final_eval(self) -> None:

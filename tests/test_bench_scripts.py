@@ -25,6 +25,7 @@ from jia_jax import comm_model, crop_resize
 from jia_jax import metrics
 from scripts.bench import allreduce as bench_allreduce
 from scripts.bench import command_buffer_log
+from scripts.bench import gc_pauses
 from scripts.bench import gpu_decode as bench_gpu_decode
 from scripts.bench import harness
 from scripts.bench import hosts as bench_hosts
@@ -433,7 +434,7 @@ def test_bench_train_input_command_of_several_processes():
     With --launcher=main, main starts them and shares out the workers; one process is one."""
     args = argparse.Namespace(
         config="configs/resnet50_64k.py", per_gpu=256, steps=100, log_every=20, override=[],
-        data_dir="/data", num_workers=16, processes=2, launcher="launch_local",
+        data_dir="/data", num_workers=16, processes=2, launcher="launch_local", gc_log=False,
     )
     cmd = bench_train_input.command("gpu", args, 4, "/w")
     assert cmd[:6] == ["bash", "scripts/launch_local.sh", "2", "2", "configs/resnet50_64k.py", "/w"]
@@ -531,6 +532,38 @@ def test_bench_train_input_command_buffer_log_asks_xla_and_reads_its_lines(tmp_p
     plain = bench_train_input.main(["--variants=synthetic", f"--out={tmp_path / 'p.json'}"])
     assert "command_buffer_updates" not in plain["results"][0]
     assert envs[-1].get("TF_CPP_VMODULE") == os.environ.get("TF_CPP_VMODULE")  # as it was
+
+
+def test_bench_train_input_gc_log_wraps_the_trainer_and_reads_its_passes(tmp_path, monkeypatch):
+    """--gc_log runs jia_jax.main under scripts/bench/gc_pauses.py (--unfrozen passed on), its
+    passes summarised over the log's steady window; refused with several processes, and
+    --gc_unfrozen refused alone."""
+    log = "".join(f"I1130 10:00:{s:02d}.000000 1 loop.py:326] step {n}/30 | learning_rate 0.1 "
+                  "| loss 1 | 100.0 img/s | ETA 0:00:01\n" for s, n in ((1, 10), (3, 20), (5, 30)))
+    commands = []
+
+    def ran(cmd, env, **_):
+        commands.append(cmd)
+        out = next(a.split("=", 1)[1] for a in cmd if a.startswith("--out="))
+        with open(out, "w", encoding="utf-8") as f:  # a pass at 10:00:02, inside the window
+            json.dump({"unfrozen": "--unfrozen" in cmd, "pauses": [[2.0, 2, 12.5]]}, f)
+        return 0, log
+
+    monkeypatch.setattr(harness, "run_logged", ran)
+    monkeypatch.setattr(bench_train_input, "_visible_gpus", lambda: 1)
+    monkeypatch.setattr(gc_pauses.thread_cpu, "local_seconds", lambda wall: 36000 + wall)
+    doc = bench_train_input.main(["--variants=gpu", "--gc_log", "--gc_unfrozen",
+                                  f"--out={tmp_path / 'o.json'}"])
+    [cmd] = commands
+    wrapper_end = cmd.index("--")
+    assert cmd[1:3] == ["-m", "scripts.bench.gc_pauses"] and "--unfrozen" in cmd[:wrapper_end]
+    assert cmd[wrapper_end + 1:wrapper_end + 3] == ["-m", "jia_jax.main"]
+    gen2 = doc["results"][0]["gc_pauses"]["gen2"]
+    assert (gen2["passes"], gen2["total_ms"], gen2["ms_per_s"]) == (1, 12.5, 12.5 / 4)
+    for bad, why in ((["--gc_log", "--processes=2"], "--gc_log times one trainer process"),
+                     (["--gc_unfrozen"], "give both")):
+        with pytest.raises(SystemExit, match=why):
+            bench_train_input.main(bad)
 
 
 def test_bench_train_input_rates_two_processes_once(tmp_path, monkeypatch):

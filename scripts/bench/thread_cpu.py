@@ -79,18 +79,27 @@ def steady_window(samples: Sequence[Sample], log: str) -> tuple[Sample, Sample] 
     """The first and last samples between a `jia_jax.main` log's first and last progress lines
     (the intervals after the first: those of its rate), by the lines' local time of day; None if
     fewer than two samples fall between them (or the run crossed midnight)."""
+    window = progress_window(log)
+    if window is None:
+        return None
+    inside = [s for s in samples if window[0] <= local_seconds(s.wall) <= window[1]]
+    return (inside[0], inside[-1]) if len(inside) >= 2 else None
+
+
+def progress_window(log: str) -> tuple[float, float] | None:
+    """The local times of day, in seconds, of a `jia_jax.main` log's first and last progress
+    lines; None if it has fewer than two (or the run crossed midnight)."""
     times = [_seconds(*m.groups()) for m in _PROGRESS_TIME.finditer(log)]
     if len(times) < 2 or times[-1] < times[0]:
         return None
-    inside = [s for s in samples if times[0] <= _local_seconds(s.wall) <= times[-1]]
-    return (inside[0], inside[-1]) if len(inside) >= 2 else None
+    return times[0], times[-1]
 
 
 def _seconds(hours: str, minutes: str, seconds: str) -> float:
     return 3600 * int(hours) + 60 * int(minutes) + float(seconds)
 
 
-def _local_seconds(wall: float) -> float:
+def local_seconds(wall: float) -> float:
     """`wall` (time.time()) as seconds since local midnight, as absl writes a line's time."""
     t = datetime.datetime.fromtimestamp(wall)
     return 3600 * t.hour + 60 * t.minute + t.second + t.microsecond / 1e6

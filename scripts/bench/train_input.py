@@ -20,7 +20,9 @@ of the logged fraction of time the loop waited for the next batch. With `--threa
 CPU seconds a second by thread name, and of its worker processes). `--xla_flags` are appended
 to the trainers' XLA_FLAGS only. With `--command_buffer_log`, its `command_buffer_updates` are
 XLA's own account of the step's command-buffer updates over the same intervals
-(scripts/bench/command_buffer_log.py). Writes JSON with each run's command, log tail and ratio to
+(scripts/bench/command_buffer_log.py). With `--gc_log`, its `gc_pauses` are the passes of the
+trainer's garbage collector per generation over the same intervals (scripts/bench/gc_pauses.py;
+with `--gc_unfrozen` the trainer as it ran before it froze what it built). Writes JSON with each run's command, log tail and ratio to
 `synthetic`.
 
   python -m scripts.bench.input --data_dir=/tmp/jia_bench_data --cores 16   # writes the dataset
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import re
 import statistics
@@ -47,7 +50,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from scripts.bench import command_buffer_log, harness, thread_cpu
+from scripts.bench import command_buffer_log, gc_pauses, harness, thread_cpu
 
 VARIANTS = ("synthetic", "host", "gpu")
 DECODE = {"host": "cpu", "gpu": "gpu"}
@@ -60,10 +63,19 @@ def command(variant: str, args: argparse.Namespace, gpus: int, workdir: str) -> 
     flags = config_flags(variant, args, gpus)
     if args.processes == 1 or args.launcher == "main":
         trainer = ["-m", "jia_jax.main", f"--config={args.config}", f"--workdir={workdir}"]
+        if args.gc_log:  # one process (main() checks): the wrapper times its collector
+            timer = ["-m", "scripts.bench.gc_pauses", f"--out={gc_file(workdir)}"]
+            trainer = [*timer, *(["--unfrozen"] if args.gc_unfrozen else []), "--", *trainer]
         return [sys.executable, *trainer, *flags]
     per_process = str(gpus // args.processes)
     launcher = ["scripts/launch_local.sh", str(args.processes), per_process, args.config, workdir]
     return ["bash", *launcher, *flags]
+
+
+def gc_file(workdir: str) -> str:
+    """Where a run's trainer, wrapped by scripts/bench/gc_pauses.py, writes its collector's
+    passes."""
+    return os.path.join(workdir, "gc_pauses.json")
 
 
 def config_flags(variant: str, args: argparse.Namespace, gpus: int) -> list[str]:
@@ -98,7 +110,8 @@ def config_flags(variant: str, args: argparse.Namespace, gpus: int) -> list[str]
 def run(variant: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
     """One training run; its steady images/s and input wait (medians of the intervals after the
     first)."""
-    cmd = command(variant, args, gpus, tempfile.mkdtemp(prefix=f"jia_jax_{variant}_"))
+    workdir = tempfile.mkdtemp(prefix=f"jia_jax_{variant}_")
+    cmd = command(variant, args, gpus, workdir)
     samples: list[thread_cpu.Sample] = []
 
     def look(pid: int) -> None:
@@ -134,6 +147,9 @@ def run(variant: str, args: argparse.Namespace, gpus: int) -> dict[str, Any]:
     stages = [p["input_stages_ms"] for p in progress[1:] if "input_stages_ms" in p]
     if stages:  # the GPU path's input thread: its median wait a batch per stage
         row["input_stages_ms"] = {k: statistics.median(s[k] for s in stages) for k in stages[0]}
+    if args.gc_log and os.path.exists(gc_file(workdir)):
+        with open(gc_file(workdir), encoding="utf-8") as f:
+            row["gc_pauses"] = gc_pauses.summary(json.load(f)["pauses"], log)
     window = thread_cpu.steady_window(samples, log)
     if window:
         first, last = window
@@ -200,6 +216,17 @@ def _parser() -> argparse.ArgumentParser:
         help="have XLA log the step's command-buffer updates; each run's figures a step after "
         "its first interval (scripts/bench/command_buffer_log.py)",
     )
+    parser.add_argument(
+        "--gc_log",
+        action="store_true",
+        help="time the trainer's garbage-collector passes (one process only; "
+        "scripts/bench/gc_pauses.py): each run's per generation over its steady window",
+    )
+    parser.add_argument(
+        "--gc_unfrozen",
+        action="store_true",
+        help="with --gc_log: the trainer's gc.freeze does nothing (as it trained before it froze)",
+    )
     parser.add_argument("--out", default="bench_train_input.json")
     return parser
 
@@ -241,6 +268,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = _parser().parse_args(argv)
     if args.thread_cpu and args.processes != 1:
         sys.exit("--thread_cpu samples one trainer process: use it with --processes=1")
+    if args.gc_log and args.processes != 1:
+        sys.exit("--gc_log times one trainer process: use it with --processes=1")
+    if args.gc_unfrozen and not args.gc_log:
+        sys.exit("--gc_unfrozen is a setting of --gc_log's wrapper: give both")
     args.child_env = dict(os.environ)
     if args.xla_flags:
         args.child_env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {args.xla_flags}"

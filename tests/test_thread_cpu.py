@@ -95,6 +95,17 @@ def test_the_window_spans_the_progress_lines_after_the_first_interval():
     assert thread_cpu.steady_window(samples, log.splitlines()[1]) is None  # one progress line
 
 
+def test_the_window_opens_at_a_step_padded_to_the_last_ones_width():
+    """Regression: `step  250/1000`, as the loop pads it, was not read as a progress line, so
+    the window opened at the first step as wide as the last (or was None: one such line)."""
+    log = "\n".join([
+        "I1129 12:00:01.000000 1 loop.py:330] step  250/1000 | loss 1.0 | 10.0 img/s",
+        "I1129 12:00:02.000000 1 loop.py:330] step  500/1000 | loss 1.0 | 10.0 img/s",
+        "I1129 12:00:04.000000 1 loop.py:330] step 1000/1000 | loss 1.0 | 10.0 img/s",
+    ])
+    assert thread_cpu.progress_window(log) == (43201.0, 43204.0)
+
+
 def test_the_harness_calls_back_each_second_with_the_childs_pid():
     pids = []
     status, log = harness.run_logged(

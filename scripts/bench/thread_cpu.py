@@ -19,9 +19,10 @@ TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 MAIN = "main thread"
 UNNAMED = "unnamed threads"  # other threads still bearing the process's (the main thread's) name
 CHILDREN = "child processes"
-# An absl log line of the train loop's progress: its local time of day.
+# An absl log line of the train loop's progress: its local time of day. The loop pads the step
+# to the width of the last one (`step  250/1000`).
 _PROGRESS_TIME = re.compile(
-    r"^I\d{4} (\d\d):(\d\d):(\d\d(?:\.\d+)?) +\d+ loop\.py:\d+\] step \d+/", re.MULTILINE
+    r"^I\d{4} (\d\d):(\d\d):(\d\d(?:\.\d+)?) +\d+ loop\.py:\d+\] step +\d+/", re.MULTILINE
 )
 
 

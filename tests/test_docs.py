@@ -1255,6 +1255,40 @@ def test_which_launches_prose_quotes_the_json():
         assert moved["boundaries"]["p50_us"] > 0
 
 
+def test_gc_freeze_prose_quotes_the_json():
+    """The GPU path with and without what the trainer built frozen out of the collector
+    (gc_freeze_1xH200): full passes, rates by median and over all intervals, against synthetic."""
+    from scripts.render.benchmarks import over_intervals
+
+    runs = load("gc_freeze_1xH200.json")["runs"]
+    by = {(r["call"], r["variant"], r["collector"], r["name"]): r for r in runs}
+    un, fr = by[2, "gpu", "unfrozen", "1"], by[2, "gpu", "frozen", "2"]
+    synthetic, first = by[3, "synthetic", "frozen", "1"], by[1, "synthetic", "frozen", "1"]
+    short = by[1, "gpu", "unfrozen", "3"]
+    g = lambda r, k: r["gc_pauses"][k]  # noqa: E731
+    over = lambda r: f"{over_intervals(r['intervals'], r['per_gpu']):,.0f}"  # noqa: E731
+    young = g(un, "gen0")["passes"] + g(un, "gen1")["passes"]
+    longest = sorted(g(r, "gen2")["max_ms"] for r in (un, short))
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"{young:,} passes of the collector over its young generations in the "
+        f"{g(un, 'window_s'):.0f} s of training measured below",
+        f"a full pass took {longest[0]:.0f} to {longest[1]:.0f} ms below",
+        f"made {g(un, 'gen2')['passes']} full passes taking {g(un, 'gen2')['total_ms']:,.0f} ms in "
+        f"all and trained {un['images_per_s']:,.0f} images/s (the median of its intervals; "
+        f"{over(un)} over all of them), frozen it made {g(fr, 'gen2')['passes']} taking "
+        f"{g(fr, 'gen2')['total_ms']:.1f} ms in all and trained {fr['images_per_s']:,.0f} "
+        f"({over(fr)}): {fr['images_per_s'] / un['images_per_s'] - 1:.1%} faster by the median",
+        f"trained {synthetic['images_per_s']:,.0f} images/s, so the frozen GPU path kept "
+        f"{fr['images_per_s'] / synthetic['images_per_s']:.3f} of it",
+        f"one unfrozen run's {g(short, 'gen2')['max_ms']:.0f} ms pass fell in its last interval "
+        f"({short['intervals'][-1][1]:,.0f} images/s against {short['intervals'][-2][1]:,.0f} "
+        "before it)",
+    ])
+    assert all(g(first, k)["passes"] == 0 for k in ("gen0", "gen1", "gen2"))
+    assert (un["steps"], fr["steps"], g(un, "gen2")["max_ms"] > 100 * g(fr, "gen2")["max_ms"]) == (
+        2000, 2000, True)
+
+
 def test_levers_prose_quotes_the_json():
     """Today's defaults against the peer, one NCCL channel and the 32 MiB first bucket started
     where it is ready (bench_hosts_levers, bench_hosts_ready256), and packing during backward

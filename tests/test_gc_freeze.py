@@ -141,3 +141,12 @@ def test_the_wrapper_runs_the_module_as_main_and_writes_its_passes(tmp_path, mon
         assert stopped.code == 2
     else:
         raise AssertionError("a program without -m was taken")
+
+
+def test_over_intervals_is_all_images_over_all_time_after_the_first_interval():
+    from scripts.render.benchmarks import over_intervals
+
+    # The first interval (compilation) is left out; then 100 steps of 2 images at 10 images/s
+    # (20 s) and 300 at 30 images/s (20 s): 800 images in 40 s, where the median says 20 or 30.
+    intervals = [[50, 1.0], [150, 10.0], [450, 30.0]]
+    assert abs(over_intervals(intervals, 2) - 800 / 40) < 1e-12

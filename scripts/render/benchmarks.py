@@ -1099,6 +1099,45 @@ def graphs_runs_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def over_intervals(intervals: list[list[float]], per_gpu: int) -> float:
+    """A run's images/s over its logged intervals after the first: all their images over all
+    their time, where the median of their rates passes over one slow interval."""
+    steps = [b[0] - a[0] for a, b in zip(intervals, intervals[1:])]
+    seconds = sum(n * per_gpu / r[1] for n, r in zip(steps, intervals[1:]))
+    return sum(steps) * per_gpu / seconds
+
+
+def gc_runs_table(doc: dict[str, Any]) -> str:
+    """The trainer with what it built frozen out of Python's collector, or not
+    (scripts/bench/gc_pauses.py): per run its rates, against the synthetic run of its call (else
+    of the next call on the same machine), and its collector's passes over the logged window."""
+    runs = doc["runs"]
+    rate = {id(r): over_intervals(r["intervals"], r["per_gpu"]) for r in runs}
+    synthetic = {r["call"]: rate[id(r)] for r in runs if r["variant"] == "synthetic"}
+    lines = [
+        f"`python -m jia_jax.main` at {doc['per_gpu']} images per GPU ({_where(doc)}; ResNet-50 "
+        "64K config, bf16; images/s over the logged intervals after the first, as their median "
+        "and as all their images over all their time; the collector's passes between the "
+        "progress lines its window covers):",
+        "",
+        "| call | data | collector | steps | images/s, median | images/s, all | of synthetic | "
+        "window s | full passes | their ms (longest) | other passes ms a second |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
+    for r in runs:
+        base = synthetic.get(r["call"]) or synthetic.get(r["call"] + 1)
+        of = f"{rate[id(r)] / base:.3f}" if base else "-"
+        g = r.get("gc_pauses")
+        passes = (f"{g['window_s']:.1f} | {g['gen2']['passes']} | {g['gen2']['total_ms']:,.1f} "
+                  f"({g['gen2']['max_ms']:.1f}) | "
+                  f"{g['gen0']['ms_per_s'] + g['gen1']['ms_per_s']:.1f}") if g else "- | - | - | -"
+        lines.append(
+            f"| {r['call']} | {r['variant']} | {r['collector']} | {r['steps']:,} | "
+            f"{r['images_per_s']:,.0f} | {rate[id(r)]:,.0f} | {of} | {passes} |"
+        )
+    return "\n".join(lines)
+
+
 def table(path: str) -> str:
     """The table of one raw file, of whichever benchmark wrote it."""
     if path.endswith(".kernels.json.gz"):
@@ -1115,6 +1154,8 @@ def table(path: str) -> str:
         return bn_variance_table(doc)
     if "runs" in doc and "plan" in doc["runs"][0]:
         return second_stream_table(doc)
+    if "runs" in doc and "collector" in doc["runs"][0]:
+        return gc_runs_table(doc)
     first = (doc.get("results") or [{}])[0]
     if "action" in first and "traced_steps" in first:
         return second_stream_table(doc)

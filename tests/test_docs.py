@@ -762,10 +762,6 @@ def test_gpu_decode_on_two_gpus_today_prose_quotes_the_json():
         f"path as two processes, timed with that change, kept {two[2]['ratio']:.3f} of the "
         "one-process synthetic speed",
     ])
-    assert_quoted(read("README.md"), [
-        f"on two H200s {two[2]['ratio']:.3f} at 256 against one process's synthetic speed as two "
-        "processes of one GPU",
-    ])
     # and where the code gives them as its reason for a process per GPU
     assert_quoted(read("configs/default.py").replace("#", ""), [
         f"({two[2]['ratio']:.3f} of the synthetic speed on two H200s against "
@@ -799,9 +795,6 @@ def test_processes_started_by_main_prose_quotes_the_json():
         f"waiting for input {waits.pop():.0%} of the time in all four",
     ])
     assert not waits
-    assert_quoted(read("README.md"), [
-        f"starts by itself there ({ratio['main', 1]} and {ratio['main', 2]} so started;",
-    ])
 
 
 def test_gpu_path_with_todays_defaults_in_rounds_and_on_two_gpus_prose_quotes_the_json():
@@ -838,10 +831,6 @@ def test_gpu_path_with_todays_defaults_in_rounds_and_on_two_gpus_prose_quotes_th
         f"{rows['main', 2]['images_per_s']:,.0f} images/s against {synthetic:,.0f}) as the two "
         f"processes `python -m jia_jax.main` starts by itself, and {ratio['launch_local', 1]} and "
         f"{ratio['launch_local', 2]} as `scripts/launch_local.sh 2 1` started them",
-    ])
-    assert_quoted(read("README.md"), [
-        f"and on a third, in three rounds, {three} at 256;",
-        f"so started; {ratio['main', 1]} and {ratio['main', 2]} in a later call)",
     ])
 
 
@@ -997,11 +986,6 @@ def test_the_step_kernels_boundaries_on_the_gpu_path_quote_the_traces():
         f"({_minus(big['p50_us_beside_other'])} at 256), where none was, "
         f"{_minus(gpu['p50_us_alone'])} ({_minus(big['p50_us_alone'])})",
         f"({streams['64']} in these traces",
-    ])
-    assert_quoted(read("README.md"), [
-        f"the step's own kernels, which follow one another later on the GPU path, "
-        f"{more['64']:.0f} µs a step more between them, as in any process that has run a few "
-        f"kernels of its own on a second CUDA stream, even one XLA made",
     ])
 
 
@@ -4591,6 +4575,31 @@ def test_convolution_graphs_step_prose_quotes_the_json():
     ])
 
 
+def test_readme_gpu_decode_paragraph_quotes_the_json():
+    """README's "Input at a GPU's rate": two H200s (`bench_gpu_decode.sh split`, the processes
+    main started), one H200 frozen and unfrozen against the synthetic run (gc_freeze), and 64
+    images with convolution graphs."""
+    split = {(r["launcher"], r["round"]): r
+             for r in load("bench_gpu_decode_split_graphs_2xH200.json")["results"]}
+    two = [split["main", n]["images_per_s"] / split["main", n]["synthetic_images_per_s"]
+           for n in (1, 2)]
+    gc_runs = {(r["call"], r["variant"], r["collector"]): r
+               for r in load("gc_freeze_1xH200.json")["runs"] if r["steps"] >= 1000}
+    synthetic = gc_runs[3, "synthetic", "frozen"]["images_per_s"]
+    frozen, unfrozen = (gc_runs[2, "gpu", c]["images_per_s"] / synthetic
+                        for c in ("frozen", "unfrozen"))
+    runs = _graphs_runs()
+    small = [runs[n, "gpu", "auto"]["kept"] for n in (1, 2)]
+    assert_quoted(read("README.md"), [
+        f"on two H200s with 32 cores the trainer kept {two[0]:.3f} and {two[1]:.3f} of one "
+        "process's synthetic-data speed as the two processes `python -m jia_jax.main` starts by "
+        f"itself there, and on one H200 with 16 cores {frozen:.3f} ({unfrozen:.3f} before it froze",
+        f"At 64 images per GPU it kept {small[0]:.3f} and {small[1]:.3f} on one H200",
+    ])
+    # "comes close": below the synthetic speed, within a few percent of it
+    assert all(0.9 < r < 1 for r in (*two, frozen, *small))
+
+
 def test_convolution_graphs_gpu_path_prose_quotes_the_json():
     """The GPU input path at 64 images with graphs and without, in input_pipeline.md and the
     README."""
@@ -4613,11 +4622,6 @@ def test_convolution_graphs_gpu_path_prose_quotes_the_json():
         f"path against {never['launch_ms']} without",
         f"trained the GPU path at 64 images {gpu[0]['images_per_s'] / never['images_per_s']:.3f}× "
         "faster",
-    ])
-    assert_quoted(read("README.md"), [
-        f"{gpu[0]['kept']:.3f} and {gpu[1]['kept']:.3f} at 64 with the step's convolutions "
-        "launched as CUDA graphs (`launch.convolution_graphs`, the default) against "
-        f"{never['kept']:.3f} without them",
     ])
 
 
@@ -4753,10 +4757,6 @@ def test_gpu_path_with_todays_defaults_prose_quotes_the_json():
         f"both; the host's launch took {big['launch_ms']} ms a step against "
         f"{big['synthetic_launch_ms']} at 256 and {small['launch_ms']} against "
         f"{small['synthetic_launch_ms']} at 64",
-    ])
-    assert_quoted(read("README.md"), [
-        f"the trainer kept {big['ratio']:.3f} of its synthetic-data speed at 256 images per GPU "
-        f"and {small['ratio']:.3f} at 64 and, on another,",
     ])
 
 

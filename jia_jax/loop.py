@@ -360,12 +360,12 @@ class _TrainRun:
         # or host wait of its own. Both flag arrays are made once: no transfer per step.
         stop_flags = {asked: train.stop_flags(self.mesh, asked) for asked in (False, True)}
         tracing = Tracing(self.config.profile, os.path.abspath(profile_dir))
-        with self.gc:
-            finished = self._steps(train_step, peers, preemption, tracing, batches, stop_flags)
-        if finished:
+        with self.gc:  # every step's metrics are logged inside: the freeze is undone after
+            if not self._steps(train_step, peers, preemption, tracing, batches, stop_flags):
+                return False
             tracing.stop(self.state)
             self.log_held()
-        return finished
+        return True
 
     def _steps(
         self,

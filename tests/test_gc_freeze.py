@@ -5,6 +5,8 @@ import json
 import sys
 import weakref
 
+import pytest
+
 from configs import digits
 from jia_jax import gc_freeze, loop, metrics
 from scripts.bench import gc_pauses
@@ -43,8 +45,9 @@ def test_a_block_that_never_froze_leaves_the_collector_alone(monkeypatch):
     assert calls == []
 
 
+@pytest.mark.parametrize("steps", [3, 1])  # 1: the first step's metrics come at the end
 def test_the_trainer_freezes_once_its_first_step_has_compiled_and_unfreezes_at_the_end(
-    monkeypatch, tmp_path
+    monkeypatch, tmp_path, steps
 ):
     """Frozen once, after the first step's call (its compile) and before the progress meter
     restarts there, so the collect's pause is not counted as training; unfrozen when the steps
@@ -66,7 +69,7 @@ def test_the_trainer_freezes_once_its_first_step_has_compiled_and_unfreezes_at_t
     monkeypatch.setattr(loop, "evaluate", evaluated)
     config = digits.get_config()
     config.model.width, config.data.image_size = 4, 8
-    config.total_steps, config.log_every_steps = 3, 1
+    config.total_steps, config.log_every_steps = steps, 1
     config.checkpoint_every_steps, config.optimizer.warmup_epochs = 100, 0.0
     loop.train_and_evaluate(config, str(tmp_path))
     assert events.count("freeze") == 1 and events.count("unfreeze") == 1

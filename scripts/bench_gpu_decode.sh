@@ -22,6 +22,9 @@
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh rounds  # 1 GPU: synthetic and the GPU path
 #                                  # in turn, ROUNDS rounds (3 unless set), at BATCH (256 unless
 #                                  # set), each against its own round's synthetic run; the runs only
+# A 1-GPU run trains 300 steps at 256 images and 600 at 64 unless STEPS says how many (longer runs
+# see more of the garbage collector's rare full passes, which a median interval passes over);
+# each records its collector's passes (train_input --gc_log).
 #   OUT=/tmp/out bash scripts/bench_gpu_decode.sh xla_flags  # 1 GPU: synthetic and the GPU
 #                                  # path with XLA's defaults, then with FLAGS (the step's
 #                                  # temporary buffers from an allocator of their own unless
@@ -101,9 +104,9 @@ train() {  # train GPUS CORES PER_GPU STEPS LOG_EVERY VARIANTS WORKERS NAME [FLA
 }
 
 one_gpu() {  # one_gpu PER_GPU VARIANTS WORKERS NAME [FLAG ...]: GPU 0, its 16 cores, 5 logged
-  # intervals of about 2-3 s after the first.
-  train 0 "$first" "$1" $(( $1 == 256 ? 300 : 600 )) $(( $1 == 256 ? 50 : 100 )) "${@:2}" \
-    --thread_cpu
+  # intervals after the first, of about 2-3 s unless STEPS (the steps of each run) is set.
+  local steps=${STEPS:-$(( $1 == 256 ? 300 : 600 ))}
+  train 0 "$first" "$1" "$steps" $(( steps / 6 )) "${@:2}" --thread_cpu --gc_log
 }
 in_turns() {  # in_turns PER_GPU FIELD VALUE ...: 1 GPU, the synthetic baseline, then the GPU
   # path with data.FIELD at each VALUE in turn, two rounds (runs named by the VALUE's letters,

@@ -681,6 +681,13 @@ def test_bench_gpu_decode_smoke_stage_and_report_on_cpu(tmp_path, fake_gpu):  # 
         ["report", f"--stage={stage_path}", "--runs", *launch_runs, f"--out={out}"])
     assert doc["results"][0]["thread_cpu"]["cpu_s_per_s"] == {"main thread": 0.9}
     assert "synthetic_thread_cpu" not in doc["results"][0]  # that run was not sampled
+    # Runs that timed their garbage collector (--gc_log): kept beside the rate.
+    waited["results"][0]["gc_pauses"] = {"window_s": 5.0, "gen2": {"passes": 1}}
+    (tmp_path / "gpu_waited.json").write_text(json.dumps(waited))
+    doc = bench_gpu_decode.main(
+        ["report", f"--stage={stage_path}", "--runs", *launch_runs, f"--out={out}"])
+    assert doc["results"][0]["gc_pauses"]["gen2"] == {"passes": 1}
+    assert "synthetic_gc_pauses" not in doc["results"][0]
     assert " | read 12.5, decode 30 | 17.9 / 11.1 |" in render_benchmarks.table(str(out))
     # The GPU path as 2 processes, against the one-process synthetic run (no 2-process one).
     runs.append(train_input_run(tmp_path / "gpu_2proc.json", {"gpu": 1200.0}, processes=2))

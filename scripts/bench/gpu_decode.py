@@ -929,9 +929,10 @@ def _report_row(
     if "input_stages_ms" in gpu:  # runs logged since the trainer says where its input waits
         row["input_stages_ms"] = gpu["input_stages_ms"]
     # Each run's host side where it was recorded: its ms a step in the step's call (near the
-    # step's own time, the host paces the GPU), where its CPU went (train_input --thread_cpu) and
-    # XLA's updates of its command buffers (train_input --command_buffer_log).
-    for field in ("launch_ms", "thread_cpu", "command_buffer_updates"):
+    # step's own time, the host paces the GPU), where its CPU went (train_input --thread_cpu),
+    # XLA's updates of its command buffers (train_input --command_buffer_log) and its garbage
+    # collector's passes (train_input --gc_log).
+    for field in ("launch_ms", "thread_cpu", "command_buffer_updates", "gc_pauses"):
         for prefix, run in (("", gpu), ("synthetic_", synthetic)):
             if field in run:
                 row[prefix + field] = run[field]

@@ -145,7 +145,7 @@ def test_train_input_keeps_the_shares_over_the_rate_intervals(monkeypatch):
     args = argparse.Namespace(
         thread_cpu=True, child_env={}, timeout_s=10, processes=1, config="c", per_gpu=2,
         steps=6, log_every=2, override=[], data_dir="/d", num_workers=0, launcher="launch_local",
-        command_buffer_log=False,
+        command_buffer_log=False, gc_log=False,
     )
     row = bench_train_input.run("synthetic", args, 1)
     assert seen == [4242] * 7

@@ -1268,6 +1268,10 @@ def test_gc_freeze_prose_quotes_the_json():
         f"({short['intervals'][-1][1]:,.0f} images/s against {short['intervals'][-2][1]:,.0f} "
         "before it)",
     ])
+    young_ms = [g(r, "gen0")["ms_per_s"] + g(r, "gen1")["ms_per_s"]
+                for r in runs if r["variant"] == "gpu"]
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"took {min(young_ms):.0f} to {max(young_ms):.0f} ms a second of training"])
     assert all(g(first, k)["passes"] == 0 for k in ("gen0", "gen1", "gen2"))
     assert (un["steps"], fr["steps"], g(un, "gen2")["max_ms"] > 100 * g(fr, "gen2")["max_ms"]) == (
         2000, 2000, True)

@@ -1112,8 +1112,8 @@ def gc_runs_table(doc: dict[str, Any]) -> str:
     (scripts/bench/gc_pauses.py): per run its rates, against the synthetic run of its call (else
     of the next call on the same machine), and its collector's passes over the logged window."""
     runs = doc["runs"]
-    rate = {id(r): over_intervals(r["intervals"], r["per_gpu"]) for r in runs}
-    synthetic = {r["call"]: rate[id(r)] for r in runs if r["variant"] == "synthetic"}
+    rates = [over_intervals(r["intervals"], r["per_gpu"]) for r in runs]
+    synthetic = {r["call"]: rate for r, rate in zip(runs, rates) if r["variant"] == "synthetic"}
     lines = [
         f"`python -m jia_jax.main` at {doc['per_gpu']} images per GPU ({_where(doc)}; ResNet-50 "
         "64K config, bf16; images/s over the logged intervals after the first, as their median "
@@ -1124,16 +1124,16 @@ def gc_runs_table(doc: dict[str, Any]) -> str:
         "window s | full passes | their ms (longest) | other passes ms a second |",
         "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
-    for r in runs:
+    for r, rate in zip(runs, rates):
         base = synthetic.get(r["call"]) or synthetic.get(r["call"] + 1)
-        of = f"{rate[id(r)] / base:.3f}" if base else "-"
+        of = f"{rate / base:.3f}" if base else "-"
         g = r.get("gc_pauses")
         passes = (f"{g['window_s']:.1f} | {g['gen2']['passes']} | {g['gen2']['total_ms']:,.1f} "
                   f"({g['gen2']['max_ms']:.1f}) | "
                   f"{g['gen0']['ms_per_s'] + g['gen1']['ms_per_s']:.1f}") if g else "- | - | - | -"
         lines.append(
             f"| {r['call']} | {r['variant']} | {r['collector']} | {r['steps']:,} | "
-            f"{r['images_per_s']:,.0f} | {rate[id(r)]:,.0f} | {of} | {passes} |"
+            f"{r['images_per_s']:,.0f} | {rate:,.0f} | {of} | {passes} |"
         )
     return "\n".join(lines)
 

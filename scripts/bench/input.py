@@ -68,14 +68,21 @@ class JiaBenchJpeg(tfds.core.GeneratorBasedBuilder):
     def _generate_examples(self):
         rng = np.random.default_rng(0)
         for i in range(self._num_images):
-            coarse = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)
-            smooth = PIL.Image.fromarray(coarse).resize((WIDTH, HEIGHT), PIL.Image.BICUBIC)
-            noisy = np.asarray(smooth, np.float32) + rng.normal(0, 20, (HEIGHT, WIDTH, 3))
-            encoded = io.BytesIO()
-            PIL.Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(
-                encoded, format="JPEG", quality=90
-            )
-            yield i, {"image": encoded.getvalue(), "label": int(rng.integers(_NUM_CLASSES))}
+            image = jpeg(rng)
+            yield i, {"image": image, "label": int(rng.integers(_NUM_CLASSES))}
+
+
+def jpeg(rng: np.random.Generator) -> bytes:
+    """One generated photograph-like JPEG drawn from `rng`: WIDTH x HEIGHT of smooth colour plus
+    noise (the noise sets the file size, like natural texture), quality 90."""
+    coarse = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)
+    smooth = PIL.Image.fromarray(coarse).resize((WIDTH, HEIGHT), PIL.Image.BICUBIC)
+    noisy = np.asarray(smooth, np.float32) + rng.normal(0, 20, (HEIGHT, WIDTH, 3))
+    encoded = io.BytesIO()
+    PIL.Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(
+        encoded, format="JPEG", quality=90
+    )
+    return encoded.getvalue()
 
 
 def prepare(data_dir: str, num_images: int, file_format: str) -> dict[str, float]:

@@ -7,7 +7,6 @@ normalisation and batch stacking, in ms. Pin it to one core for the per-core fig
   taskset -c 0 python -m scripts.bench.input_stage_costs
 """
 
-import io
 import os
 import time
 from collections.abc import Callable
@@ -16,21 +15,12 @@ import numpy as np
 import PIL.Image
 
 from jia_jax import crop_windows, tfds_input
+from scripts.bench import input as bench_input
 
 
 def _jpegs(count: int) -> list[bytes]:
     rng = np.random.default_rng(0)
-    encoded = []
-    for _ in range(count):
-        coarse = rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)
-        smooth = PIL.Image.fromarray(coarse).resize((500, 375), PIL.Image.BICUBIC)
-        noisy = np.asarray(smooth, np.float32) + rng.normal(0, 20, (375, 500, 3))
-        out = io.BytesIO()
-        PIL.Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)).save(
-            out, format="JPEG", quality=90
-        )
-        encoded.append(out.getvalue())
-    return encoded
+    return [bench_input.jpeg(rng) for _ in range(count)]
 
 
 def _time(name: str, f: Callable[[int], object], n: int = 300) -> None:

@@ -295,12 +295,12 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     with step_thread.training(device, args.per_gpu, args) as times:
         for action, count in parse_plan(args.plan):
             times.run(False)
-            if action in _DECODED_INTO:
+            if action in _STREAM_ACTIONS:
                 side = side or EmptyKernels(ordinal, args.stream_priority, args.sync_domain)
+            if action in _DECODED_INTO:
                 decodes = decodes or JpegDecodes(ordinal, side.stream)
                 decodes.decode(count, _DECODED_INTO[action])
             elif action in _STREAM_ACTIONS:
-                side = side or EmptyKernels(ordinal, args.stream_priority, args.sync_domain)
                 {"k": side.launch, "g": side.launch_graph, "c": side.launch_clustered}[action](
                     count)
             elif action == "j":

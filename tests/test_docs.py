@@ -4982,3 +4982,32 @@ def test_every_link_of_the_docs_reaches_its_file_and_heading():
                     linked.read_text()):
                 broken.append(f"{page.name}: {target} (no such heading)")
     assert not broken, broken
+
+
+def test_planar_decode_cost_prose_quotes_the_json():
+    """nvJPEG's colour kernel in the 256-image trace, and the GPU path decoding into planar
+    YCbCr against RGB on one machine (planar_decode_cost; the rounds of the same machine), in
+    input_pipeline.md."""
+    import statistics
+
+    top = load("gpu_decode_boundaries_1xH200.json")["traces"]["256"]["gpu"]["devices"][
+        "/device:GPU:0"]["top"]
+    assert "ycbcr_to_format_kernel_roi" in top[0]["name"]  # the largest kernel by time
+    assert top[0]["count_per_step"] == 256  # one an image
+    runs = {(r["per_gpu"], r["decoded_into"]): r
+            for r in load("planar_decode_cost_1xH200.json")["runs"] if r["data"] == "gpu"}
+    for r in runs.values():  # the median of the intervals after the first
+        assert r["images_per_s"] == statistics.median(rate for _, rate in r["intervals"][1:])
+    rate = {k: f"{r['images_per_s']:,.0f}" for k, r in runs.items()}
+    rounds = {b: [f"{r['images_per_s']:,.0f}" for r in _frozen_rounds(b).values()]
+              for b in (256, 64)}
+    assert_quoted(read("docs/input_pipeline.md"), [
+        f"was the GPU path's largest kernel by time: {top[0]['us_per_step']:,.0f} µs a step",
+        f"trained {rate[256, 'P_YUV']} images/s at 256 images per GPU against "
+        f"{rate[256, 'I_RGB']} decoding into RGB, and {rate[64, 'P_YUV']} against "
+        f"{rate[64, 'I_RGB']} at 64; the rounds above, on the same machine, trained "
+        f"{rounds[256][0]} and {rounds[256][1]}, and {rounds[64][0]} and {rounds[64][1]}",
+    ])
+    # "would gain nothing": planar no faster than RGB at either batch
+    assert all(runs[b, "P_YUV"]["images_per_s"] <= runs[b, "I_RGB"]["images_per_s"]
+               for b in (256, 64))

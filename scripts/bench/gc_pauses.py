@@ -21,13 +21,11 @@ import argparse
 import atexit
 import gc
 import json
-import runpy
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from scripts.bench import thread_cpu
+from scripts.bench import thread_cpu, wrapped_program
 
 
 class PauseTimer:
@@ -72,12 +70,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="the passes, as JSON, written at exit")
     parser.add_argument("--unfrozen", action="store_true",
                         help="gc.freeze does nothing in the program")
-    parser.add_argument("program", nargs=argparse.REMAINDER,
-                        help="-- -m MODULE [ARG ...]: the program, as after `python`")
+    wrapped_program.add_argument(parser)
     args = parser.parse_args(argv)
-    program = args.program[1:] if args.program[:1] == ["--"] else args.program
-    if len(program) < 2 or program[0] != "-m":
-        parser.error("give the program as -- -m MODULE [ARG ...]")
+    program = wrapped_program.module_argv(parser, args.program)
     timer = PauseTimer()
     gc.callbacks.append(timer)
     if args.unfrozen:
@@ -88,8 +83,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             json.dump({"unfrozen": args.unfrozen, "pauses": timer.pauses}, f)
 
     atexit.register(write)
-    sys.argv = [program[1], *program[2:]]
-    runpy.run_module(program[1], run_name="__main__", alter_sys=True)
+    wrapped_program.run(program)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,11 @@ conversion costs the step.
 from __future__ import annotations
 
 import argparse
-import runpy
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from jia_jax import gpu_decode
+from scripts.bench import wrapped_program
 
 
 class PlanarView:
@@ -73,15 +72,11 @@ def patch_decoders() -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("program", nargs=argparse.REMAINDER,
-                        help="-- -m MODULE [ARG ...]: the program, as after `python`")
+    wrapped_program.add_argument(parser)
     args = parser.parse_args(argv)
-    program = args.program[1:] if args.program[:1] == ["--"] else args.program
-    if len(program) < 2 or program[0] != "-m":
-        parser.error("give the program as -- -m MODULE [ARG ...]")
+    program = wrapped_program.module_argv(parser, args.program)
     patch_decoders()
-    sys.argv = [program[1], *program[2:]]
-    runpy.run_module(program[1], run_name="__main__", alter_sys=True)
+    wrapped_program.run(program)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,15 @@ def row_spans(start: jax.Array, length: jax.Array, valid: jax.Array, out_size: i
     return jnp.stack([low, jnp.where(row < out_size, high, 0)], axis=-1).astype(jnp.int32)
 
 
+def to_pixels(sums: jax.Array) -> jax.Array:
+    """uint8: float32 `sums` rounded to the nearest integer, ties to even (as `jnp.round`),
+    clipped to [0, 255]. By `floor`, which Triton lowers (it lowers no `round`): floor(x + 0.5)
+    is exact for |x| < 2**22, a tie (x + 0.5 an integer) then goes down to the even one."""
+    nearest = jnp.floor(sums + 0.5)
+    odd_tie = (nearest - sums == 0.5) & (jnp.floor(nearest * 0.5) * 2 != nearest)
+    return jnp.clip(jnp.where(odd_tie, nearest - 1, nearest), 0, 255).astype(jnp.uint8)
+
+
 def hull(spans: jax.Array) -> jax.Array:
     """int32 [..., 2]: the smallest range holding every range of `spans` [..., rows, 2] (empty
     where all are: low >= high)."""
@@ -108,7 +117,8 @@ def windowed_product(
       weights: [T, N, K], N a power of two, row n zero outside its range of k.
       pixels: int32 [T, N, 2], those ranges (`row_spans`): for each block of rows n the kernel
         sums the blocks of k that meet the ranges' hull.
-      out_dtype: the output's dtype (float32 accumulation, rounded to it).
+      out_dtype: the output's dtype (float32 accumulation, rounded to it); uint8: the sums as
+        pixels (`to_pixels`), so that no float32 output is written and read again to round it.
       wanted: int32 [T, 2], the range of m wanted of each tile: the blocks of m that miss it
         are written 0 without being computed (all of m where None).
       blocks: the tiling.
@@ -138,7 +148,8 @@ def windowed_product(
 
         zeros = jnp.zeros((bm, bn), jnp.float32)
         stop = jnp.where(needed, steps_ref[1], steps_ref[0])  # an empty loop: zeros
-        out_ref[...] = jax.lax.fori_loop(steps_ref[0], stop, step, zeros).astype(out_ref.dtype)
+        sums = jax.lax.fori_loop(steps_ref[0], stop, step, zeros)
+        out_ref[...] = to_pixels(sums) if out_ref.dtype == jnp.uint8 else sums.astype(out_ref.dtype)
 
     params = None if interpret else plgpu.CompilerParams(num_warps=blocks.warps,
                                                          num_stages=blocks.stages)
@@ -163,11 +174,12 @@ def resize_products(
     columns: jax.Array,
     *,
     image_size: int,
+    as_pixels: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
     """float32 [T, image_size, image_size, 3]: each tile's `Wy @ tile @ Wx^T` per channel, as
     `crop_resize.resize_tiles`' XLA products compute it (the intermediate rounded to the
-    weights' dtype).
+    weights' dtype); with `as_pixels`, uint8: those sums as `to_pixels`.
 
     Args:
       tiles: uint8 [T, canvas, canvas, 3].
@@ -175,6 +187,8 @@ def resize_products(
         dtype, rows past `image_size` zero.
       rows, columns: int32 [T, padded(image_size), 2], the `row_spans` of wy's and wx's rows.
       image_size: output height and width.
+      as_pixels: round and clip the sums in the horizontal kernel, which then writes a quarter
+        of the bytes, leaving no float32 output for a pass of XLA's to read again and round.
       interpret: run the kernels in Pallas' interpreter (CPU tests).
     """
     t, canvas, _, channels = tiles.shape
@@ -189,6 +203,7 @@ def resize_products(
     # Horizontal: contract the columns w of [T, w, c s]; the output is [T, c s, k].
     s = inner.shape[-1]
     out = windowed_product(inner.reshape(t, canvas, channels * s), wx, columns,
-                           out_dtype=jnp.float32, blocks=blocks, interpret=interpret)
+                           out_dtype=jnp.uint8 if as_pixels else jnp.float32, blocks=blocks,
+                           interpret=interpret)
     out = out.reshape(t, channels, s, -1)[:, :, :image_size, :image_size]
     return out.transpose(0, 2, 3, 1)

@@ -237,9 +237,12 @@ def resize_tiles(
     dtype: jnp.dtype = jnp.bfloat16,
     one_tile_each: bool = False,
     kernel: str = "xla",
+    as_pixels: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
-    """The resized crops, float32 [batch, image_size, image_size, 3], unrounded.
+    """The resized crops, float32 [batch, image_size, image_size, 3], unrounded; with
+    `as_pixels` (`pallas` and `one_tile_each` only) uint8, rounded to the nearest, ties to even,
+    and clipped to [0, 255] by the kernels (`crop_kernel.to_pixels`).
 
     Args:
       tiles: uint8 [T, canvas, canvas, 3], the decoded tiles of `plan_tiles` (padded).
@@ -256,6 +259,9 @@ def resize_tiles(
     """
     if kernel not in KERNELS:
         raise ValueError(f"kernel={kernel!r}: one of {KERNELS}")
+    if as_pixels and not (kernel == "pallas" and one_tile_each):
+        raise ValueError("as_pixels: the Pallas kernels with one tile each only (tiles of one "
+                         "example are summed before rounding)")
     canvas = tiles.shape[1]
     # The Pallas kernels' blocks are powers of two: their weights have zero rows up to one.
     rows = crop_kernel.padded(image_size) if kernel == "pallas" else image_size
@@ -266,7 +272,7 @@ def resize_tiles(
                  flip=params[:, FLIP] > 0.5)
     wy, wx = normalised_weights(wy, wx, example, batch, one_tile_each)
     if kernel == "pallas":
-        out = _pallas_products(tiles, wy, wx, params, image_size, dtype, interpret)
+        out = _pallas_products(tiles, wy, wx, params, image_size, dtype, as_pixels, interpret)
     else:
         out = _xla_products(tiles, wy, wx, dtype)
     if one_tile_each:
@@ -277,18 +283,20 @@ def resize_tiles(
 
 def _pallas_products(
     tiles: jax.Array, wy: jax.Array, wx: jax.Array, params: jax.Array, image_size: int,
-    dtype: jnp.dtype, interpret: bool,
+    dtype: jnp.dtype, as_pixels: bool, interpret: bool,
 ) -> jax.Array:
-    """float32 [T, image_size, image_size, 3]: each tile's `Wy @ tile @ Wx^T` (weights with zero
-    rows past `image_size`), by kernels that read, per block of output samples, only the rows or
-    columns under those samples' filter (jia_jax/crop_kernel.py)."""
+    """float32 [T, image_size, image_size, 3] (uint8 pixels with `as_pixels`): each tile's
+    `Wy @ tile @ Wx^T` (weights with zero rows past `image_size`), by kernels that read, per
+    block of output samples, only the rows or columns under those samples' filter
+    (jia_jax/crop_kernel.py)."""
     canvas, padded = tiles.shape[1], wy.shape[1]
     rows = crop_kernel.row_spans(params[:, Y_START], params[:, Y_LENGTH], params[:, Y_VALID],
                                  image_size, canvas, padded)
     columns = crop_kernel.row_spans(params[:, X_START], params[:, X_LENGTH], params[:, X_VALID],
                                     image_size, canvas, padded, flip=params[:, FLIP] > 0.5)
     return crop_kernel.resize_products(tiles, wy.astype(dtype), wx.astype(dtype), rows, columns,
-                                       image_size=image_size, interpret=interpret)
+                                       image_size=image_size, as_pixels=as_pixels,
+                                       interpret=interpret)
 
 
 def _xla_products(tiles: jax.Array, wy: jax.Array, wx: jax.Array, dtype: jnp.dtype) -> jax.Array:
@@ -316,7 +324,8 @@ def is_one_tile_each(plan: TilePlan, batch: int) -> bool:
     return np.array_equal(plan.example, np.arange(batch))
 
 
-@functools.partial(jax.jit, static_argnames=("batch", "image_size", "one_tile_each", "kernel"))
+@functools.partial(jax.jit, static_argnames=("batch", "image_size", "one_tile_each", "kernel",
+                                             "interpret"))
 def crop_resize(
     tiles: jax.Array,
     example: jax.Array,
@@ -326,12 +335,14 @@ def crop_resize(
     image_size: int,
     one_tile_each: bool = False,
     kernel: str = "xla",
+    interpret: bool = False,
 ) -> jax.Array:
     """uint8 [batch, image_size, image_size, 3]: the decoded tiles, uint8 [T, canvas, canvas, 3],
-    cropped, resized and flipped per `TilePlan`, rounded to pixels (`one_tile_each`, `kernel`:
-    see `resize_tiles`)."""
+    cropped, resized and flipped per `TilePlan`, rounded to pixels (`one_tile_each`, `kernel`,
+    `interpret`: see `resize_tiles`). The Pallas kernels round one tile each themselves."""
+    in_kernel = kernel == "pallas" and one_tile_each
     resized = resize_tiles(
         tiles, example, params, batch=batch, image_size=image_size, one_tile_each=one_tile_each,
-        kernel=kernel,
+        kernel=kernel, as_pixels=in_kernel, interpret=interpret,
     )
-    return jnp.clip(jnp.round(resized), 0, 255).astype(jnp.uint8)
+    return resized if in_kernel else jnp.clip(jnp.round(resized), 0, 255).astype(jnp.uint8)

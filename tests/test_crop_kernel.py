@@ -147,3 +147,33 @@ def test_the_crop_program_lowers_its_kernels_to_triton_for_cuda():
       jax.ShapeDtypeStruct((batch,), jnp.int32),
       jax.ShapeDtypeStruct((batch, crop_resize.NUM_PARAMS), jnp.float32))
     assert lowered.mlir_module().count(f"custom_call @{triton}") == 2
+
+
+def test_pixels_round_to_nearest_ties_to_even_and_clip_as_numpy():
+    """`to_pixels` (by floor, which Triton lowers) against numpy's round half to even: ties of
+    both parities, the floats next to them, the clip at both ends."""
+    ties = np.arange(-2, 258, dtype=np.float32) + np.float32(0.5)
+    near = np.concatenate([np.nextafter(ties, np.float32(-1e9)),
+                           np.nextafter(ties, np.float32(1e9))])
+    rng = np.random.default_rng(5)
+    sums = np.concatenate([ties, near, rng.uniform(-300, 600, 4000).astype(np.float32),
+                           np.float32([0, 255, -0.0, 1e6, -1e6])])
+    want = np.clip(np.round(sums), 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(np.asarray(crop_kernel.to_pixels(jnp.asarray(sums))), want)
+
+
+def test_a_uint8_product_is_the_float32_one_rounded_to_pixels():
+    """The kernel rounding its sums (out_dtype uint8) gives, bit for bit, what rounding its
+    float32 output after gives; weights of 0.5 on integer pixels make exact ties."""
+    rng = np.random.default_rng(6)
+    a = rng.integers(0, 256, size=(2, 32, 32), dtype=np.uint8)
+    weights = np.where(rng.uniform(size=(2, 16, 32)) < 0.1, 0.5, 0.0).astype(np.float32)
+    weights[1] = rng.uniform(0.0, 0.2, size=(16, 32))
+    spans = jnp.asarray(np.tile([0, 32], (2, 16, 1)), np.int32)
+    product = functools.partial(crop_kernel.windowed_product, jnp.asarray(a),
+                                jnp.asarray(weights), spans, interpret=True)
+    sums = np.asarray(product(out_dtype=jnp.float32))
+    assert np.any(sums[0] % 1 == 0.5) and np.any(sums > 255)  # ties and clipped sums occur
+    got = product(out_dtype=jnp.uint8)
+    assert got.dtype == jnp.uint8
+    np.testing.assert_array_equal(np.asarray(got), np.clip(np.round(sums), 0, 255))

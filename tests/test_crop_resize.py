@@ -243,3 +243,25 @@ def test_one_tile_each_program_equals_the_general_one_and_pillows_filter():
     missing = np.array([True, True, False, True])
     _, missing_plan = resized(images, np.array(boxes), np.array(flips), jnp.float32, missing)
     assert not crop_resize.is_one_tile_each(missing_plan, len(images))
+
+
+def test_crop_resize_with_pallas_rounds_one_tile_each_in_its_kernel_as_after_it():
+    """`crop_resize` with the Pallas kernels and one tile each rounds in the kernel: the same
+    pixels, bit for bit, as rounding `resize_tiles`' float32 sums; other plans are refused."""
+    rng = np.random.default_rng(7)
+    images, boxes, flips = [], [], []
+    for height, width in [(20, 27), (31, 31), (9, 7), (32, 18)]:
+        images.append(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+        box, flip = crop_windows.train_window(rng, width, height)
+        boxes.append(box), flips.append(flip)
+    sums, plan = resized(images, np.array(boxes), np.array(flips), jnp.bfloat16, kernel="pallas")
+    assert crop_resize.is_one_tile_each(plan, len(images))
+    args = (jnp.asarray(tiles_of(images, plan)), jnp.asarray(plan.example),
+            jnp.asarray(plan.params))
+    got = crop_resize.crop_resize(*args, batch=len(images), image_size=_OUT, one_tile_each=True,
+                                  kernel="pallas", interpret=True)
+    assert got.dtype == jnp.uint8
+    np.testing.assert_array_equal(np.asarray(got), np.clip(np.round(sums), 0, 255))
+    with pytest.raises(ValueError, match="one tile each"):
+        crop_resize.resize_tiles(*args, batch=len(images), image_size=_OUT, kernel="pallas",
+                                 as_pixels=True, interpret=True)

@@ -219,17 +219,23 @@ def test_decoded_jpeg_tiles_resize_like_the_cpu_path():
     assert np.abs(np.clip(np.round(out[0]), 0, 255) - cpu).max() <= _PILLOW_LEVELS
 
 
-def test_one_tile_each_program_equals_the_general_one_and_pillows_filter():
-    """Images that all fit a canvas, none missing: the plan is one tile per example, and the
-    program that skips the per-example sum gives the general program's result exactly, within
-    the bfloat16 bound of Pillow's filter; a larger image or a missing one is not such a plan."""
-    rng = np.random.default_rng(4)
+def within_a_canvas(seed: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """Random images that each fit a canvas (one tile an example), with train crop windows."""
+    rng = np.random.default_rng(seed)
     images, boxes, flips = [], [], []
     for height, width in [(20, 27), (31, 31), (9, 7), (32, 18)]:
         images.append(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
         box, flip = crop_windows.train_window(rng, width, height)
         boxes.append(box), flips.append(flip)
-    general, plan = resized(images, np.array(boxes), np.array(flips), jnp.bfloat16)
+    return images, np.array(boxes), np.array(flips)
+
+
+def test_one_tile_each_program_equals_the_general_one_and_pillows_filter():
+    """Images that all fit a canvas, none missing: the plan is one tile per example, and the
+    program that skips the per-example sum gives the general program's result exactly, within
+    the bfloat16 bound of Pillow's filter; a larger image or a missing one is not such a plan."""
+    images, boxes, flips = within_a_canvas(seed=4)
+    general, plan = resized(images, boxes, flips, jnp.bfloat16)
     assert crop_resize.is_one_tile_each(plan, len(images))
     fast = crop_resize.resize_tiles(
         jnp.asarray(tiles_of(images, plan)), jnp.asarray(plan.example),
@@ -241,20 +247,15 @@ def test_one_tile_each_program_equals_the_general_one_and_pillows_filter():
     many, many_plan = cases()[0], resized(*cases(), jnp.float32)[1]
     assert not crop_resize.is_one_tile_each(many_plan, len(many))  # larger images: grids
     missing = np.array([True, True, False, True])
-    _, missing_plan = resized(images, np.array(boxes), np.array(flips), jnp.float32, missing)
+    _, missing_plan = resized(images, boxes, flips, jnp.float32, missing)
     assert not crop_resize.is_one_tile_each(missing_plan, len(images))
 
 
 def test_crop_resize_with_pallas_rounds_one_tile_each_in_its_kernel_as_after_it():
     """`crop_resize` with the Pallas kernels and one tile each rounds in the kernel: the same
     pixels, bit for bit, as rounding `resize_tiles`' float32 sums; other plans are refused."""
-    rng = np.random.default_rng(7)
-    images, boxes, flips = [], [], []
-    for height, width in [(20, 27), (31, 31), (9, 7), (32, 18)]:
-        images.append(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
-        box, flip = crop_windows.train_window(rng, width, height)
-        boxes.append(box), flips.append(flip)
-    sums, plan = resized(images, np.array(boxes), np.array(flips), jnp.bfloat16, kernel="pallas")
+    images, boxes, flips = within_a_canvas(seed=7)
+    sums, plan = resized(images, boxes, flips, jnp.bfloat16, kernel="pallas")
     assert crop_resize.is_one_tile_each(plan, len(images))
     args = (jnp.asarray(tiles_of(images, plan)), jnp.asarray(plan.example),
             jnp.asarray(plan.params))

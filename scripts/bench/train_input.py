@@ -22,8 +22,8 @@ to the trainers' XLA_FLAGS only. With `--command_buffer_log`, its `command_buffe
 XLA's own account of the step's command-buffer updates over the same intervals
 (scripts/bench/command_buffer_log.py). With `--gc_log`, its `gc_pauses` are the passes of the
 trainer's garbage collector per generation over the same intervals (scripts/bench/gc_pauses.py;
-with `--gc_unfrozen` the trainer as it ran before it froze what it built). Writes JSON with each run's command, log tail and ratio to
-`synthetic`.
+with `--gc_unfrozen` the trainer as it ran before it froze what it built). Writes JSON with each
+run's command, log tail and ratio to `synthetic`.
 
   python -m scripts.bench.input --data_dir=/tmp/jia_bench_data --cores 16   # writes the dataset
   python -m scripts.bench.train_input --data_dir=/tmp/jia_bench_data --num_workers=15 \

@@ -5011,3 +5011,11 @@ def test_planar_decode_cost_prose_quotes_the_json():
     # "would gain nothing": planar no faster than RGB at either batch
     assert all(runs[b, "P_YUV"]["images_per_s"] <= runs[b, "I_RGB"]["images_per_s"]
                for b in (256, 64))
+    # The rendered table's rows, each against the synthetic run at its batch.
+    table = benchmarks.table(str(RAW / "planar_decode_cost_1xH200.json"))
+    every = load("planar_decode_cost_1xH200.json")["runs"]
+    synthetic = {r["per_gpu"]: r["images_per_s"] for r in every if r["data"] == "synthetic"}
+    for r in every:
+        assert (f"| {r['per_gpu']} | {r['data']} | {r['decoded_into'] or '-'} | {r['steps']:,} "
+                f"| {r['images_per_s']:,.0f} | {r['images_per_s'] / synthetic[r['per_gpu']]:.3f} |"
+                ) in table

@@ -1138,6 +1138,28 @@ def gc_runs_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def planar_runs_table(doc: dict[str, Any]) -> str:
+    """The trainer on the GPU path with its decoders writing RGB or planar YCbCr
+    (scripts/bench/planar_decode.py), each run against the synthetic run at its batch."""
+    runs = doc["runs"]
+    synthetic = {r["per_gpu"]: r["images_per_s"] for r in runs if r["data"] == "synthetic"}
+    lines = [
+        f"`python -m jia_jax.main` on one GPU ({_where(doc)}; ResNet-50 64K config, bf16, "
+        "generated 500x375 JPEGs decoded on the GPU into RGB, or into planar YCbCr with no colour "
+        "conversion, the colours then wrong; the median of the logged images/s after the first "
+        "interval):",
+        "",
+        "| call | images per GPU | data | decoded into | steps | images/s | of synthetic |",
+        "| ---: | ---: | --- | --- | ---: | ---: | ---: |",
+    ]
+    for r in runs:
+        lines.append(
+            f"| {r['call']} | {r['per_gpu']} | {r['data']} | {r['decoded_into'] or '-'} | "
+            f"{r['steps']:,} | {r['images_per_s']:,.0f} | "
+            f"{r['images_per_s'] / synthetic[r['per_gpu']]:.3f} |"
+        )
+    return "\n".join(lines)
+
 def table(path: str) -> str:
     """The table of one raw file, of whichever benchmark wrote it."""
     if path.endswith(".kernels.json.gz"):
@@ -1156,6 +1178,8 @@ def table(path: str) -> str:
         return second_stream_table(doc)
     if "runs" in doc and "collector" in doc["runs"][0]:
         return gc_runs_table(doc)
+    if "runs" in doc and "decoded_into" in doc["runs"][0]:
+        return planar_runs_table(doc)
     first = (doc.get("results") or [{}])[0]
     if "action" in first and "traced_steps" in first:
         return second_stream_table(doc)

@@ -7,9 +7,11 @@ around the sample's centre (and outside its image), so a block of output samples
 band of rows or columns under its samples' supports, a part of the crop's window, itself a part
 of the tile. XLA's products read and multiply all `canvas` rows and columns of every tile, after
 converting the whole uint8 tile to bfloat16 in a pass of its own. These kernels loop, per block
-of output samples, over only the blocks of the contraction that meet its band, and convert the
-uint8 pixels as they load them. Same arithmetic: bfloat16 operands, float32 accumulation, in
-another order.
+of output samples, over only the blocks of the contraction that meet its band, convert the
+uint8 pixels as they load them, and compute each block of weights from its rows' four taps
+(jia_jax/resize_filter.py) instead of reading it: XLA spent about 90 us a batch of 256 on an
+H200 writing the dense weights, 98% zeros, that the kernels then read. Same arithmetic: bfloat16
+operands, float32 accumulation, in another order.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from jia_jax import resize_filter
 
 
 class Blocks(NamedTuple):
@@ -63,26 +67,21 @@ def unsupported(canvas: int, image_size: int) -> str | None:
     return None
 
 
-def row_spans(start: jax.Array, length: jax.Array, valid: jax.Array, out_size: int,
-              canvas: int, rows: int, flip: jax.Array | bool = False) -> jax.Array:
-    """int32 [T, rows, 2]: per tile and row of its `crop_resize.axis_weights` (`rows` of them,
-    output sample out_size-1-r in row r where `flip`), a range [low, high) of pixels holding
-    every nonzero weight of the row, clipped to the image and the canvas; empty (low >= high)
-    for a row with no sample (past out_size) and for a tile with no image (valid 0).
+def row_spans(taps: jax.Array, count: int) -> jax.Array:
+    """int32 [T, rows, 2]: per tile and row of `taps` [T, NUM_TAPS, rows] (resize_filter), a
+    range [low, high) of pixels 0..count-1 holding every nonzero weight of the row, clipped to
+    the image; empty (low >= high) for a row of scale 0 (no sample) and for a tile with no
+    image (valid 0).
 
-    Sample j is centred at start + (j + 0.5) * scale; its weights are nonzero only within the
-    filter's support of the centre; a pixel more on each side covers the centres' float32
-    rounding."""
-    scale = (length / out_size)[:, None]
-    support = jnp.maximum(scale, 1.0)
-    stop = jnp.minimum(valid, canvas)[:, None]
-    row = jnp.arange(rows)
-    sample = jnp.where(jnp.asarray(flip)[..., None], out_size - 1 - row, row)
-    centre = start[:, None] + (sample + 0.5) * scale
+    A row's weights are nonzero only within the filter's support of its centre; a pixel more on
+    each side covers the centres' float32 rounding."""
+    centre, support, valid, scale = (taps[:, q] for q in range(resize_filter.NUM_TAPS))
+    stop = jnp.minimum(valid, count)
     low = jnp.clip(jnp.floor(centre - support - 1.0), 0, stop)
     high = jnp.clip(jnp.ceil(centre + support + 1.0), 0, stop)
-    low = jnp.where(row < out_size, low, canvas)  # no sample: an empty range
-    return jnp.stack([low, jnp.where(row < out_size, high, 0)], axis=-1).astype(jnp.int32)
+    empty = scale == 0
+    return jnp.stack([jnp.where(empty, count, low), jnp.where(empty, 0, high)],
+                     axis=-1).astype(jnp.int32)
 
 
 def to_pixels(sums: jax.Array) -> jax.Array:
@@ -102,25 +101,28 @@ def hull(spans: jax.Array) -> jax.Array:
 
 def windowed_product(
     a: jax.Array,
-    weights: jax.Array,
-    pixels: jax.Array,
+    taps: jax.Array,
     *,
+    dtype: jnp.dtype,
     out_dtype: jnp.dtype,
     wanted: jax.Array | None = None,
     blocks: Blocks = Blocks(),
     interpret: bool = False,
 ) -> jax.Array:
-    """out[t, m, n] = sum over k in pixels[t, n] of a[t, k, m] * weights[t, n, k], [T, M, N].
+    """out[t, m, n] = sum over k of a[t, k, m] * w[t, n, k], [T, M, N], w the weights of `taps`
+    (`resize_filter.triangle` of pixel k for row n) rounded to `dtype`, computed per block as
+    they are multiplied: no dense weight matrix is written or read.
 
     Args:
-      a: [T, K, M], uint8 or the weights' dtype (converted to it as loaded).
-      weights: [T, N, K], N a power of two, row n zero outside its range of k.
-      pixels: int32 [T, N, 2], those ranges (`row_spans`): for each block of rows n the kernel
-        sums the blocks of k that meet the ranges' hull.
-      out_dtype: the output's dtype (float32 accumulation, rounded to it); uint8: the sums as
-        pixels (`to_pixels`), so that no float32 output is written and read again to round it.
+      a: [T, K, M], uint8 or `dtype` (converted to it as loaded).
+      taps: float32 [T, NUM_TAPS, N], N a power of two: for each block of rows n the kernel
+        sums the blocks of k that meet the hull of their `row_spans`.
+      dtype: the products' operands' dtype (float32 accumulation).
+      out_dtype: the output's dtype (the sums rounded to it); uint8: the sums as pixels
+        (`to_pixels`), so that no float32 output is written and read again to round it.
       wanted: int32 [T, 2], the range of m wanted of each tile: the blocks of m that miss it
-        are written 0 without being computed (all of m where None).
+        are neither computed nor written (their memory is left as it was: nothing may read
+        it), all of m where None.
       blocks: the tiling.
       interpret: run the kernel in Pallas' interpreter (CPU tests).
     """
@@ -128,28 +130,33 @@ def windowed_product(
     from jax.experimental.pallas import triton as plgpu  # noqa: PLC0415
 
     t, k, m = a.shape
-    n = weights.shape[1]
+    n = taps.shape[-1]
     bm, bn, bk = (power_of_two_tile(m, blocks.m), power_of_two_tile(n, blocks.n),
                   power_of_two_tile(k, blocks.k))
     wanted = jnp.tile(jnp.array([0, m], jnp.int32), (t, 1)) if wanted is None else wanted
-    bands = _blocks_meeting(hull(pixels.reshape(t, n // bn, bn, 2)), bk)  # [T, N / bn, 2]
+    spans = row_spans(taps, k).reshape(t, n // bn, bn, 2)
+    bands = _blocks_meeting(hull(spans), bk)  # [T, N / bn, 2]
     steps = jnp.concatenate([bands, jnp.broadcast_to(wanted[:, None], bands.shape)], axis=-1)
-    dtype = weights.dtype
 
-    def kernel(steps_ref, a_ref, w_ref, out_ref):
+    def kernel(steps_ref, taps_ref, a_ref, out_ref):
         first = pl.program_id(1) * bm
         needed = (first < steps_ref[3]) & (first + bm > steps_ref[2])
+        row_taps = [taps_ref[q, :][:, None] for q in range(resize_filter.NUM_TAPS)]  # [bn, 1]
 
         def step(block, acc):
             ks = pl.ds(block * bk, bk)
+            pixel = block * bk + jax.lax.broadcasted_iota(jnp.int32, (1, bk), 1)
+            weights = resize_filter.triangle(pixel, *row_taps).astype(dtype)  # [bn, bk]
             lhs = a_ref[ks, :].astype(dtype)
-            return acc + jax.lax.dot_general(lhs, w_ref[:, ks], (((0,), (1,)), ((), ())),
+            return acc + jax.lax.dot_general(lhs, weights, (((0,), (1,)), ((), ())),
                                              preferred_element_type=jnp.float32)
 
-        zeros = jnp.zeros((bm, bn), jnp.float32)
-        stop = jnp.where(needed, steps_ref[1], steps_ref[0])  # an empty loop: zeros
-        sums = jax.lax.fori_loop(steps_ref[0], stop, step, zeros)
-        out_ref[...] = to_pixels(sums) if out_ref.dtype == jnp.uint8 else sums.astype(out_ref.dtype)
+        @pl.when(needed)
+        def _():
+            sums = jax.lax.fori_loop(steps_ref[0], steps_ref[1], step,
+                                     jnp.zeros((bm, bn), jnp.float32))
+            out_ref[...] = (to_pixels(sums) if out_ref.dtype == jnp.uint8
+                            else sums.astype(out_ref.dtype))
 
     params = None if interpret else plgpu.CompilerParams(num_warps=blocks.warps,
                                                          num_stages=blocks.stages)
@@ -158,51 +165,50 @@ def windowed_product(
         out_shape=jax.ShapeDtypeStruct((t, m, n), out_dtype),
         grid=(t, m // bm, n // bn),
         in_specs=[pl.BlockSpec((None, None, 4), lambda i, j, l: (i, l, 0)),
-                  pl.BlockSpec((None, k, bm), lambda i, j, l: (i, 0, j)),
-                  pl.BlockSpec((None, bn, k), lambda i, j, l: (i, l, 0))],
+                  pl.BlockSpec((None, resize_filter.NUM_TAPS, bn), lambda i, j, l: (i, 0, l)),
+                  pl.BlockSpec((None, k, bm), lambda i, j, l: (i, 0, j))],
         out_specs=pl.BlockSpec((None, bm, bn), lambda i, j, l: (i, j, l)),
         compiler_params=params,
         interpret=interpret,
-    )(steps.astype(jnp.int32), a, weights)
+    )(steps.astype(jnp.int32), taps, a)
 
 
 def resize_products(
     tiles: jax.Array,
-    wy: jax.Array,
-    wx: jax.Array,
-    rows: jax.Array,
-    columns: jax.Array,
+    taps_y: jax.Array,
+    taps_x: jax.Array,
     *,
     image_size: int,
+    dtype: jnp.dtype = jnp.bfloat16,
     as_pixels: bool = False,
     interpret: bool = False,
 ) -> jax.Array:
     """float32 [T, image_size, image_size, 3]: each tile's `Wy @ tile @ Wx^T` per channel, as
-    `crop_resize.resize_tiles`' XLA products compute it (the intermediate rounded to the
-    weights' dtype); with `as_pixels`, uint8: those sums as `to_pixels`.
+    `crop_resize.resize_tiles`' XLA products compute it (weights and intermediate rounded to
+    `dtype`); with `as_pixels`, uint8: those sums as `to_pixels`.
 
     Args:
       tiles: uint8 [T, canvas, canvas, 3].
-      wy, wx: [T, padded(image_size), canvas], the normalised weights per axis in the products'
-        dtype, rows past `image_size` zero.
-      rows, columns: int32 [T, padded(image_size), 2], the `row_spans` of wy's and wx's rows.
+      taps_y, taps_x: float32 [T, NUM_TAPS, padded(image_size)], the normalised taps per axis
+        (`crop_resize.normalised_taps`), rows past `image_size` of scale 0.
       image_size: output height and width.
+      dtype: the products' operands' dtype.
       as_pixels: round and clip the sums in the horizontal kernel, which then writes a quarter
         of the bytes, leaving no float32 output for a pass of XLA's to read again and round.
       interpret: run the kernels in Pallas' interpreter (CPU tests).
     """
     t, canvas, _, channels = tiles.shape
     # Vertical: contract the rows h of [T, h, w c]; the intermediate is [T, w c, s], computed
-    # only for the columns w the horizontal product reads (its blocks meeting their span).
+    # and written only for the columns w the horizontal product reads (its blocks meeting their
+    # spans' hull, a superset of each of its row blocks' bands with the same blocks of k).
     blocks = Blocks()
     block = power_of_two_tile(canvas, blocks.k)
-    read = _blocks_meeting(hull(columns), block) * block * channels
-    inner = windowed_product(tiles.reshape(t, canvas, canvas * channels), wy, rows,
-                             wanted=read, out_dtype=wy.dtype, blocks=blocks,
-                             interpret=interpret)
+    read = _blocks_meeting(hull(row_spans(taps_x, canvas)), block) * block * channels
+    inner = windowed_product(tiles.reshape(t, canvas, canvas * channels), taps_y, wanted=read,
+                             dtype=dtype, out_dtype=dtype, blocks=blocks, interpret=interpret)
     # Horizontal: contract the columns w of [T, w, c s]; the output is [T, c s, k].
     s = inner.shape[-1]
-    out = windowed_product(inner.reshape(t, canvas, channels * s), wx, columns,
+    out = windowed_product(inner.reshape(t, canvas, channels * s), taps_x, dtype=dtype,
                            out_dtype=jnp.uint8 if as_pixels else jnp.float32, blocks=blocks,
                            interpret=interpret)
     out = out.reshape(t, channels, s, -1)[:, :, :image_size, :image_size]

@@ -13,23 +13,24 @@ traced values, not shapes.
 
 The resize is the one Pillow's `Image.resize(size, BILINEAR, box=box)` computes (the CPU path):
 a triangle filter whose support widens with the downscale factor (antialiasing), over the
-image's pixels only, each output pixel's weights normalised to sum to 1. Per axis it is a dense
-[out, canvas] weight matrix, scaled beforehand so that an example's weights sum to 1 over all
-its tiles (`normalised_weights`); a tile contributes `Wy @ tile @ Wx^T`, and an example's tiles
-are summed (nothing to sum where each example has one tile, the common case: that program skips
-it). Pixels past the image's edge get weight 0, so the
-filter is renormalised at the image's borders exactly as Pillow's is. `jax.image.
+image's pixels only, each output pixel's weights normalised to sum to 1. Per axis it is an
+[out, canvas] weight matrix (jia_jax/resize_filter.py), scaled beforehand so that an example's
+weights sum to 1 over all its tiles (`normalised_taps`); a tile contributes `Wy @ tile @ Wx^T`,
+and an example's tiles are summed (nothing to sum where each example has one tile, the common
+case: that program skips it). Pixels past the image's edge get weight 0, so the filter is
+renormalised at the image's borders exactly as Pillow's is. `jax.image.
 scale_and_translate` computes the same filter but normalises over the whole array it is given,
 padding included, so it is used only as a cross-check where a tile holds nothing but image
 (tests/test_crop_resize.py).
 
 Arithmetic: the weights and the pixels are bfloat16, products accumulate in float32 (tensor
 cores on a GPU; the CPU computes the same products). Per output pixel in 0..255 this costs at
-most 3 x 2^-9 x 255 < 1.5 levels against exact arithmetic: the relative rounding (2^-9) of the
-normalised vertical weights, of the intermediate rows, and of the horizontal weights, each on
-values of at most 255 with weights summing to 1. Pillow itself rounds the intermediate rows to
-uint8 (at most 0.5 level) and its output (0.5), so after rounding both to uint8 the two paths
-differ by at most 3 levels.
+most 3 x 2^-8 x 255 < 3 levels against exact arithmetic: the relative rounding (bfloat16's unit
+roundoff, 2^-8: 8 significant bits) of the normalised vertical weights, of the intermediate
+rows, and of the horizontal weights, each on values of at most 255 with weights summing to 1
+(the uint8 pixels are exact in bfloat16). Pillow itself rounds the intermediate rows to uint8
+(at most 0.5 level) and its output (0.5), so after rounding both to uint8 (0.5 more) the two
+paths differ by at most 4 levels.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jia_jax import crop_kernel
+from jia_jax import crop_kernel, resize_filter
 
 # `resize_tiles`' products (`data.gpu_crop_kernel`): XLA's over whole tiles, or the Pallas
 # kernels of jia_jax/crop_kernel.py.
@@ -169,40 +170,12 @@ def pad_plan(plan: TilePlan, count: int, batch: int) -> TilePlan:
     )
 
 
-def axis_weights(
-    start: jax.Array,
-    length: jax.Array,
-    valid: jax.Array,
-    out_size: int,
-    canvas: int,
-    rows: int | None = None,
-    flip: jax.Array | bool = False,
-) -> jax.Array:
-    """[rows, canvas] unnormalised triangle-filter weights of one tile along one axis: the
-    `out_size` samples' weights, in reverse order where `flip`, then zero rows up to `rows`
-    (`out_size` where None).
-
-    Output sample j is centred at `start + (j + 0.5) * length / out_size` (Pillow's centre, in
-    the tile's coordinates); pixel i at `i + 0.5`; the weight is `max(0, 1 - |distance| / s)`,
-    s the filter's support, and 0 for pixels at or past `valid` (outside the image).
-    """
-    scale = length / out_size
-    support = jnp.maximum(scale, 1.0)
-    sample = jnp.arange(out_size if rows is None else rows)
-    # Flipping the output is reading the samples in reverse: row j holds sample out_size-1-j.
-    order = jnp.where(flip, out_size - 1 - sample, sample)
-    centre = start + (order.astype(jnp.float32) + 0.5) * scale
-    pixel = jnp.arange(canvas, dtype=jnp.float32) + 0.5
-    weight = jnp.maximum(1.0 - jnp.abs(pixel[None, :] - centre[:, None]) / support, 0.0)
-    inside = (jnp.arange(canvas)[None, :] < valid) & (sample[:, None] < out_size)
-    return jnp.where(inside, weight, 0.0)
-
-
-def normalised_weights(
-    wy: jax.Array, wx: jax.Array, example: jax.Array, batch: int, one_tile_each: bool
+def normalisers(
+    sy: jax.Array, sx: jax.Array, example: jax.Array, batch: int, one_tile_each: bool
 ) -> tuple[jax.Array, jax.Array]:
-    """Per-axis weights [T, out, canvas] scaled so that summing each example's tiles'
-    `Wy @ tile @ Wx^T` gives its normalised resize, with no division after the products.
+    """Per-axis factors [T, out] for each tile's weights, given their row sums `sy` and `sx`
+    [T, out], such that summing each example's tiles' `Wy @ tile @ Wx^T` gives its normalised
+    resize, with no division after the products.
 
     An example's weight at output (s, k), summed over its grid of R x C tiles, is
     (sum over its tile rows of wy's row sums) x (sum over its tile columns of wx's): the grid
@@ -212,7 +185,6 @@ def normalised_weights(
     tile's wy by n / SY and its wx by 1 / SX normalises the sum. Examples without a tile need
     nothing; padding tiles (example `batch`) are dropped later.
     """
-    sy, sx = wy.sum(-1), wx.sum(-1)  # [T, out]
     if one_tile_each:
         total_y, total_x, tiles = sy, sx, 1.0
     else:
@@ -222,9 +194,25 @@ def normalised_weights(
         )
         tiles = segments(jnp.ones_like(sy[:, :1]))[example]
         total_y, total_x = segments(sy)[example], segments(sx)[example]
-    scale_y = tiles / jnp.where(total_y > 0, total_y, 1.0)
-    scale_x = 1.0 / jnp.where(total_x > 0, total_x, 1.0)
-    return wy * scale_y[..., None], wx * scale_x[..., None]
+    return (tiles / jnp.where(total_y > 0, total_y, 1.0),
+            1.0 / jnp.where(total_x > 0, total_x, 1.0))
+
+
+def normalised_taps(
+    params: jax.Array, example: jax.Array, *, batch: int, image_size: int, canvas: int,
+    rows: int, one_tile_each: bool,
+) -> tuple[jax.Array, jax.Array]:
+    """float32 [T, NUM_TAPS, rows] per axis (y, then x flipped where asked): each tile's
+    `resize_filter` taps, their scales normalising the sum of an example's tiles
+    (`normalisers`), rows past `image_size` of scale 0."""
+    taps_y = resize_filter.axis_taps(params[:, Y_START], params[:, Y_LENGTH], params[:, Y_VALID],
+                                     image_size, rows)
+    taps_x = resize_filter.axis_taps(params[:, X_START], params[:, X_LENGTH], params[:, X_VALID],
+                                     image_size, rows, flip=params[:, FLIP] > 0.5)
+    sy, sx = (resize_filter.row_sums(taps, canvas) for taps in (taps_y, taps_x))
+    scale_y, scale_x = normalisers(sy, sx, example, batch, one_tile_each)
+    scale = resize_filter.SCALE
+    return taps_y.at[:, scale].multiply(scale_y), taps_x.at[:, scale].multiply(scale_x)
 
 
 def resize_tiles(
@@ -263,40 +251,20 @@ def resize_tiles(
         raise ValueError("as_pixels: the Pallas kernels with one tile each only (tiles of one "
                          "example are summed before rounding)")
     canvas = tiles.shape[1]
-    # The Pallas kernels' blocks are powers of two: their weights have zero rows up to one.
+    # The Pallas kernels' blocks are powers of two: their taps have rows of scale 0 up to one.
     rows = crop_kernel.padded(image_size) if kernel == "pallas" else image_size
-    weights = jax.vmap(functools.partial(axis_weights, out_size=image_size, canvas=canvas,
-                                         rows=rows))
-    wy = weights(params[:, Y_START], params[:, Y_LENGTH], params[:, Y_VALID])
-    wx = weights(params[:, X_START], params[:, X_LENGTH], params[:, X_VALID],
-                 flip=params[:, FLIP] > 0.5)
-    wy, wx = normalised_weights(wy, wx, example, batch, one_tile_each)
+    taps_y, taps_x = normalised_taps(params, example, batch=batch, image_size=image_size,
+                                     canvas=canvas, rows=rows, one_tile_each=one_tile_each)
     if kernel == "pallas":
-        out = _pallas_products(tiles, wy, wx, params, image_size, dtype, as_pixels, interpret)
+        out = crop_kernel.resize_products(tiles, taps_y, taps_x, image_size=image_size,
+                                          dtype=dtype, as_pixels=as_pixels, interpret=interpret)
     else:
+        wy, wx = (resize_filter.weights(taps, canvas) for taps in (taps_y, taps_x))
         out = _xla_products(tiles, wy, wx, dtype)
     if one_tile_each:
         return out
     # `plan_tiles` lists an example's tiles together and in example order, padding last.
     return jax.ops.segment_sum(out, example, num_segments=batch, indices_are_sorted=True)
-
-
-def _pallas_products(
-    tiles: jax.Array, wy: jax.Array, wx: jax.Array, params: jax.Array, image_size: int,
-    dtype: jnp.dtype, as_pixels: bool, interpret: bool,
-) -> jax.Array:
-    """float32 [T, image_size, image_size, 3] (uint8 pixels with `as_pixels`): each tile's
-    `Wy @ tile @ Wx^T` (weights with zero rows past `image_size`), by kernels that read, per
-    block of output samples, only the rows or columns under those samples' filter
-    (jia_jax/crop_kernel.py)."""
-    canvas, padded = tiles.shape[1], wy.shape[1]
-    rows = crop_kernel.row_spans(params[:, Y_START], params[:, Y_LENGTH], params[:, Y_VALID],
-                                 image_size, canvas, padded)
-    columns = crop_kernel.row_spans(params[:, X_START], params[:, X_LENGTH], params[:, X_VALID],
-                                    image_size, canvas, padded, flip=params[:, FLIP] > 0.5)
-    return crop_kernel.resize_products(tiles, wy.astype(dtype), wx.astype(dtype), rows, columns,
-                                       image_size=image_size, as_pixels=as_pixels,
-                                       interpret=interpret)
 
 
 def _xla_products(tiles: jax.Array, wy: jax.Array, wx: jax.Array, dtype: jnp.dtype) -> jax.Array:

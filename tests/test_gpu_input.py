@@ -26,7 +26,7 @@ _SIZE = 8
 _CANVAS = 16  # smaller than most crops' reach at _SIZE: several tiles per example
 _BATCH = 8
 # The device resize against Pillow's, both rounded to uint8 (jia_jax/crop_resize.py).
-_LEVELS = 3
+_LEVELS = 4
 _ODD = "jia_test_odd_images"
 
 

@@ -20,7 +20,7 @@ from tests.gpu_fakes import FakeNvImageCodec, FakeStream
 _CANVAS = 32
 _SIZE = 12
 # The device resize against Pillow's, both rounded to uint8 (jia_jax/crop_resize.py).
-_LEVELS = 3
+_LEVELS = 4
 
 
 class FakeReader:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from jia_jax import crop_kernel, crop_resize, resize_filter
+from tests.test_resize_filter import dense64
 
 U32 = 2.0**-24  # float32 unit roundoff
 
@@ -56,11 +57,9 @@ def _taps(centre, support, valid, scale) -> np.ndarray:
 
 def _weights64(taps: np.ndarray, count: int) -> np.ndarray:
     """float64 [T, N, count]: the triangle filter of `taps` at pixels 0..count-1, in numpy."""
-    centre, support, valid, scale = (taps[:, q, :, None].astype(np.float64) for q in (
+    centre, support, valid, scale = (taps[:, q].astype(np.float64) for q in (
         resize_filter.CENTRE, resize_filter.SUPPORT, resize_filter.VALID, resize_filter.SCALE))
-    pixel = np.arange(count, dtype=np.float64)
-    weight = np.maximum(1.0 - np.abs(pixel + 0.5 - centre) / support, 0.0)
-    return np.where(pixel < valid, weight, 0.0) * scale
+    return dense64(centre, support, valid, count) * scale[..., None]
 
 
 def _weight_error(taps: np.ndarray, count: int) -> np.ndarray:

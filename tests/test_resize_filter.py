@@ -10,8 +10,9 @@ from jia_jax import resize_filter
 U32 = 2.0**-24  # float32 unit roundoff
 
 
-def _dense64(centre, support, valid, count):
-    """float64 [..., count]: the triangle filter at pixels 0..count-1 (Pillow's bilinear)."""
+def dense64(centre, support, valid, count):
+    """float64 [..., count]: the triangle filter at pixels 0..count-1 (Pillow's bilinear), in
+    numpy, per row of `centre`, `support` and `valid` (arrays of one shape)."""
     pixel = np.arange(count, dtype=np.float64) + 0.5
     weight = np.maximum(1.0 - np.abs(pixel - centre[..., None]) / support[..., None], 0.0)
     return np.where(np.arange(count) < valid[..., None], weight, 0.0)
@@ -35,7 +36,7 @@ def test_row_sums_are_the_weights_summed(seed):
     taps = np.stack([centre, support, valid, scale]).astype(np.float32)[None]  # [1, 4, rows]
     got = np.asarray(resize_filter.row_sums(jnp.asarray(taps), count), np.float64)[0]
     c, s, v, k = (taps[0, q].astype(np.float64) for q in range(4))
-    want = _dense64(c, s, v, count).sum(-1) * k
+    want = dense64(c, s, v, count).sum(-1) * k
     bound = 8 * U32 * (2 * s + 2) * (1 + (np.abs(c) + count + 1) / s) * k
     assert np.all(np.abs(got - want) <= bound), np.max(np.abs(got - want) / bound)
     assert np.sum(want == 0) > 100 and np.sum(want > 10) > 100  # empty rows and wide ones
@@ -53,7 +54,7 @@ def test_weights_are_pillows_filter_and_flip_reverses_the_samples():
         flip=jnp.full(3, flip)), count), np.float64) for flip in (False, True)]
     scale = length.astype(np.float64) / out
     centre = start[:, None] + (np.arange(out) + 0.5) * scale[:, None]
-    want = _dense64(centre, np.broadcast_to(np.maximum(scale, 1)[:, None], centre.shape),
+    want = dense64(centre, np.broadcast_to(np.maximum(scale, 1)[:, None], centre.shape),
                     np.broadcast_to(valid[:, None], centre.shape), count)
     np.testing.assert_allclose(got[0][:, :out], want, atol=1e-5)
     np.testing.assert_allclose(got[1][:, :out], want[:, ::-1], atol=1e-5)

@@ -1160,6 +1160,7 @@ def planar_runs_table(doc: dict[str, Any]) -> str:
         )
     return "\n".join(lines)
 
+
 def table(path: str) -> str:
     """The table of one raw file, of whichever benchmark wrote it."""
     if path.endswith(".kernels.json.gz"):

@@ -69,7 +69,7 @@ def test_concurrent_length_counts_time_with_two_or_more_kernels_running():
 _HLO = """HloModule jit_streamed
 
 %async_computation (p: u8[4]) -> u8[4] {
-  ROOT %c = u8[4]{0} copy(%p)
+  ROOT %c = u8[4]{0} copy(%p), frontend_attributes={_scheduling_group_id="1"}
 }
 
 ENTRY %main.1 (a.1: u8[4], b.1: f32[2]) -> (u8[4], f32[2]) {
@@ -77,9 +77,11 @@ ENTRY %main.1 (a.1: u8[4], b.1: f32[2]) -> (u8[4], f32[2]) {
   %a.1 = u8[4]{0} parameter(0)
   %b.1 = f32[2]{0} parameter(1)
   %d0 = u8[4] async-done(%s0), frontend_attributes={_xla_stream_annotation="1"}
-  %s1 = (u8[4], u8[4]) async-start(%d0), frontend_attributes={_xla_stream_annotation="1"}
+  %s1 = (u8[4], u8[4]) async-start(%d0), async_execution_thread="explicit", \
+frontend_attributes={_scheduling_group_id="1",_xla_stream_annotation="1"}
   %fusion.1 = f32[2]{0} fusion(%b.1), kind=kLoop, calls=%fused
-  %fusion.2 = f32[2]{0} fusion(%fusion.1), kind=kLoop, calls=%fused
+  %fusion.2 = f32[2]{0} fusion(%fusion.1), kind=kLoop, calls=%fused, \
+frontend_attributes={_scheduling_group_id="1"}
   %d1 = u8[4] async-done(%s1), frontend_attributes={_xla_stream_annotation="1"}
   %other-start = ((f32[2]{0}), f32[2]{0}) async-start(%fusion.2), calls=%async_computation
   %other-done = f32[2]{0} async-done(%other-start)
@@ -92,6 +94,10 @@ def test_stream_calls_counts_the_work_scheduled_between_an_annotated_start_and_i
     # As XLA writes optimized HLO: parameters listed after the first start are no work; the
     # unannotated async pair is not a stream call.
     assert crop_in_step.stream_calls(_HLO) == [
-        {"start": "s0", "instructions_between": 0},
-        {"start": "s1", "instructions_between": 2},
+        {"start": "s0", "instructions_between": 0, "execution_thread": "main",
+         "scheduling_group": None},
+        {"start": "s1", "instructions_between": 2, "execution_thread": "explicit",
+         "scheduling_group": "1"},
     ]
+    # The ENTRY's instructions with a group: s1 and fusion.2, not the fused computation's.
+    assert crop_in_step.grouped_instructions(_HLO) == 2

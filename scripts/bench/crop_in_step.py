@@ -21,8 +21,9 @@ ahead (`harness.time_train_step`), in rounds, each variant in turn:
 per stream, its kernels and their busy µs a step, and how much of the other streams' busy time
 XLA's stream was busy too (did the crop run beside the step?).
 `--hlo_dump` reads the optimized HLO that XLA dumped (`--xla_dump_to`) of `streamed` and
-`grouped` and records each async call on an annotated stream and how much the schedule puts
-between its start and its end.
+`grouped` and records each async call on an annotated stream, how much the schedule puts
+between its start and its end and on which execution thread it is, and how many of the
+program's instructions kept a scheduling group.
 `--later_mode` first launches 10 empty kernels on a second CUDA stream, as the GPU path's decoders
 put the step in the later mode of docs/benchmarks.md (its kernels follow one another later).
 
@@ -191,12 +192,19 @@ def stream_overlap(kernels: Sequence[profile_trace.Kernel], steps: int) -> dict[
     }
 
 
+def _entry(hlo: str) -> list[str]:
+    """The instruction lines of the ENTRY computation of optimized HLO text, in order."""
+    return hlo[hlo.index("\nENTRY"):].split("\n}", 1)[0].splitlines()[1:]
+
+
 def stream_calls(hlo: str) -> list[dict[str, Any]]:
     """Each async call on an annotated stream in the ENTRY computation of optimized HLO text (in
-    its scheduled order): its name and how many instructions, parameters aside, the schedule
-    puts between its start and its done, work XLA's own stream can do while it runs."""
-    entry = hlo[hlo.index("\nENTRY"):].split("\n}", 1)[0].splitlines()[1:]
-    ops = [(m.group(1), m.group(2), line) for line in entry
+    its scheduled order): its name, how many instructions, parameters aside, the schedule puts
+    between its start and its done (work XLA's own stream can do while it runs), the execution
+    thread of its computation (XLA's latency-hiding scheduler gives an async call the latency
+    that work could hide only on a thread other than the ENTRY's, `main`) and its scheduling
+    group, if any."""
+    ops = [(m.group(1), m.group(2), line) for line in _entry(hlo)
            if (m := re.match(r"\s*(?:ROOT )?%(\S+) = .*? ([a-z][\w-]*)\(", line))]
     calls = []
     for i, (name, opcode, line) in enumerate(ops):
@@ -205,8 +213,18 @@ def stream_calls(hlo: str) -> list[dict[str, Any]]:
         done = next(j for j in range(i + 1, len(ops))
                     if ops[j][1] == "async-done" and f"(%{name})" in ops[j][2])
         between = sum(op != "parameter" for _, op, _ in ops[i + 1:done])
-        calls.append({"start": name, "instructions_between": between})
+        thread = re.search(r'async_execution_thread="([^"]+)"', line)
+        group = re.search(r'_scheduling_group_id="([^"]+)"', line)
+        calls.append({"start": name, "instructions_between": between,
+                      "execution_thread": thread.group(1) if thread else "main",
+                      "scheduling_group": group.group(1) if group else None})
     return calls
+
+
+def grouped_instructions(hlo: str) -> int:
+    """How many instructions of the ENTRY computation of optimized HLO text carry a scheduling
+    group (`_scheduling_group_id`), the ones the latency-hiding scheduler keeps together."""
+    return sum("_scheduling_group_id" in line for line in _entry(hlo))
 
 
 def traced(run: Callable[..., Any], carry: Any, given: Any, steps: int, path: str) -> Any:
@@ -259,7 +277,9 @@ def measure(args: argparse.Namespace, per_gpu: int) -> list[dict[str, Any]]:
         path = max(glob.glob(f"{args.hlo_dump}/*.jit_{name}.*after_optimizations.txt"),
                    key=os.path.getmtime)
         with open(path) as f:
-            rows[args.variants.index(name)]["stream_calls"] = stream_calls(f.read())
+            hlo = f.read()
+        rows[args.variants.index(name)].update(
+            stream_calls=stream_calls(hlo), grouped_instructions=grouped_instructions(hlo))
     for row in rows if args.trace_dir else []:
         name = row["variant"]
         run, given = runs[name]

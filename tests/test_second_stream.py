@@ -14,8 +14,10 @@ def test_the_plan_reads_each_action_and_refuses_what_is_none():
         ["alone", "k1", "k1000", "destroy", "x4", "p5", "h3", "g2", "c3", "destroy", "j6"]) == [
         ("alone", 0), ("k", 1), ("k", 1000), ("destroy", 0), ("x", 4), ("p", 5), ("h", 3),
         ("g", 2), ("c", 3), ("destroy", 0), ("j", 6)]
+    assert second_stream.parse_plan(["q64", "destroy"]) == [("q", 64), ("destroy", 0)]
     assert second_stream.parse_plan(["y3", "destroy", "r1", "destroy"])[-1] == ("destroy", 0)
-    for bad in ("k0", "k", "z3", "x0", "y0", "r", "kk", "p-1", "h0", "Alone", "g0", "c", "j-2"):
+    for bad in ("k0", "k", "z3", "x0", "y0", "r", "q0", "kk", "p-1", "h0", "Alone", "g0", "c",
+                "j-2"):
         with pytest.raises(ValueError, match=repr(bad)):
             second_stream.parse_plan(["alone", bad])
     for bad in (["alone", "destroy"], ["destroy", "k1"], ["k1", "destroy", "destroy"],
@@ -30,7 +32,7 @@ def test_a_bad_plan_or_no_out_stops_before_any_training(capsys):
         with pytest.raises(SystemExit) as stopped:
             second_stream.main(argv)
         assert stopped.value.code == 2
-    assert ("'k0' is not alone, destroy, kN, xN, gN, cN, jN, rN, yN, pN or hN"
+    assert ("'k0' is not alone, destroy, kN, xN, gN, cN, jN, rN, yN, qN, pN or hN"
             in capsys.readouterr().err)
 
 
@@ -70,6 +72,10 @@ class _FakeDecodes:
 
     def decode(self, count, sample_format):
         self.decodes.append((count, sample_format, _paused()))
+
+    def decode_captured(self, count):
+        self.decodes.append(("captured", count, _paused()))
+        return {"capture_error": None, "decoded_mean": 100.0, "pillow_mean": 100.5}
 
 
 _TIMES = []
@@ -119,11 +125,11 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
          "--train_compute_dtype=float32", "--seconds=0.5", "--trace_seconds=0.2",
          "--stream_priority=greatest", "--sync_domain=remote",
          "--plan", "alone", "k2", "x3", "y64", "k3", "x1", "p7", "destroy", "r5", "k1", "h2",
-         "g4", "c5", "j6", "y2", f"--out={tmp_path / 'o.json'}"])
+         "g4", "c5", "j6", "y2", "q3", f"--out={tmp_path / 'o.json'}"])
     rows = doc["results"]
     assert [(r["action"], r["count"]) for r in rows] == [
         ("alone", 0), ("k", 2), ("x", 3), ("y", 64), ("k", 3), ("x", 1), ("p", 7), ("destroy", 0),
-        ("r", 5), ("k", 1), ("h", 2), ("g", 4), ("c", 5), ("j", 6), ("y", 2)]
+        ("r", 5), ("k", 1), ("h", 2), ("g", 4), ("c", 5), ("j", 6), ("y", 2), ("q", 3)]
     first, xla, second = _FakeKernels.made
     assert first.launches == [(2, True), (3, True)] and first.destroyed is True
     assert xla.launches == [(3, True), (1, True)] and not xla.destroyed
@@ -136,7 +142,8 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
     before, after = _FakeDecodes.made
     assert (before.stream, after.stream) == (first.stream, second.stream)
     assert before.decodes == [(64, "P_YUV", True)]
-    assert after.decodes == [(5, "I_RGB", True), (2, "P_YUV", True)]
+    assert after.decodes == [(5, "I_RGB", True), (2, "P_YUV", True), ("captured", 3, True)]
+    assert rows[-1]["decoded_mean"] == 100.0 and "decoded_mean" not in rows[-2]
     assert others == [(0, 7, True)] and copies == [(2, True)] and programs == [(6, True)]
     for r in rows:
         assert r["seconds"] >= 0.5 and r["traced_steps"] >= 1 and r["boundaries"] is None, r
@@ -146,7 +153,7 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
     assert [line.split(" | ")[2:4] for line in table.splitlines() if line.startswith("| - |")] == [
         ["alone", "0"], ["k2", "2"], ["x3", "5"], ["y64", "5"], ["k3", "8"], ["x1", "9"],
         ["p7", "9"], ["destroy", "9"], ["r5", "9"], ["k1", "10"], ["h2", "10"], ["g4", "14"],
-        ["c5", "19"], ["j6", "19"], ["y2", "19"]]
+        ["c5", "19"], ["j6", "19"], ["y2", "19"], ["q3", "19"]]
     assert f"| {rows[1]['train_images_per_s']:,.0f} |" in table
 
 
@@ -326,3 +333,47 @@ def test_jpeg_decodes_call_the_hardware_decoder_64_at_a_time_on_the_stream(monke
         (1, 2, 2, 0), (2, 1, 1, 1), (3, 1, 1, 1)])  # luma sampled 2 x 2 against chroma: 4:2:0
     with pytest.raises(RuntimeError, match="refused a JPEG into NV12"):
         decodes.decode(1, "NV12")
+
+
+class _CaptureDriver(_FakeDriver):
+    """As _FakeDriver, recording the capture, graph and synchronize calls in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __getattr__(self, name):
+        if name.startswith(("cuStream", "cuGraph")) and name != "cuStreamCreateWithPriority":
+            return lambda *args: self.calls.append(name) or 0
+        return super().__getattr__(name)
+
+
+class _FakeDecoder:
+    """nvImageCodec's decoder that fails (raises) or gives no image, as a capture may make it."""
+
+    def __init__(self, fails: bool) -> None:
+        self.fails = fails
+
+    def decode(self, code_streams, images, params, cuda_stream):
+        assert len(images) == len(code_streams)
+        if self.fails:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return [None] * len(code_streams)
+
+
+@pytest.mark.parametrize("fails, error", [
+    (True, "decode: RuntimeError: operation not permitted when stream is capturing"),
+    (False, "decode: a JPEG gave no image under capture")])
+def test_a_failed_capture_is_recorded_and_still_ended(monkeypatch, fails, error):
+    # The stream must leave capture even when the decode under it fails, and no graph is made.
+    from jia_jax import cuda_stream
+
+    driver = _CaptureDriver()
+    monkeypatch.setattr(cuda_stream.ctypes, "CDLL", lambda name: driver)
+    decodes = object.__new__(second_stream.JpegDecodes)
+    decodes._stream = cuda_stream.CudaStream(0)
+    decodes._decoder, decodes._params = _FakeDecoder(fails), lambda sample_format: None
+    decodes._io = ([b"jpeg"] * 64, [object()] * 64, 1234)  # made before any capture
+    report = decodes.decode_captured(128)
+    assert report == {"capture_error": error, "decoded_mean": None}
+    assert driver.calls == ["cuStreamBeginCapture_v2", "cuStreamEndCapture"]

@@ -24,6 +24,11 @@ traces the step alone for --trace_seconds (how its stream's kernels followed one
     nvImageCodec's hardware decoder, as the GPU input path's decoders do: into interleaved RGB
     (`r`, nvJPEG converting the colours with a kernel of its own) or into planar YCbCr (`y`,
     as the hardware decoder writes them: no kernel, a copy);
+  * `qN`: as `rN`, each call of the decoder captured into a CUDA graph on the second stream
+    (relaxed capture) and the graph launched there, as `g` launches its kernels: can the
+    decoders' work reach the GPU in graphs? The row records whether each capture held
+    (`capture_error`, the first failure, else None) and the decoded pixels' mean beside
+    Pillow's of the same JPEG (`decoded_mean`, `pillow_mean`: did the graph decode?);
   * `pN`: N empty kernels on a stream of another process (a CUDA context of its own);
   * `hN`: N copies of 1 MiB from host memory to the GPU (`jax.device_put`, as the CPU input
     path hands over its batches), each waited for;
@@ -46,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import io
 import json
 import subprocess
 import sys
@@ -75,12 +81,14 @@ _CLUSTER_PTX = _EMPTY_PTX.replace(b"7.0", b"7.8").replace(b"sm_50", b"sm_90")
 # (NCCL_CGA_CLUSTER_SIZE's default there).
 _CLUSTER_DIMENSION = 4
 _CLUSTER = 4
-# cuStreamBeginCapture's CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: other threads' CUDA calls go on.
+# cuStreamBeginCapture's CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: other threads' CUDA calls go on;
+# _RELAXED also lets the capturing thread allocate (as a decoder may for its output).
 _CAPTURE_THREAD_LOCAL = 1
-_ACTIONS = ("k", "x", "g", "c", "j", "r", "y", "p", "h")  # kN, xN, ...: N >= 1
+_CAPTURE_RELAXED = 2
+_ACTIONS = ("k", "x", "g", "c", "j", "r", "y", "q", "p", "h")  # kN, xN, ...: N >= 1
 # Those that launch on the second stream (made by the first), and the decodes' sample formats.
-_STREAM_ACTIONS = ("k", "g", "c", "r", "y")
-_DECODED_INTO = {"r": "I_RGB", "y": "P_YUV"}
+_STREAM_ACTIONS = ("k", "g", "c", "r", "y", "q")
+_DECODED_INTO = {"r": "I_RGB", "y": "P_YUV", "q": "I_RGB"}
 _DECODE_CALL = 64
 
 
@@ -101,7 +109,7 @@ class _LaunchConfig(ctypes.Structure):
 
 def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
     """(action, count) per token of --plan: `alone` and `destroy` (count 0), `kN`, `xN`, `gN`,
-    `cN`, `jN`, `rN`, `yN`, `pN` and `hN` with N >= 1.
+    `cN`, `jN`, `rN`, `yN`, `qN`, `pN` and `hN` with N >= 1.
 
     Raises:
       ValueError: a token is none of these (the message names it and the forms), or a destroy
@@ -111,7 +119,7 @@ def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
     for token in tokens:
         if token in ("alone", "destroy"):
             if token == "destroy" and not stream:
-                raise ValueError("--plan: each destroy needs a k, g, c, r or y action since the "
+                raise ValueError("--plan: each destroy needs a k, g, c, r, y or q action since the "
                                  "last destroy (no second stream to destroy)")
             stream = stream and token != "destroy"
             plan.append((token, 0))
@@ -120,7 +128,7 @@ def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
             plan.append((token[0], int(token[1:])))
         else:
             raise ValueError(f"--plan: {token!r} is not alone, destroy, kN, xN, gN, cN, jN, rN, "
-                             "yN, pN or hN (N >= 1)")
+                             "yN, qN, pN or hN (N >= 1)")
     return plan
 
 
@@ -211,6 +219,15 @@ class JpegDecodes:
             device_id=ordinal, backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
         jpeg = _jpeg()
         self._code_streams = [nvimgcodec.CodeStream(jpeg) for _ in range(_DECODE_CALL)]
+        self._io: tuple[list[Any], list[Any], int] | None = None  # decode_captured's
+
+    def _params(self, sample_format: str):
+        """nvImageCodec's decode parameters for `sample_format` (a `SampleFormat` name)."""
+        # Planar YCbCr is the JPEG's own colour space, which nvImageCodec must be told to keep.
+        colours = {"color_spec": self._nv.ColorSpec.UNCHANGED} if sample_format == "P_YUV" else {}
+        return self._nv.DecodeParams(apply_exif_orientation=False,
+                                     sample_format=getattr(self._nv.SampleFormat, sample_format),
+                                     **colours)
 
     def decode(self, count: int, sample_format: str) -> None:
         """`count` decodes into `sample_format` (a `nvimgcodec.SampleFormat` name),
@@ -219,11 +236,7 @@ class JpegDecodes:
         Raises:
           RuntimeError: the decoder refused a JPEG.
         """
-        # Planar YCbCr is the JPEG's own colour space, which nvImageCodec must be told to keep.
-        colours = {"color_spec": self._nv.ColorSpec.UNCHANGED} if sample_format == "P_YUV" else {}
-        params = self._nv.DecodeParams(apply_exif_orientation=False,
-                                       sample_format=getattr(self._nv.SampleFormat, sample_format),
-                                       **colours)
+        params = self._params(sample_format)
         for start in range(0, count, _DECODE_CALL):
             images = self._decoder.decode(self._code_streams[:min(_DECODE_CALL, count - start)],
                                           params=params, cuda_stream=self._stream.handle)
@@ -231,11 +244,89 @@ class JpegDecodes:
                 raise RuntimeError(f"the hardware decoder refused a JPEG into {sample_format}")
             self._stream.synchronize()
 
+    def _capture_io(self) -> tuple[list[Any], list[Any], int]:
+        """What a captured call reads and writes, made once: `_DECODE_CALL` code streams over
+        page-locked host memory and as many images over one device allocation (a capture can
+        neither copy from pageable memory nor allocate), and that allocation's address."""
+        import numpy as np  # pylint: disable=import-outside-toplevel
+
+        if self._io is None:
+            jpeg, image_bytes = _jpeg(), 375 * 500 * 3
+            host, device = ctypes.c_void_p(), ctypes.c_uint64()
+            with self._stream.current():
+                self._stream.call("cuMemHostAlloc", ctypes.byref(host),
+                                  ctypes.c_size_t(len(jpeg) * _DECODE_CALL), 0)
+                self._stream.call("cuMemAlloc_v2", ctypes.byref(device),
+                                  ctypes.c_size_t(image_bytes * _DECODE_CALL))
+            pinned = np.ctypeslib.as_array(
+                (ctypes.c_ubyte * (len(jpeg) * _DECODE_CALL)).from_address(host.value))
+            pinned[:] = np.tile(np.frombuffer(jpeg, np.uint8), _DECODE_CALL)
+            streams = [self._nv.CodeStream(pinned[i * len(jpeg):(i + 1) * len(jpeg)])
+                       for i in range(_DECODE_CALL)]
+            images = [self._nv.as_image(_CudaArray(device.value + i * image_bytes, 375, 500),
+                                        cuda_stream=self._stream.handle)
+                      for i in range(_DECODE_CALL)]
+            self._io = (streams, images, device.value)
+        return self._io
+
+    def decode_captured(self, count: int) -> dict[str, Any]:
+        """`count` decodes into RGB, each call of `_DECODE_CALL` captured into a CUDA graph on
+        the stream and the graph launched there; returned once the GPU has run them, with the
+        first capture's failure (`capture_error`, None if every capture held; the calls stop
+        at it) and the first image's mean pixel beside Pillow's."""
+        import numpy as np  # pylint: disable=import-outside-toplevel
+        import PIL.Image  # pylint: disable=import-outside-toplevel
+
+        streams, images, device = self._capture_io()
+        params, handle = self._params("I_RGB"), ctypes.c_void_p(self._stream.handle)
+        report: dict[str, Any] = {"capture_error": None, "decoded_mean": None}
+        for start in range(0, count, _DECODE_CALL):
+            graph, executable = ctypes.c_void_p(), ctypes.c_void_p()
+            calls = min(_DECODE_CALL, count - start)
+            with self._stream.current():
+                self._stream.call("cuStreamBeginCapture_v2", handle, _CAPTURE_RELAXED)
+                try:
+                    out = self._decoder.decode(streams[:calls], images=images[:calls],
+                                               params=params, cuda_stream=self._stream.handle)
+                    if any(image is None for image in out):
+                        report["capture_error"] = "decode: a JPEG gave no image under capture"
+                except Exception as e:  # pylint: disable=broad-except  # recorded, not raised
+                    report["capture_error"] = f"decode: {type(e).__name__}: {e}"
+                try:  # ended even after a failure: the stream must leave capture
+                    self._stream.call("cuStreamEndCapture", handle, ctypes.byref(graph))
+                except RuntimeError as e:
+                    report["capture_error"] = report["capture_error"] or str(e)
+                if report["capture_error"] is not None:
+                    return report
+                self._stream.call("cuGraphInstantiateWithFlags", ctypes.byref(executable),
+                                  graph, 0)
+                self._stream.call("cuGraphLaunch", executable, handle)
+            self._stream.synchronize()
+            with self._stream.current():
+                self._stream.call("cuGraphExecDestroy", executable)
+                self._stream.call("cuGraphDestroy", graph)
+        first = np.zeros((375, 500, 3), np.uint8)
+        with self._stream.current():
+            self._stream.call("cuMemcpyDtoH_v2", first.ctypes.data_as(ctypes.c_void_p),
+                              ctypes.c_uint64(device), ctypes.c_size_t(first.nbytes))
+        report["decoded_mean"] = float(first.mean())
+        with PIL.Image.open(io.BytesIO(_jpeg())) as image:
+            report["pillow_mean"] = float(np.asarray(image.convert("RGB")).mean())
+        return report
+
+
+class _CudaArray:
+    """`height` x `width` RGB pixels at device address `pointer`, rows packed, as a
+    `__cuda_array_interface__` for `nvimgcodec.as_image`."""
+
+    def __init__(self, pointer: int, height: int, width: int) -> None:
+        self.__cuda_array_interface__ = {
+            "shape": (height, width, 3), "typestr": "|u1", "data": (pointer, False),
+            "strides": None, "version": 3}
+
 
 def _jpeg() -> bytes:
     """A 500 x 375 JPEG of smooth colours (4:2:0, quality 90), as ImageNet's photographs are."""
-    import io  # pylint: disable=import-outside-toplevel
-
     import numpy as np  # pylint: disable=import-outside-toplevel
     import PIL.Image  # pylint: disable=import-outside-toplevel
 
@@ -297,9 +388,13 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             times.run(False)
             if action in _STREAM_ACTIONS:
                 side = side or EmptyKernels(ordinal, args.stream_priority, args.sync_domain)
+            captured: dict[str, Any] = {}
             if action in _DECODED_INTO:
                 decodes = decodes or JpegDecodes(ordinal, side.stream)
-                decodes.decode(count, _DECODED_INTO[action])
+                if action == "q":
+                    captured = decodes.decode_captured(count)
+                else:
+                    decodes.decode(count, _DECODED_INTO[action])
             elif action in _STREAM_ACTIONS:
                 {"k": side.launch, "g": side.launch_graph, "c": side.launch_clustered}[action](
                     count)
@@ -315,7 +410,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             elif action == "destroy":
                 side.destroy()
                 side, decodes = None, None
-            rows.append(_row(times, action, count, args))
+            rows.append({**_row(times, action, count, args), **captured})
             print(rows[-1], flush=True)
     return rows
 

@@ -1290,6 +1290,34 @@ def test_which_launches_prose_quotes_the_json():
         assert moved["boundaries"]["p50_us"] > 0
 
 
+def test_captured_decodes_prose_quotes_the_json():
+    """The hardware decoder captured into CUDA graphs (second_stream_captured): no capture
+    decoded; the pageable attempts left the step as it was until decodes outside a graph, the
+    pinned ones moved it at once."""
+    runs = {r["name"]: r["results"] for r in load("second_stream_captured_1xH200.json")["runs"]}
+    pageable, pinned = runs["pageable"], runs["pinned"]
+    plan = [("alone", 0), ("q", 64), ("alone", 0), ("q", 640), ("alone", 0), ("r", 64),
+            ("alone", 0)]
+    assert [(r["action"], r["count"]) for r in pageable] == plan
+    assert [(r["action"], r["count"]) for r in pinned] == plan
+    failed = ("decode: a JPEG gave no image under capture", None)
+    for r in pageable + pinned:  # every capture failed, none decoded
+        if r["action"] == "q":
+            assert (r["capture_error"], r["decoded_mean"]) == failed
+        else:
+            assert "capture_error" not in r
+    p50 = [r["boundaries"]["p50_us"] for r in pageable]
+    attempted = sum(r["count"] for r in pageable if r["action"] == "q")
+    assert max(p50[:5]) < 0 < min(p50[5:])
+    assert pinned[0]["boundaries"]["p50_us"] < 0 < min(r["boundaries"]["p50_us"]
+                                                       for r in pinned[1:])
+    assert_quoted(" ".join(read("docs/input_pipeline.md").split()), [
+        f"the step's median boundary staying at {_minus(max(p50[:5]))} µs after {attempted} "
+        f"attempted decodes, until 64 decoded outside a graph moved it to {_minus(p50[5])}",
+        f"and the first 64 moved it to {_minus(pinned[1]['boundaries']['p50_us'])} µs",
+    ])
+
+
 def test_gc_freeze_prose_quotes_the_json():
     """The GPU path with and without what the trainer built frozen out of the collector
     (gc_freeze_1xH200): full passes, rates by median and over all intervals, against synthetic."""
@@ -4550,6 +4578,57 @@ def test_crop_in_the_step_program_prose_quotes_the_json():
         f"`fused` in {words[count['fused']]}",
     ])
     assert rounds == 3
+
+
+def test_crop_on_a_second_stream_prose_quotes_the_json():
+    """The crop beside the step on XLA's stream 1, with or without a scheduling group, against
+    the crop apart (crop_streamed), in input_pipeline.md: what it cost, how long two kernels ran
+    at once, and what the dumped schedule put between each annotated call's start and done."""
+    import statistics
+
+    record = load("crop_streamed_1xH200.json")
+    rounds = record["args"]["rounds"]
+    assert record["args"]["later_mode"] and rounds == 2
+    rows = {(r["per_gpu"], r["variant"]): r for r in record["results"]}
+
+    def beyond(n, variant):  # ms a step beyond the step alone, recomputed
+        return (rows[n, variant]["step_time_s"] - rows[n, "alone"]["step_time_s"]) * 1e3
+
+    def medians(row):  # each round's median queued step, ms
+        each = len(row["samples_s"]) // rounds
+        return [statistics.median(row["samples_s"][i * each:(i + 1) * each]) * 1e3
+                for i in range(rounds)]
+
+    at_once = {v: rows[256, v]["trace"]["concurrent_us"]
+               for v in ("alone", "streamed", "grouped")}
+    calls = {(n, v): rows[n, v]["stream_calls"]
+             for n in (256, 64) for v in ("streamed", "grouped")}
+    # Every annotated call on the program's own thread; the crop's first with nothing between
+    # its start and done everywhere; the transpose's with the same work at 256, none at 64.
+    assert all(c["execution_thread"] == "main" for cs in calls.values() for c in cs)
+    assert all(cs[0]["instructions_between"] == 0 for cs in calls.values())
+    between = {cs[1]["instructions_between"] for (n, _), cs in calls.items() if n == 256}
+    assert len(between) == 1 and all(cs[1]["instructions_between"] == 0
+                                     for (n, _), cs in calls.items() if n == 64)
+    grouped = {rows[n, "grouped"]["grouped_instructions"] for n in (256, 64)}
+    assert len(grouped) == 1
+    # At 64, one slow round each (above 16 ms) in apart and grouped, none in alone or streamed.
+    slow = {v: sum(m > 16 for m in medians(rows[64, v]))
+            for v in ("alone", "apart", "streamed", "grouped")}
+    assert slow == {"alone": 0, "apart": 1, "streamed": 0, "grouped": 1}
+    fast = [m for v in ("alone", "apart", "streamed", "grouped") for m in medians(rows[64, v])
+            if m <= 16]
+    assert beyond(64, "streamed") < max(fast) - min(fast)  # within the fast rounds' spread
+    assert_quoted(" ".join(read("docs/input_pipeline.md").split()), [
+        f"the crop cost the step {beyond(256, 'streamed'):.2f} ms a step streamed and "
+        f"{beyond(256, 'grouped'):.2f} grouped against {beyond(256, 'apart'):.2f} apart",
+        f"two kernels ran at once {at_once['streamed']:.0f} and {at_once['grouped']:.0f} µs a "
+        f"step against {at_once['alone']:.0f} with no crop at all",
+        f"(0 instructions between), and only the second call, the transpose into [batch, 224, "
+        f"224, 3], had work between ({between.pop()} instructions)",
+        f"none of the instructions of the program itself carried it ({grouped.pop()})",
+        f"`streamed`'s {beyond(64, 'streamed'):.2f} ms beyond `alone` lies within the spread",
+    ])
 
 
 def _graphs_runs():

@@ -949,21 +949,38 @@ def killed_table(path: str, doc: dict[str, Any]) -> str:
     return "\n".join(["```", *said, "```"])
 
 
+def _crop_schedule(row: dict[str, Any]) -> str:
+    """A crop_in_step row's annotated calls as the schedule placed them: instructions between
+    each start and its done, and the call's execution thread."""
+    return ", ".join(f"{c['instructions_between']} ({c['execution_thread']})"
+                     for c in row.get("stream_calls", [])) or "-"
+
+
 def crop_in_step_table(doc: dict[str, Any]) -> str:
     """The train step with the GPU path's crop apart or in its program (scripts/bench/
-    crop_in_step.py): rates, ms a step beyond the step alone, and each round's median step."""
-    rounds = doc["args"]["rounds"]
+    crop_in_step.py): rates, ms a step beyond the step alone, and each round's median step;
+    where traced, the µs a step two kernels ran at once, and where its HLO was read, what the
+    schedule put between each of the crop's calls' start and done."""
+    rounds, rows = doc["args"]["rounds"], doc["results"]
     model = {"resnet50": "ResNet-50", "alexnet_bn": "AlexNet-BN"}[doc["args"]["train_model"]]
+    traced = any("trace" in r for r in rows)
+    read = any("stream_calls" in r for r in rows)
+    extra = ((" µs a step two kernels ran at once |" if traced else "")
+             + (" instructions between the crop's calls' start and done (thread) |"
+                if read else ""))
     lines = [
         f"The trainer's step on one GPU ({_where(doc)}; {model} 64K config, bf16; one step in "
-        f"flight ahead; the crop's products `{doc['results'][0]['crop_kernel']}`; {rounds} "
-        "rounds, each variant in turn):",
+        f"flight ahead; the crop's products `{rows[0]['crop_kernel']}`; {rounds} "
+        "rounds, each variant in turn"
+        + ("; 10 empty kernels on a second stream first" if doc["args"].get("later_mode")
+           else "") + "):",
         "",
         "| per GPU | variant | images/s | mean images/s | synced images/s | ms a step beyond "
-        "`alone` | median ms a step, each round |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | --- |",
+        "`alone` | median ms a step, each round |" + extra,
+        "| ---: | --- | ---: | ---: | ---: | ---: | --- |"
+        + " ---: |" * traced + " --- |" * read,
     ]
-    for r in doc["results"]:
+    for r in rows:
         each = len(r["samples_s"]) // rounds
         medians = [statistics.median(r["samples_s"][i * each:(i + 1) * each]) * 1e3
                    for i in range(rounds)]
@@ -972,6 +989,8 @@ def crop_in_step_table(doc: dict[str, Any]) -> str:
             f"| {r['per_gpu']} | {r['variant']} | {r['images_per_s']:.0f} | "
             f"{r['mean_images_per_s']:.0f} | {r['synced_images_per_s']:.0f} | {beyond} | "
             + ", ".join(f"{m:.2f}" for m in medians) + " |"
+            + (f" {r['trace']['concurrent_us']:.0f} |" if traced else "")
+            + (f" {_crop_schedule(r)} |" if read else "")
         )
     return "\n".join(lines)
 

@@ -2,6 +2,7 @@
 
 import contextlib
 import ctypes
+import types
 
 import pytest
 
@@ -15,9 +16,10 @@ def test_the_plan_reads_each_action_and_refuses_what_is_none():
         ("alone", 0), ("k", 1), ("k", 1000), ("destroy", 0), ("x", 4), ("p", 5), ("h", 3),
         ("g", 2), ("c", 3), ("destroy", 0), ("j", 6)]
     assert second_stream.parse_plan(["q64", "destroy"]) == [("q", 64), ("destroy", 0)]
+    assert second_stream.parse_plan(["n10", "m64"]) == [("n", 10), ("m", 64)]
     assert second_stream.parse_plan(["y3", "destroy", "r1", "destroy"])[-1] == ("destroy", 0)
-    for bad in ("k0", "k", "z3", "x0", "y0", "r", "q0", "kk", "p-1", "h0", "Alone", "g0", "c",
-                "j-2"):
+    for bad in ("k0", "k", "z3", "x0", "y0", "r", "q0", "n0", "m0", "kk", "p-1", "h0", "Alone",
+                "g0", "c", "j-2"):
         with pytest.raises(ValueError, match=repr(bad)):
             second_stream.parse_plan(["alone", bad])
     for bad in (["alone", "destroy"], ["destroy", "k1"], ["k1", "destroy", "destroy"],
@@ -32,7 +34,7 @@ def test_a_bad_plan_or_no_out_stops_before_any_training(capsys):
         with pytest.raises(SystemExit) as stopped:
             second_stream.main(argv)
         assert stopped.value.code == 2
-    assert ("'k0' is not alone, destroy, kN, xN, gN, cN, jN, rN, yN, qN, pN or hN"
+    assert ("'k0' is not alone, destroy, kN, xN, gN, cN, jN, rN, yN, qN, nN, mN, pN or hN"
             in capsys.readouterr().err)
 
 
@@ -78,6 +80,20 @@ class _FakeDecodes:
         return {"capture_error": None, "decoded_mean": 100.0, "pillow_mean": 100.5}
 
 
+class _FakeGreen:
+    """Records its SMs asked for and each launch, and whether the step was paused."""
+
+    made: list["_FakeGreen"] = []
+
+    def __init__(self, ordinal, sms):
+        self.ordinal, self.asked, self.launches = ordinal, sms, []
+        self.stream = types.SimpleNamespace(sms=24)  # the SMs CUDA gave
+        _FakeGreen.made.append(self)
+
+    def launch(self, count):
+        self.launches.append((count, _paused()))
+
+
 _TIMES = []
 
 
@@ -118,6 +134,8 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
 
     monkeypatch.setattr(second_stream, "xla_programs", ran)
     monkeypatch.setattr(second_stream, "JpegDecodes", _FakeDecodes)
+    monkeypatch.setattr(second_stream, "GreenKernels", _FakeGreen)
+    _FakeGreen.made.clear()
     _FakeKernels.made.clear()
     _FakeDecodes.made.clear()
     doc = second_stream.main(
@@ -125,11 +143,13 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
          "--train_compute_dtype=float32", "--seconds=0.5", "--trace_seconds=0.2",
          "--stream_priority=greatest", "--sync_domain=remote",
          "--plan", "alone", "k2", "x3", "y64", "k3", "x1", "p7", "destroy", "r5", "k1", "h2",
-         "g4", "c5", "j6", "y2", "q3", f"--out={tmp_path / 'o.json'}"])
+         "g4", "c5", "j6", "y2", "q3", "n2", "m4", "n5", "--green_sms=20",
+         f"--out={tmp_path / 'o.json'}"])
     rows = doc["results"]
     assert [(r["action"], r["count"]) for r in rows] == [
         ("alone", 0), ("k", 2), ("x", 3), ("y", 64), ("k", 3), ("x", 1), ("p", 7), ("destroy", 0),
-        ("r", 5), ("k", 1), ("h", 2), ("g", 4), ("c", 5), ("j", 6), ("y", 2), ("q", 3)]
+        ("r", 5), ("k", 1), ("h", 2), ("g", 4), ("c", 5), ("j", 6), ("y", 2), ("q", 3), ("n", 2),
+        ("m", 4), ("n", 5)]
     first, xla, second = _FakeKernels.made
     assert first.launches == [(2, True), (3, True)] and first.destroyed is True
     assert xla.launches == [(3, True), (1, True)] and not xla.destroyed
@@ -139,11 +159,16 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
     assert not second.destroyed
     assert first.stream_options == second.stream_options == ("greatest", "remote")
     # Decodes on the second stream of their time: one decoder per stream, remade after destroy.
-    before, after = _FakeDecodes.made
+    before, after, on_green = _FakeDecodes.made  # m's decoder on the green context's stream
     assert (before.stream, after.stream) == (first.stream, second.stream)
+    assert on_green.stream is _FakeGreen.made[0].stream
+    assert on_green.decodes == [(4, "I_RGB", True)]
     assert before.decodes == [(64, "P_YUV", True)]
     assert after.decodes == [(5, "I_RGB", True), (2, "P_YUV", True), ("captured", 3, True)]
-    assert rows[-1]["decoded_mean"] == 100.0 and "decoded_mean" not in rows[-2]
+    assert rows[-4]["decoded_mean"] == 100.0 and "decoded_mean" not in rows[-5]
+    (green,) = _FakeGreen.made  # one green context for every n and m, its SMs in their rows
+    assert (green.asked, green.launches) == (20, [(2, True), (5, True)])
+    assert [r.get("green_sms") for r in rows[-4:]] == [None, 24, 24, 24]
     assert others == [(0, 7, True)] and copies == [(2, True)] and programs == [(6, True)]
     for r in rows:
         assert r["seconds"] >= 0.5 and r["traced_steps"] >= 1 and r["boundaries"] is None, r
@@ -153,7 +178,8 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
     assert [line.split(" | ")[2:4] for line in table.splitlines() if line.startswith("| - |")] == [
         ["alone", "0"], ["k2", "2"], ["x3", "5"], ["y64", "5"], ["k3", "8"], ["x1", "9"],
         ["p7", "9"], ["destroy", "9"], ["r5", "9"], ["k1", "10"], ["h2", "10"], ["g4", "14"],
-        ["c5", "19"], ["j6", "19"], ["y2", "19"], ["q3", "19"]]
+        ["c5", "19"], ["j6", "19"], ["y2", "19"], ["q3", "19"], ["n2", "19"],
+        ["m4", "19"], ["n5", "19"]]
     assert f"| {rows[1]['train_images_per_s']:,.0f} |" in table
 
 
@@ -296,20 +322,27 @@ def test_clustered_launches_are_told_what_nccl_tells_its_own(monkeypatch):
 
 def test_jpeg_decodes_call_the_hardware_decoder_64_at_a_time_on_the_stream(monkeypatch):
     """On a fake nvImageCodec: calls of at most 64 code streams of one 500 x 375 4:2:0 JPEG, each
-    on the stream given and waited for; a refused JPEG raises, naming the format."""
+    on the stream given, its context current (as the decoder's making), and waited for; a
+    refused JPEG raises, naming the format."""
     import io
     import sys
-    import types
 
     import PIL.Image
 
-    calls, waits = [], []
+    calls, waits, current = [], [], []
+
+    @contextlib.contextmanager
+    def made_current():
+        current.append(True)
+        yield
+        current.pop()
 
     class Decoder:
         def __init__(self, device_id, backends):
-            assert (device_id, backends) == (3, ["HW_GPU_ONLY"])
+            assert (device_id, backends, current) == (3, ["HW_GPU_ONLY"], [True])
 
         def decode(self, streams, params, cuda_stream):
+            assert current == [True]
             calls.append((len(streams), params["sample_format"], params.get("color_spec"),
                           cuda_stream))
             return [None if params["sample_format"] == "NV12" else s for s in streams]
@@ -321,7 +354,8 @@ def test_jpeg_decodes_call_the_hardware_decoder_64_at_a_time_on_the_stream(monke
         SampleFormat=types.SimpleNamespace(P_YUV="P_YUV", I_RGB="I_RGB", NV12="NV12"))
     monkeypatch.setitem(sys.modules, "nvidia", types.SimpleNamespace(nvimgcodec=fake))
     monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", fake)
-    stream = types.SimpleNamespace(handle=99, synchronize=lambda: waits.append(len(calls)))
+    stream = types.SimpleNamespace(handle=99, synchronize=lambda: waits.append(len(calls)),
+                                   current=made_current)
     decodes = second_stream.JpegDecodes(3, stream)
     decodes.decode(150, "P_YUV")  # in the JPEG's own colours: nvImageCodec refuses P_YUV in sRGB
     decodes.decode(10, "I_RGB")
@@ -377,3 +411,42 @@ def test_a_failed_capture_is_recorded_and_still_ended(monkeypatch, fails, error)
     report = decodes.decode_captured(128)
     assert report == {"capture_error": error, "decoded_mean": None}
     assert driver.calls == ["cuStreamBeginCapture_v2", "cuStreamEndCapture"]
+
+
+_GREEN_CALLS = (
+    "cuDeviceGetDevResource", "cuDevSmResourceSplitByCount", "cuDevResourceGenerateDesc",
+    "cuGreenCtxCreate", "cuCtxFromGreenCtx", "cuGreenCtxStreamCreate", "cuModuleLoadData",
+    "cuModuleGetFunction", "cuLaunchKernel")
+
+
+class _GreenDriver(_FakeDriver):
+    """As _FakeDriver, with green contexts: the SMs split off are 8 more than asked for (CUDA
+    rounds up to its granularity), written where cuda.h puts an SM resource's count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __getattr__(self, name):
+        if name in _GREEN_CALLS:
+            self.calls.append(name)
+        return super().__getattr__(name)
+
+    def _cuDevSmResourceSplitByCount(self, result, groups, whole, rest, flags, minimum):
+        ctypes.c_uint.from_buffer(result, 96).value = minimum + 8
+        return 0
+
+    def _cuGreenCtxStreamCreate(self, stream, green, flags, priority):
+        stream._obj.value = 99
+        return 0
+
+
+def test_a_green_context_is_made_once_and_its_stream_launches(monkeypatch):
+    from jia_jax import cuda_stream
+
+    driver = _GreenDriver()
+    monkeypatch.setattr(cuda_stream.ctypes, "CDLL", lambda name: driver)
+    green = second_stream.GreenKernels(0, 16)
+    assert (green.stream.sms, green.stream.handle) == (24, 99)
+    green.launch(3)
+    assert driver.calls == [*_GREEN_CALLS, "cuLaunchKernel", "cuLaunchKernel"]

@@ -29,6 +29,11 @@ traces the step alone for --trace_seconds (how its stream's kernels followed one
     decoders' work reach the GPU in graphs? The row records whether each capture held
     (`capture_error`, the first failure, else None) and the decoded pixels' mean beside
     Pillow's of the same JPEG (`decoded_mean`, `pillow_mean`: did the graph decode?);
+  * `nN`: N empty kernels on a stream of a green context of this process (CUDA's partition of
+    the GPU's SMs, `--green_sms` of them, made by the first `n`): does a context of its own
+    within the process leave the step as another process's does?
+  * `mN`: N JPEGs decoded into RGB as `rN` decodes them, on the green context's stream (made by
+    the first `n` or `m`), the decoder made and run with that context current;
   * `pN`: N empty kernels on a stream of another process (a CUDA context of its own);
   * `hN`: N copies of 1 MiB from host memory to the GPU (`jax.device_put`, as the CPU input
     path hands over its batches), each waited for;
@@ -50,13 +55,14 @@ memory-synchronisation domain (where NCCL launches its own on Hopper GPUs,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import io
 import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from jia_jax import cuda_stream
@@ -85,7 +91,7 @@ _CLUSTER = 4
 # _RELAXED also lets the capturing thread allocate (as a decoder may for its output).
 _CAPTURE_THREAD_LOCAL = 1
 _CAPTURE_RELAXED = 2
-_ACTIONS = ("k", "x", "g", "c", "j", "r", "y", "q", "p", "h")  # kN, xN, ...: N >= 1
+_ACTIONS = ("k", "x", "g", "c", "j", "r", "y", "q", "n", "m", "p", "h")  # kN, xN, ...: N >= 1
 # Those that launch on the second stream (made by the first), and the decodes' sample formats.
 _STREAM_ACTIONS = ("k", "g", "c", "r", "y", "q")
 _DECODED_INTO = {"r": "I_RGB", "y": "P_YUV", "q": "I_RGB"}
@@ -109,7 +115,7 @@ class _LaunchConfig(ctypes.Structure):
 
 def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
     """(action, count) per token of --plan: `alone` and `destroy` (count 0), `kN`, `xN`, `gN`,
-    `cN`, `jN`, `rN`, `yN`, `qN`, `pN` and `hN` with N >= 1.
+    `cN`, `jN`, `rN`, `yN`, `qN`, `nN`, `mN`, `pN` and `hN` with N >= 1.
 
     Raises:
       ValueError: a token is none of these (the message names it and the forms), or a destroy
@@ -128,7 +134,7 @@ def parse_plan(tokens: Sequence[str]) -> list[tuple[str, int]]:
             plan.append((token[0], int(token[1:])))
         else:
             raise ValueError(f"--plan: {token!r} is not alone, destroy, kN, xN, gN, cN, jN, rN, "
-                             "yN, qN, pN or hN (N >= 1)")
+                             "yN, qN, nN, mN, pN or hN (N >= 1)")
     return plan
 
 
@@ -207,6 +213,70 @@ class EmptyKernels:
             self.stream.call("cuStreamDestroy_v2", ctypes.c_void_p(self.stream.handle))
 
 
+class GreenStream:
+    """A non-blocking stream of a green context holding `sms` (at least; CUDA rounds up) of the
+    SMs of the GPU of CUDA ordinal `ordinal` (CUDA's green contexts, driver 12.4 and later),
+    used as a `cuda_stream.CudaStream` is: `handle`, `current()` (the green context current),
+    `synchronize()`, `call()`. `sms`: the SMs it got."""
+
+    # cuda.h's CUdevResource: a type, 92 bytes of padding, the resource (an SM resource's
+    # count first) and, from CUDA 13, a pointer: 144 bytes in CUDA 12 and 13 alike.
+    _RESOURCE_BYTES, _SM_COUNT_AT, _SM_TYPE = 144, 96, 1
+    _GREEN_DEFAULT_STREAM, _NON_BLOCKING = 1, 1
+
+    def __init__(self, ordinal: int, sms: int) -> None:
+        self._driver = cuda_stream.CudaStream(ordinal)  # the driver, its primary context
+        self.call = self._driver.call
+        device = ctypes.c_int()
+        self.call("cuDeviceGet", ctypes.byref(device), ordinal)
+        whole, part, rest = (ctypes.create_string_buffer(self._RESOURCE_BYTES) for _ in "abc")
+        self.call("cuDeviceGetDevResource", device, whole, self._SM_TYPE)
+        groups = ctypes.c_uint(1)
+        self.call("cuDevSmResourceSplitByCount", part, ctypes.byref(groups), whole, rest, 0, sms)
+        self.sms = ctypes.c_uint.from_buffer(part, self._SM_COUNT_AT).value
+        desc, green = ctypes.c_void_p(), ctypes.c_void_p()
+        self.call("cuDevResourceGenerateDesc", ctypes.byref(desc), part, 1)
+        self.call("cuGreenCtxCreate", ctypes.byref(green), desc, device,
+                  self._GREEN_DEFAULT_STREAM)
+        self._context, stream = ctypes.c_void_p(), ctypes.c_void_p()
+        self.call("cuCtxFromGreenCtx", ctypes.byref(self._context), green)
+        self.call("cuGreenCtxStreamCreate", ctypes.byref(stream), green, self._NON_BLOCKING, 0)
+        self.handle: int = stream.value
+
+    @contextlib.contextmanager
+    def current(self) -> Iterator[None]:
+        """The green context current on this thread for the block."""
+        self.call("cuCtxPushCurrent_v2", self._context)
+        try:
+            yield
+        finally:
+            self.call("cuCtxPopCurrent_v2", ctypes.byref(ctypes.c_void_p()))
+
+    def synchronize(self) -> None:
+        """Returns once the GPU has run everything enqueued on the stream."""
+        self.call("cuStreamSynchronize", ctypes.c_void_p(self.handle))
+
+
+class GreenKernels:
+    """An empty kernel launched on a `GreenStream` of `sms` SMs of GPU `ordinal`."""
+
+    def __init__(self, ordinal: int, sms: int) -> None:
+        self.stream = GreenStream(ordinal, sms)
+        with self.stream.current():  # a module is its context's: loaded in the green one
+            module, self._kernel = ctypes.c_void_p(), ctypes.c_void_p()
+            self.stream.call("cuModuleLoadData", ctypes.byref(module), _EMPTY_PTX)
+            self.stream.call("cuModuleGetFunction", ctypes.byref(self._kernel), module, b"empty")
+
+    def launch(self, count: int) -> None:
+        """`count` launches of one thread each, returned once the GPU has run them."""
+        handle = ctypes.c_void_p(self.stream.handle)
+        with self.stream.current():
+            for _ in range(count):
+                self.stream.call("cuLaunchKernel", self._kernel, 1, 1, 1, 1, 1, 1, 0, handle,
+                                 None, None)
+        self.stream.synchronize()
+
+
 class JpegDecodes:
     """nvImageCodec's hardware decoder, decoding one generated JPEG over and over on `stream`
     (a `cuda_stream.CudaStream`) of the GPU of CUDA ordinal `ordinal`."""
@@ -215,8 +285,10 @@ class JpegDecodes:
         from nvidia import nvimgcodec  # pylint: disable=import-outside-toplevel
 
         self._nv, self._stream = nvimgcodec, stream
-        self._decoder = nvimgcodec.Decoder(
-            device_id=ordinal, backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
+        with stream.current():  # the stream's context, whose memory and streams it takes
+            self._decoder = nvimgcodec.Decoder(
+                device_id=ordinal,
+                backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
         jpeg = _jpeg()
         self._code_streams = [nvimgcodec.CodeStream(jpeg) for _ in range(_DECODE_CALL)]
         self._io: tuple[list[Any], list[Any], int] | None = None  # decode_captured's
@@ -238,8 +310,10 @@ class JpegDecodes:
         """
         params = self._params(sample_format)
         for start in range(0, count, _DECODE_CALL):
-            images = self._decoder.decode(self._code_streams[:min(_DECODE_CALL, count - start)],
-                                          params=params, cuda_stream=self._stream.handle)
+            with self._stream.current():
+                images = self._decoder.decode(
+                    self._code_streams[:min(_DECODE_CALL, count - start)], params=params,
+                    cuda_stream=self._stream.handle)
             if any(image is None for image in images):
                 raise RuntimeError(f"the hardware decoder refused a JPEG into {sample_format}")
             self._stream.synchronize()
@@ -382,17 +456,19 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     side: EmptyKernels | None = None
     xla: EmptyKernels | None = None
     decodes: JpegDecodes | None = None  # on `side`'s stream
+    green: GreenKernels | None = None
+    green_decodes: JpegDecodes | None = None  # on `green`'s stream
     rows = []
     with step_thread.training(device, args.per_gpu, args) as times:
         for action, count in parse_plan(args.plan):
             times.run(False)
             if action in _STREAM_ACTIONS:
                 side = side or EmptyKernels(ordinal, args.stream_priority, args.sync_domain)
-            captured: dict[str, Any] = {}
+            extra: dict[str, Any] = {}  # what the action reports beside the row
             if action in _DECODED_INTO:
                 decodes = decodes or JpegDecodes(ordinal, side.stream)
                 if action == "q":
-                    captured = decodes.decode_captured(count)
+                    extra = decodes.decode_captured(count)
                 else:
                     decodes.decode(count, _DECODED_INTO[action])
             elif action in _STREAM_ACTIONS:
@@ -403,6 +479,14 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             elif action == "x":
                 xla = xla or EmptyKernels(ordinal, existing=xla_stream(device))
                 xla.launch(count)
+            elif action in ("n", "m"):
+                green = green or GreenKernels(ordinal, args.green_sms)
+                if action == "n":
+                    green.launch(count)
+                else:
+                    green_decodes = green_decodes or JpegDecodes(ordinal, green.stream)
+                    green_decodes.decode(count, "I_RGB")
+                extra = {"green_sms": green.stream.sms}
             elif action == "p":
                 other_process(ordinal, count)
             elif action == "h":
@@ -410,7 +494,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             elif action == "destroy":
                 side.destroy()
                 side, decodes = None, None
-            rows.append({**_row(times, action, count, args), **captured})
+            rows.append({**_row(times, action, count, args), **extra})
             print(rows[-1], flush=True)
     return rows
 
@@ -440,7 +524,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--per_gpu", type=int, default=64)
     parser.add_argument("--plan", nargs="+", default=["alone", "k1", "k1000", "alone"],
                         help="actions, each followed by a row: alone, kN, xN, gN, cN, jN, rN, yN, "
-                        "pN, hN, destroy")
+                        "qN, nN, mN, pN, hN, destroy")
     parser.add_argument("--seconds", type=float, default=6.0, help="each row's seconds timed")
     parser.add_argument("--trace_seconds", type=float, default=1.0,
                         help="each row's seconds traced, first")
@@ -451,6 +535,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--train_model", default="resnet50")
     parser.add_argument("--train_compute_dtype", default="bfloat16")
     parser.add_argument("--tiny_model", action="store_true", help="a tiny model (CPU tests)")
+    parser.add_argument("--green_sms", type=int, default=16,
+                        help="nN's and mN's green context: at least this many SMs (CUDA rounds "
+                        "up)")
     parser.add_argument("--launch_only", type=int, default=0,
                         help="internal (pN): launch this many empty kernels and exit")
     parser.add_argument("--ordinal", type=int, default=0, help="internal (pN): the GPU")

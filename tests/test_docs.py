@@ -1318,6 +1318,24 @@ def test_captured_decodes_prose_quotes_the_json():
     ])
 
 
+def test_green_context_prose_quotes_the_json():
+    """Kernels and decodes on a green context's stream (second_stream_green) put the step in
+    the later mode as the process's own streams do, in input_pipeline.md."""
+    runs = {r["name"]: r["results"] for r in load("second_stream_green_1xH200.json")["runs"]}
+    kernels, decodes = runs["kernels"], runs["decodes"]
+    assert [(r["action"], r["count"]) for r in kernels][:2] == [("alone", 0), ("n", 10)]
+    assert [(r["action"], r["count"]) for r in decodes][:2] == [("alone", 0), ("m", 64)]
+    assert {r["green_sms"] for r in kernels + decodes if "green_sms" in r} == {16}
+    p50 = lambda r: _minus(r["boundaries"]["p50_us"])  # noqa: E731
+    for run in (kernels, decodes):  # before any action negative, positive ever after
+        assert run[0]["boundaries"]["p50_us"] < 0 < min(r["boundaries"]["p50_us"]
+                                                        for r in run[1:])
+    assert_quoted(" ".join(read("docs/input_pipeline.md").split()), [
+        f"10 kernels moved the step's median boundary from {p50(kernels[0])} µs to "
+        f"{p50(kernels[1])}, and 64 decodes from {p50(decodes[0])} to {p50(decodes[1])}",
+    ])
+
+
 def test_gc_freeze_prose_quotes_the_json():
     """The GPU path with and without what the trainer built frozen out of the collector
     (gc_freeze_1xH200): full passes, rates by median and over all intervals, against synthetic."""

@@ -178,8 +178,8 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
     assert [line.split(" | ")[2:4] for line in table.splitlines() if line.startswith("| - |")] == [
         ["alone", "0"], ["k2", "2"], ["x3", "5"], ["y64", "5"], ["k3", "8"], ["x1", "9"],
         ["p7", "9"], ["destroy", "9"], ["r5", "9"], ["k1", "10"], ["h2", "10"], ["g4", "14"],
-        ["c5", "19"], ["j6", "19"], ["y2", "19"], ["q3", "19"], ["n2", "19"],
-        ["m4", "19"], ["n5", "19"]]
+        ["c5", "19"], ["j6", "19"], ["y2", "19"], ["q3", "19"], ["n2", "21"],
+        ["m4", "21"], ["n5", "26"]]
     assert f"| {rows[1]['train_images_per_s']:,.0f} |" in table
 
 

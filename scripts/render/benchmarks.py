@@ -997,11 +997,11 @@ def crop_in_step_table(doc: dict[str, Any]) -> str:
 
 def kernels_so_far(results: list[dict[str, Any]]) -> list[int]:
     """Empty kernels launched on a stream of the process other than the step's before each row
-    of a scripts/bench/second_stream.py run (its `k`, `x`, `g` and `c` actions add up; `j`,
-    `r`, `y`, `p`, `h` and `destroy` add none)."""
+    of a scripts/bench/second_stream.py run (its `k`, `x`, `g`, `c` and `n` actions add up;
+    `j`, `r`, `y`, `q`, `m`, `p`, `h` and `destroy` add none)."""
     total, counts = 0, []
     for r in results:
-        total += r["count"] if r["action"] in ("k", "x", "g", "c") else 0
+        total += r["count"] if r["action"] in ("k", "x", "g", "c", "n") else 0
         counts.append(total)
     return counts
 

@@ -279,7 +279,7 @@ class GreenKernels:
 
 class JpegDecodes:
     """nvImageCodec's hardware decoder, decoding one generated JPEG over and over on `stream`
-    (a `cuda_stream.CudaStream`) of the GPU of CUDA ordinal `ordinal`."""
+    (a `cuda_stream.CudaStream` or a `GreenStream`) of the GPU of CUDA ordinal `ordinal`."""
 
     def __init__(self, ordinal: int, stream: cuda_stream.CudaStream) -> None:
         from nvidia import nvimgcodec  # pylint: disable=import-outside-toplevel

@@ -1314,7 +1314,7 @@ def test_captured_decodes_prose_quotes_the_json():
     assert_quoted(" ".join(read("docs/input_pipeline.md").split()), [
         f"the step's median boundary staying at {_minus(max(p50[:5]))} µs after {attempted} "
         f"attempted decodes, until 64 decoded outside a graph moved it to {_minus(p50[5])}",
-        f"and the first 64 moved it to {_minus(pinned[1]['boundaries']['p50_us'])} µs",
+        f"though no capture held, the first 64 to {_minus(pinned[1]['boundaries']['p50_us'])} µs",
     ])
 
 

@@ -49,6 +49,12 @@ class _FakeKernels:
         self.stream = object()  # a stream of its own
         _FakeKernels.made.append(self)
 
+    @classmethod
+    def on(cls, stream):  # on a stream made elsewhere (a green context's)
+        kernels = cls(stream.ordinal, existing=stream)
+        kernels.stream = stream
+        return kernels
+
     def launch(self, count):
         self.launches.append((count, _paused()))
 
@@ -81,17 +87,13 @@ class _FakeDecodes:
 
 
 class _FakeGreen:
-    """Records its SMs asked for and each launch, and whether the step was paused."""
+    """A green context's stream: the SMs asked for, and those CUDA gave."""
 
     made: list["_FakeGreen"] = []
 
     def __init__(self, ordinal, sms):
-        self.ordinal, self.asked, self.launches = ordinal, sms, []
-        self.stream = types.SimpleNamespace(sms=24)  # the SMs CUDA gave
+        self.ordinal, self.asked, self.sms = ordinal, sms, 24
         _FakeGreen.made.append(self)
-
-    def launch(self, count):
-        self.launches.append((count, _paused()))
 
 
 _TIMES = []
@@ -134,7 +136,7 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
 
     monkeypatch.setattr(second_stream, "xla_programs", ran)
     monkeypatch.setattr(second_stream, "JpegDecodes", _FakeDecodes)
-    monkeypatch.setattr(second_stream, "GreenKernels", _FakeGreen)
+    monkeypatch.setattr(second_stream, "GreenStream", _FakeGreen)
     _FakeGreen.made.clear()
     _FakeKernels.made.clear()
     _FakeDecodes.made.clear()
@@ -150,7 +152,7 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
         ("alone", 0), ("k", 2), ("x", 3), ("y", 64), ("k", 3), ("x", 1), ("p", 7), ("destroy", 0),
         ("r", 5), ("k", 1), ("h", 2), ("g", 4), ("c", 5), ("j", 6), ("y", 2), ("q", 3), ("n", 2),
         ("m", 4), ("n", 5)]
-    first, xla, second = _FakeKernels.made
+    first, xla, second, on_green = _FakeKernels.made
     assert first.launches == [(2, True), (3, True)] and first.destroyed is True
     assert xla.launches == [(3, True), (1, True)] and not xla.destroyed
     assert (first.existing, xla.existing, second.existing) == (None, 4242, None)
@@ -159,15 +161,16 @@ def test_each_action_runs_with_the_step_paused_then_a_row(tmp_path, monkeypatch)
     assert not second.destroyed
     assert first.stream_options == second.stream_options == ("greatest", "remote")
     # Decodes on the second stream of their time: one decoder per stream, remade after destroy.
-    before, after, on_green = _FakeDecodes.made  # m's decoder on the green context's stream
+    before, after, green_decodes = _FakeDecodes.made  # m's decoder on the green stream
     assert (before.stream, after.stream) == (first.stream, second.stream)
-    assert on_green.stream is _FakeGreen.made[0].stream
-    assert on_green.decodes == [(4, "I_RGB", True)]
+    assert green_decodes.stream is _FakeGreen.made[0]
+    assert green_decodes.decodes == [(4, "I_RGB", True)]
     assert before.decodes == [(64, "P_YUV", True)]
     assert after.decodes == [(5, "I_RGB", True), (2, "P_YUV", True), ("captured", 3, True)]
     assert rows[-4]["decoded_mean"] == 100.0 and "decoded_mean" not in rows[-5]
     (green,) = _FakeGreen.made  # one green context for every n and m, its SMs in their rows
-    assert (green.asked, green.launches) == (20, [(2, True), (5, True)])
+    assert (green.asked, on_green.stream) == (20, green)
+    assert on_green.launches == [(2, True), (5, True)]
     assert [r.get("green_sms") for r in rows[-4:]] == [None, 24, 24, 24]
     assert others == [(0, 7, True)] and copies == [(2, True)] and programs == [(6, True)]
     for r in rows:
@@ -446,7 +449,7 @@ def test_a_green_context_is_made_once_and_its_stream_launches(monkeypatch):
 
     driver = _GreenDriver()
     monkeypatch.setattr(cuda_stream.ctypes, "CDLL", lambda name: driver)
-    green = second_stream.GreenKernels(0, 16)
+    green = second_stream.EmptyKernels.on(second_stream.GreenStream(0, 16))
     assert (green.stream.sms, green.stream.handle) == (24, 99)
     green.launch(3)
     assert driver.calls == [*_GREEN_CALLS, "cuLaunchKernel", "cuLaunchKernel"]

@@ -154,6 +154,17 @@ class EmptyKernels:
                                  _MEM_SYNC_DOMAIN, ctypes.byref(value))
             self._kernel = self._load(_EMPTY_PTX)
 
+    @classmethod
+    def on(cls, stream: Any) -> "EmptyKernels":
+        """The empty kernel launched on `stream` (a `GreenStream`, or any stream used as a
+        `cuda_stream.CudaStream` is), whose settings are left as they were made; the kernel
+        loaded in the stream's context (a module is its context's)."""
+        kernels = cls.__new__(cls)
+        kernels.stream, kernels._clustered = stream, None
+        with stream.current():
+            kernels._kernel = kernels._load(_EMPTY_PTX)
+        return kernels
+
     def _load(self, ptx: bytes) -> ctypes.c_void_p:
         """The kernel `empty` of `ptx`, compiled by the driver (its context current)."""
         module, kernel = ctypes.c_void_p(), ctypes.c_void_p()
@@ -175,18 +186,12 @@ class EmptyKernels:
     def launch_graph(self, count: int) -> None:
         """`count` launches captured into one CUDA graph, which is launched once on the stream;
         returned once the GPU has run it."""
-        graph, executable = ctypes.c_void_p(), ctypes.c_void_p()
-        handle = ctypes.c_void_p(self.stream.handle)
+        graph, handle = ctypes.c_void_p(), ctypes.c_void_p(self.stream.handle)
         with self.stream.current():
             self.stream.call("cuStreamBeginCapture_v2", handle, _CAPTURE_THREAD_LOCAL)
             self._launch_each(count)
             self.stream.call("cuStreamEndCapture", handle, ctypes.byref(graph))
-            self.stream.call("cuGraphInstantiateWithFlags", ctypes.byref(executable), graph, 0)
-            self.stream.call("cuGraphLaunch", executable, handle)
-        self.stream.synchronize()
-        with self.stream.current():
-            self.stream.call("cuGraphExecDestroy", executable)
-            self.stream.call("cuGraphDestroy", graph)
+        launch_graph(self.stream, graph)
 
     def launch_clustered(self, count: int) -> None:
         """`count` launches of a cluster of 4 one-thread blocks each in CUDA's remote
@@ -257,24 +262,17 @@ class GreenStream:
         self.call("cuStreamSynchronize", ctypes.c_void_p(self.handle))
 
 
-class GreenKernels:
-    """An empty kernel launched on a `GreenStream` of `sms` SMs of GPU `ordinal`."""
-
-    def __init__(self, ordinal: int, sms: int) -> None:
-        self.stream = GreenStream(ordinal, sms)
-        with self.stream.current():  # a module is its context's: loaded in the green one
-            module, self._kernel = ctypes.c_void_p(), ctypes.c_void_p()
-            self.stream.call("cuModuleLoadData", ctypes.byref(module), _EMPTY_PTX)
-            self.stream.call("cuModuleGetFunction", ctypes.byref(self._kernel), module, b"empty")
-
-    def launch(self, count: int) -> None:
-        """`count` launches of one thread each, returned once the GPU has run them."""
-        handle = ctypes.c_void_p(self.stream.handle)
-        with self.stream.current():
-            for _ in range(count):
-                self.stream.call("cuLaunchKernel", self._kernel, 1, 1, 1, 1, 1, 1, 0, handle,
-                                 None, None)
-        self.stream.synchronize()
+def launch_graph(stream: Any, graph: ctypes.c_void_p) -> None:
+    """`graph`, captured on `stream` (a `cuda_stream.CudaStream` or a `GreenStream`),
+    instantiated and launched there; returned once the GPU has run it, the graph destroyed."""
+    executable, handle = ctypes.c_void_p(), ctypes.c_void_p(stream.handle)
+    with stream.current():
+        stream.call("cuGraphInstantiateWithFlags", ctypes.byref(executable), graph, 0)
+        stream.call("cuGraphLaunch", executable, handle)
+    stream.synchronize()
+    with stream.current():
+        stream.call("cuGraphExecDestroy", executable)
+        stream.call("cuGraphDestroy", graph)
 
 
 class JpegDecodes:
@@ -289,8 +287,8 @@ class JpegDecodes:
             self._decoder = nvimgcodec.Decoder(
                 device_id=ordinal,
                 backends=[nvimgcodec.Backend(nvimgcodec.BackendKind.HW_GPU_ONLY)])
-        jpeg = _jpeg()
-        self._code_streams = [nvimgcodec.CodeStream(jpeg) for _ in range(_DECODE_CALL)]
+        self._jpeg = _jpeg()
+        self._code_streams = [nvimgcodec.CodeStream(self._jpeg) for _ in range(_DECODE_CALL)]
         self._io: tuple[list[Any], list[Any], int] | None = None  # decode_captured's
 
     def _params(self, sample_format: str):
@@ -324,8 +322,10 @@ class JpegDecodes:
         neither copy from pageable memory nor allocate), and that allocation's address."""
         import numpy as np  # pylint: disable=import-outside-toplevel
 
+        from jia_jax import gpu_decode  # pylint: disable=import-outside-toplevel
+
         if self._io is None:
-            jpeg, image_bytes = _jpeg(), 375 * 500 * 3
+            jpeg, image_bytes = self._jpeg, 375 * 500 * 3
             host, device = ctypes.c_void_p(), ctypes.c_uint64()
             with self._stream.current():
                 self._stream.call("cuMemHostAlloc", ctypes.byref(host),
@@ -337,7 +337,8 @@ class JpegDecodes:
             pinned[:] = np.tile(np.frombuffer(jpeg, np.uint8), _DECODE_CALL)
             streams = [self._nv.CodeStream(pinned[i * len(jpeg):(i + 1) * len(jpeg)])
                        for i in range(_DECODE_CALL)]
-            images = [self._nv.as_image(_CudaArray(device.value + i * image_bytes, 375, 500),
+            view = gpu_decode._DeviceView  # pylint: disable=protected-access
+            images = [self._nv.as_image(view(device.value + i * image_bytes, 375, 500, 500),
                                         cuda_stream=self._stream.handle)
                       for i in range(_DECODE_CALL)]
             self._io = (streams, images, device.value)
@@ -355,8 +356,7 @@ class JpegDecodes:
         params, handle = self._params("I_RGB"), ctypes.c_void_p(self._stream.handle)
         report: dict[str, Any] = {"capture_error": None, "decoded_mean": None}
         for start in range(0, count, _DECODE_CALL):
-            graph, executable = ctypes.c_void_p(), ctypes.c_void_p()
-            calls = min(_DECODE_CALL, count - start)
+            graph, calls = ctypes.c_void_p(), min(_DECODE_CALL, count - start)
             with self._stream.current():
                 self._stream.call("cuStreamBeginCapture_v2", handle, _CAPTURE_RELAXED)
                 try:
@@ -370,33 +370,17 @@ class JpegDecodes:
                     self._stream.call("cuStreamEndCapture", handle, ctypes.byref(graph))
                 except RuntimeError as e:
                     report["capture_error"] = report["capture_error"] or str(e)
-                if report["capture_error"] is not None:
-                    return report
-                self._stream.call("cuGraphInstantiateWithFlags", ctypes.byref(executable),
-                                  graph, 0)
-                self._stream.call("cuGraphLaunch", executable, handle)
-            self._stream.synchronize()
-            with self._stream.current():
-                self._stream.call("cuGraphExecDestroy", executable)
-                self._stream.call("cuGraphDestroy", graph)
+            if report["capture_error"] is not None:
+                return report
+            launch_graph(self._stream, graph)
         first = np.zeros((375, 500, 3), np.uint8)
         with self._stream.current():
             self._stream.call("cuMemcpyDtoH_v2", first.ctypes.data_as(ctypes.c_void_p),
                               ctypes.c_uint64(device), ctypes.c_size_t(first.nbytes))
         report["decoded_mean"] = float(first.mean())
-        with PIL.Image.open(io.BytesIO(_jpeg())) as image:
+        with PIL.Image.open(io.BytesIO(self._jpeg)) as image:
             report["pillow_mean"] = float(np.asarray(image.convert("RGB")).mean())
         return report
-
-
-class _CudaArray:
-    """`height` x `width` RGB pixels at device address `pointer`, rows packed, as a
-    `__cuda_array_interface__` for `nvimgcodec.as_image`."""
-
-    def __init__(self, pointer: int, height: int, width: int) -> None:
-        self.__cuda_array_interface__ = {
-            "shape": (height, width, 3), "typestr": "|u1", "data": (pointer, False),
-            "strides": None, "version": 3}
 
 
 def _jpeg() -> bytes:
@@ -456,7 +440,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     side: EmptyKernels | None = None
     xla: EmptyKernels | None = None
     decodes: JpegDecodes | None = None  # on `side`'s stream
-    green: GreenKernels | None = None
+    green: EmptyKernels | None = None  # on a GreenStream
     green_decodes: JpegDecodes | None = None  # on `green`'s stream
     rows = []
     with step_thread.training(device, args.per_gpu, args) as times:
@@ -480,7 +464,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
                 xla = xla or EmptyKernels(ordinal, existing=xla_stream(device))
                 xla.launch(count)
             elif action in ("n", "m"):
-                green = green or GreenKernels(ordinal, args.green_sms)
+                green = green or EmptyKernels.on(GreenStream(ordinal, args.green_sms))
                 if action == "n":
                     green.launch(count)
                 else:

@@ -306,6 +306,51 @@ def test_bench_peers_flax_step_keeps_the_plain_layers_whatever_the_defaults():
     assert option.space_to_depth_stem and not option.sliced_max_pool
 
 
+def test_bench_peers_measures_each_compute_dtype_against_its_own_peers():
+    # Rows per dtype, side by side; the variants in the first; torch (bf16 autocast) is a peer of
+    # the bf16 rows only.
+    args = bench_peers.parse_args(
+        ["--models=resnet50", "--batches=64", "--compute_dtype=bfloat16,float16",
+         "--model_options=sliced_max_pool"]
+    )
+    cases = bench_peers.build_cases(args)
+    assert [(c["kind"], c["compute"], bench_peers.variant(c)) for c in cases] == [
+        ("torch", "bfloat16", ""),
+        ("trainer", "bfloat16", ""),
+        ("flax", "bfloat16", ""),
+        ("trainer", "float16", ""),
+        ("flax", "float16", ""),
+        ("trainer", "bfloat16", "sliced_max_pool"),
+    ]
+    fp16 = bench_peers.case_config(cases[3], args)
+    assert fp16.precision.compute == "float16" and fp16.model.sliced_max_pool
+    rates = [100.0, 110.0, 90.0, 120.0, 60.0, 121.0]
+    rows = [{**c, "images_per_s": r} for c, r in zip(cases, rates, strict=True)]
+    bench_peers.add_ratios(rows)
+    assert rows[1]["ratio_vs_faster_peer"] == 110.0 / 100.0
+    assert rows[3]["ratio_vs_faster_peer"] == 120.0 / 60.0  # not against bf16's torch (100)
+    assert rows[5]["speedup_vs_trainer"] == 121.0 / 110.0  # the bf16 trainer's
+    doc = {"environment": harness.environment(), "results": rows}
+    for r in rows:
+        r["synced_images_per_s"] = r["images_per_s"]
+    table = render_benchmarks.peers_table(doc)
+    assert "compute dtype as listed" in table
+    assert "| resnet50 | 64 | float16 | trainer |  | 120 | 120 | 2.000 | |" in table
+
+
+def test_profile_step_names_a_case_of_another_compute_dtype(tmp_path):
+    # A case that fails at once (no such model) still carries the dtype in its row and its key.
+    from scripts.bench import profile_step
+
+    out = tmp_path / "p.json"
+    rows = profile_step.main(
+        ["--cases=no_such_model:1x1:xla:2", "--compute_dtype=float16", f"--out={out}"]
+    )
+    assert rows[0]["variant"] == "float16" and "error" in rows[0]
+    with gzip.open(f"{out}.kernels.json.gz", "rt") as f:
+        assert list(json.load(f)) == ["no_such_model:1x1:xla:2 (float16)"]
+
+
 def test_trainer_progress_reads_every_logged_interval():
     # The trainer pads the step to the width of the total ("step  40/240"): every line counts.
     log = "\n".join(

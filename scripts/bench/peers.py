@@ -26,7 +26,9 @@ given: the one long child comes last, so a `--budget_s` cuts its last option set
 skipped), not a whole child.
 
 Synthetic ImageNet-shaped data resident on the device; 224 px unless `--image_size`; the JAX
-rows compute in bf16 unless `--compute_dtype`. Timing as `scripts/bench/harness.py` times a
+rows compute in bf16 unless `--compute_dtype` says otherwise, and in each dtype it lists (e.g.
+`bfloat16,float16`: the trainer's fp16 step scales its loss, the flax peer's does not); the
+variants compute in the first. Timing as `scripts/bench/harness.py` times a
 step: synced (each step waited for) and queued (one step in flight ahead, a sample per
 completion; PyTorch waits on a CUDA event recorded after the previous step). Each trainer row
 carries `ratio_vs_faster_peer`: its queued images/s over the faster peer's.
@@ -69,9 +71,10 @@ def _jax_step(case: dict[str, Any], args: argparse.Namespace, cache: dict[str, A
     config = case_config(case, args)
     setup = trainer_step.build_setup(config, jax.devices()[:1])
     states = cache.setdefault("host_states", {})
-    if case["model"] not in states:
-        states[case["model"]] = jax.device_get(setup["init"]())
-    state = jax.device_put(states[case["model"]], mesh_lib.replicated_sharding(setup["mesh"]))
+    key = (case["model"], config.precision.compute)  # fp16's state holds a dynamic loss scale
+    if key not in states:
+        states[key] = jax.device_get(setup["init"]())
+    state = jax.device_put(states[key], mesh_lib.replicated_sharding(setup["mesh"]))
     if case["kind"] == "trainer":
         step = train.make_train_step(
             setup["model"], setup["tx"], setup["schedule"], config, setup["mesh"]
@@ -97,7 +100,7 @@ def case_config(case: dict[str, Any], args: argparse.Namespace) -> Any:
         image_size=args.image_size,
         model_width=args.model_width,
         small_inputs=args.small_inputs,
-        compute_dtype=args.compute_dtype,
+        compute_dtype=case.get("compute") or compute_dtypes(args)[0],
         model_options=options,
     )
 
@@ -241,7 +244,13 @@ def variant(r: dict[str, Any]) -> str:
 
 def describe(r: dict[str, Any]) -> str:
     status = f"{r['images_per_s']:.0f} img/s" if "images_per_s" in r else r.get("error")
-    return f"{r['model']} {r['per_device_batch']} {r['kind']} {variant(r)}: {status}"
+    case = f"{r['model']} {r['per_device_batch']} {r['kind']} {r['compute']}"
+    return f"{case} {variant(r)}: {status}"
+
+
+def compute_dtypes(args: argparse.Namespace) -> list[str]:
+    """The `precision.compute` dtypes of `--compute_dtype`, in order."""
+    return harness.strings(args.compute_dtype)
 
 
 def build_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -250,17 +259,23 @@ def build_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     batches = [int(b) for b in harness.strings(args.batches)]
     variant_models = harness.strings(args.variant_models) or models
     variant_batches = [int(b) for b in harness.strings(args.variant_batches)] or batches
+    dtypes = compute_dtypes(args)
 
     def case(kind: str, model: str, batch: int, **fields: Any) -> dict[str, Any]:
-        return {"kind": kind, "model": model, "per_device_batch": batch, **fields}
+        return {
+            "kind": kind, "model": model, "per_device_batch": batch, "compute": dtypes[0], **fields
+        }
 
     torch = [
-        case("torch", "resnet50", b) for b in batches if "torch" in kinds and "resnet50" in models
+        case("torch", "resnet50", b, compute="bfloat16")  # bf16 autocast, whatever the dtypes
+        for b in batches if "torch" in kinds and "resnet50" in models
     ]
+    plain = {"model_options": [], "xla_flags": ""}
     core = [
-        case(k, m, b, **({"model_options": [], "xla_flags": ""} if k == "trainer" else {}))
+        case(k, m, b, compute=d, **(plain if k == "trainer" else {}))
         for m in models
         for b in batches
+        for d in dtypes
         for k in kinds
         if k != "torch"
     ]
@@ -285,18 +300,20 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         if r["kind"] != "trainer" or "images_per_s" not in r:
             continue
-        same = [
-            p
-            for p in rows
-            if "images_per_s" in p
-            and (p["model"], p["per_device_batch"]) == (r["model"], r["per_device_batch"])
-        ]
+        same = [p for p in rows if "images_per_s" in p and _same_case(p, r)]
         peers = [p["images_per_s"] for p in same if p["kind"] != "trainer"]
         if peers:
             r["ratio_vs_faster_peer"] = r["images_per_s"] / max(peers)
         plain = [p["images_per_s"] for p in same if p["kind"] == "trainer" and not variant(p)]
         if variant(r) and plain:
             r["speedup_vs_trainer"] = r["images_per_s"] / plain[0]
+
+
+def _same_case(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Rows of one model, batch and compute dtype (bf16 in rows from before it was recorded)."""
+    key = ("model", "per_device_batch")
+    dtype = [r.get("compute", "bfloat16") for r in (a, b)]
+    return [a[k] for k in key] == [b[k] for k in key] and dtype[0] == dtype[1]
 
 
 def run_cases(cases: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -342,7 +359,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--compute_dtype",
         default="bfloat16",
-        help="precision.compute of the trainer and flax rows (float32 compiles faster on CPU)",
+        help="precision.compute of the trainer and flax rows; comma-separated: rows in each "
+        "(float32 compiles faster on CPU)",
     )
     parser.add_argument(
         "--model_options",
@@ -391,7 +409,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     for r in rows:
         if "ratio_vs_faster_peer" in r:
             print(
-                f"{r['model']} {r['per_device_batch']}: trainer {variant(r)} / faster peer = "
+                f"{r['model']} {r['per_device_batch']} {r['compute']}: trainer {variant(r)} / "
+                f"faster peer = "
                 f"{r['ratio_vs_faster_peer']:.3f}"
             )
     return doc

@@ -1,16 +1,18 @@
-r"""Where the time of the trainer's step goes: a `jax.profiler` trace, summarised, and a picture.
+r"""Where the time of the trainer's step goes: a `jax.profiler` trace, summarised.
 
 For each `--cases` entry (`model:mesh:strategy:per_device_batch[:wire dtype]`, e.g.
-`resnet50:1x2:hierarchical:64`) this builds the trainer's own step (`scripts/bench/trainer_step.py`),
-compiles it as the trainer would (its convolutions in command buffers where
-`launch.convolution_graphs` says: the row's `convolution_graphs`), times it synced and queued,
-traces `--trace_steps` queued steps and reports per GPU: busy time by kernel kind, collective time overlapped with compute or exposed, idle time (the
-device waiting for the host), kernels per step, the top kernels, and where the compiled
-schedule places each collective's start and done among the compute instructions. With
-`--png`, the first case's timeline (one step, every GPU, one lane per stream) is drawn.
+`resnet50:1x2:hierarchical:64`; computing in `--compute_dtype`, bf16 unless set, a case of
+another named `<case> (<dtype>)`) this builds the trainer's own step
+(`scripts/bench/trainer_step.py`), compiles it as the trainer would (its convolutions in command
+buffers where `launch.convolution_graphs` says: the row's `convolution_graphs`), times it synced
+and queued, traces `--trace_steps` queued steps and reports per GPU: busy time by kernel kind,
+collective time overlapped with compute or exposed, idle time (the device waiting for the host),
+kernels per step, the top kernels, and where the compiled schedule places each collective's
+start and done among the compute instructions; `scripts/bench/plot_profile.py` draws a case's
+timeline from the `<out>.kernels.json.gz` it writes.
 
   python -m scripts.bench.profile_step --cases=resnet50:1x1:xla:64,resnet50:1x2:hierarchical:64 \
-      --out=/tmp/profile.json --png=/tmp/profile.png
+      --out=/tmp/profile.json
 """
 
 from __future__ import annotations
@@ -117,6 +119,7 @@ def profile_case(case: dict[str, Any], args: argparse.Namespace) -> dict[str, An
         model_width=args.model_width,
         small_inputs=args.small_inputs,
         comm_dtype=case["wire"],
+        compute_dtype=args.compute_dtype,
         model_options=args.model_options,
     )
     setup = trainer_step.build_setup(config, devices)
@@ -205,6 +208,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         "--model_options", type=harness.strings, default=[],
         help="comma-separated model.* options for every case, e.g. space_to_depth_stem (no_: off)",
     )
+    parser.add_argument(
+        "--compute_dtype", default="bfloat16", help="precision.compute of every case"
+    )
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--trace_steps", type=int, default=5)
     parser.add_argument("--out", default="profile_step.json")
@@ -215,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     all_kernels: dict[str, Any] = {}
     for text in args.cases.split(","):
         case = parse_case(text)
+        if args.compute_dtype != "bfloat16":  # the config's: named where another replaces it
+            case["variant"] = args.compute_dtype
+            text = f"{text} ({args.compute_dtype})"
         try:
             rows.append(profile_case(case, args))
         except Exception as e:  # pylint: disable=broad-except

@@ -412,29 +412,36 @@ def decode_loaded_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
 def peers_table(doc: dict[str, Any]) -> str:
     """One-GPU step rates of the trainer and its peers, same call (scripts/bench/peers.py); with
     trainer variants (model options, XLA flags), a column for them and their speedup."""
     from scripts.bench.peers import variant  # pylint: disable=import-outside-toplevel
 
     variants = any(variant(r) for r in doc["results"])
+    dtypes = {r.get("compute", "bfloat16") for r in doc["results"]}
     extra = (" variant |", " --- |") if variants else ("", "")
     tail = (" vs trainer |", " ---: |") if variants else ("", "")
+    dtype = (" compute |", " --- |") if len(dtypes) > 1 else ("", "")
+    caption = "compute dtype as listed" if len(dtypes) > 1 else _DTYPE_NAMES.get(*dtypes, *dtypes)
     lines = [
         (
-            f"One-GPU step ({_environment(doc)}; synthetic data, bf16; queued = one step in flight "
-            "ahead):"
+            f"One-GPU step ({_environment(doc)}; synthetic data, {caption}; queued = one step in "
+            "flight ahead):"
         ),
         "",
         (
-            f"| model | images per GPU | kind |{extra[0]} images/s queued | images/s synced | "
-            f"trainer / faster peer |{tail[0]}"
+            f"| model | images per GPU |{dtype[0]} kind |{extra[0]} images/s queued | "
+            f"images/s synced | trainer / faster peer |{tail[0]}"
         ),
-        f"| --- | ---: | --- |{extra[1]} ---: | ---: | ---: |{tail[1]}",
+        f"| --- | ---: |{dtype[1]} --- |{extra[1]} ---: | ---: | ---: |{tail[1]}",
     ]
     for r in doc["results"]:
         ratio = f"{r['ratio_vs_faster_peer']:.3f}" if "ratio_vs_faster_peer" in r else ""
-        head = f"| {r['model']} | {r['per_device_batch']} | {r['kind']} |"
+        compute = f" {r.get('compute', 'bfloat16')} |" if dtype[0] else ""
+        head = f"| {r['model']} | {r['per_device_batch']} |{compute} {r['kind']} |"
         if variants:
             head += f" {variant(r)} |"
         if "images_per_s" not in r:

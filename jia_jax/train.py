@@ -380,7 +380,12 @@ def update_fn(
             return new, metrics
         finite = precision.all_finite(grads)
         # Every device holds the same reduced gradients, so all take the same decision.
-        new = precision.select_tree(finite, new, state.replace(step=state.step + 1))
+        stats = precision.select_joined(finite, new_stats, state.batch_stats)
+        new = precision.select_tree(
+            finite,
+            new.replace(batch_stats=stats),
+            state.replace(step=state.step + 1, batch_stats=stats),
+        )
         new = new.replace(
             loss_scale=precision.update_loss_scale(
                 state.loss_scale,

@@ -1,10 +1,13 @@
 """Compute-dtype policy and dynamic loss scaling vs a numpy re-implementation."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jia_jax.lars import lars
 from jia_jax.precision import (
     LossScaleState,
     all_finite,
@@ -13,6 +16,7 @@ from jia_jax.precision import (
     init_loss_scale,
     needs_loss_scaling,
     scale_loss,
+    select_joined,
     select_tree,
     unscale,
     update_loss_scale,
@@ -101,6 +105,102 @@ def test_all_finite_flags_one_bad_leaf(bad):
     tree["b"]["c"] = tree["b"]["c"].at[1, 0].set(bad)
     assert not bool(jax.jit(all_finite)(tree))
     assert bool(all_finite({}))
+
+
+def _grad_tree():
+    """Gradient-shaped leaves of every rank the trainer has, fp32 and fp16, and an int counter."""
+    rng = np.random.default_rng(0)
+    return {
+        "conv": {"kernel": rng.normal(size=(3, 3, 4, 8)).astype(np.float32)},
+        "bn": {"scale": rng.normal(size=8).astype(np.float32), "bias": np.zeros(8, np.float32)},
+        "dense": {"kernel": rng.normal(size=(8, 10)).astype(np.float16)},
+        "scalar": np.float32(0.5),
+        "count": np.int32(3),
+    }
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+@pytest.mark.parametrize(
+    "leaf", [("conv", "kernel"), ("bn", "bias"), ("dense", "kernel"), ("scalar",)]
+)
+def test_all_finite_finds_a_bad_element_in_a_leaf_of_any_rank(bad, leaf):
+    tree = _grad_tree()
+    assert bool(jax.jit(all_finite)(tree))
+    *path, name = leaf
+    parent = tree
+    for key in path:
+        parent = parent[key]
+    value = np.array(parent[name])
+    value.flat[value.size // 2] = bad
+    parent[name] = value
+    want = all(np.isfinite(np.asarray(x, np.float64)).all() for x in jax.tree.leaves(tree))
+    assert not want and bool(jax.jit(all_finite)(tree)) == want
+
+
+def test_all_finite_keeps_large_fp16_gradients_finite():
+    # Squared in fp16, 6e4 would overflow (6e4**2 > 65504): the norm is taken in fp32.
+    tree = {"k": np.full((64, 64), 6.0e4, np.float16), "b": np.full(4, 6.0e4, np.float16)}
+    assert bool(jax.jit(all_finite)(tree))
+
+
+def test_all_finite_adds_no_pass_over_the_kernels_lars_already_reduces():
+    # XLA computes the norm of each kernel's gradient once for LARS's trust ratio and the check:
+    # the update with the check compiles to at most two reductions more (the small leaves joined,
+    # and the verdict), where a reduction per leaf added one per leaf (five here).
+    tree = _grad_tree()
+    params = {k: v for k, v in tree.items() if k in ("conv", "bn")}
+    params["dense"] = {"kernel": np.ones((8, 10), np.float32), "bias": np.zeros(10, np.float32)}
+    grads = jax.tree.map(lambda p: np.full(p.shape, 0.25, p.dtype), params)
+    tx = lars(learning_rate=0.1, weight_decay=1e-4)
+    opt_state = tx.init(params)
+
+    def reductions(check: bool) -> int:
+        def update(g, s, p):
+            out = tx.update(g, s, p)
+            return (*out, all_finite(g)) if check else out
+
+        text = jax.jit(update).lower(grads, opt_state, params).compile().as_text()
+        return len(re.findall(r"\breduce\(", text))
+
+    without = reductions(False)
+    assert without >= 4  # ||w|| and ||g|| of both kernels
+    assert reductions(True) <= without + 2
+
+
+def _stats_trees():
+    rng = np.random.default_rng(1)
+    shapes = [(), (3,), (2, 4), (5,)]
+    dtypes = [jnp.float32, jnp.bfloat16, jnp.float32, jnp.float32]
+
+    def tree(offset: float) -> dict:
+        return {
+            f"l{i}": jnp.asarray(rng.normal(size=shape) + offset, dtype)
+            for i, (shape, dtype) in enumerate(zip(shapes, dtypes, strict=True))
+        }
+
+    return tree(0.0), tree(10.0)
+
+
+@pytest.mark.parametrize("pred", [False, True])
+def test_select_joined_is_select_tree_bit_for_bit(pred):
+    old, new = _stats_trees()
+    got = jax.jit(select_joined)(jnp.asarray(pred), new, old)
+    want = new if pred else old
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64))
+
+
+def test_select_joined_selects_each_dtype_once():
+    # One select per dtype (two here), where select_tree has one per leaf (four).
+    old, new = _stats_trees()
+    pred = jnp.asarray(True)
+    count = {
+        f.__name__: jax.jit(f).lower(pred, new, old).as_text().count("stablehlo.select")
+        for f in (select_joined, select_tree)
+    }
+    assert count == {"select_joined": 2, "select_tree": 4}
 
 
 def test_select_tree_keeps_old_values_when_false():

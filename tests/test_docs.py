@@ -5221,3 +5221,96 @@ def test_planar_decode_cost_prose_quotes_the_json():
         assert (f"| {r['per_gpu']} | {r['data']} | {r['decoded_into'] or '-'} | {r['steps']:,} "
                 f"| {r['images_per_s']:,.0f} | {r['images_per_s'] / synthetic[r['per_gpu']]:.3f} |"
                 ) in table
+
+
+def _breakdown_by_case(name: str) -> dict[str, dict[str, tuple[float, float]]]:
+    """{case: {kind: (ms a step, kernels a step)}} of a profile's trace, as the breakdown table
+    renders it (its rows in the cases' order)."""
+    from scripts.bench import profile_trace
+
+    trace = json.loads(gzip.decompress((RAW / f"{name}.kernels.json.gz").read_bytes()))
+    rows = load(name)["results"]
+    out = {}
+    for (case, devices), row in zip(trace.items(), rows, strict=True):
+        [records] = devices.values()
+        split = profile_trace.fusion_breakdown(
+            [profile_trace.Kernel(*k) for k in records], row["traced_steps"])
+        out[case] = {k: (v["us_per_step"] / 1e3, v["count_per_step"]) for k, v in split.items()}
+    return out
+
+
+def test_fp16_prose_quotes_the_json():
+    text = " ".join(_section("## One GPU").split())
+    rates = {(r["per_device_batch"], r["compute"], r["kind"]): r["images_per_s"]
+             for r in load("bench_peers_fp16_1xH200.json")["results"]}
+    kinds = _breakdown_by_case("profile_fp16_1xH200.json")
+    bf16, fp16 = kinds["resnet50:1x1:xla:64"], kinds["resnet50:1x1:xla:64 (float16)"]
+    forms = {(r["variant"], r["per_device_batch"], r["round"]): r["queued_ms"]
+             for r in load("loss_scale_forms_1xH200.json")["rows"]}
+    runs = load("bench_peers_fp16_checks_1xH200.json")["runs"]
+    after = {(r["per_device_batch"], r["compute"]): r["images_per_s"]
+             for r in runs[0]["doc"]["results"]}
+    before = {r["per_device_batch"]: r["images_per_s"] for r in runs[1]["doc"]["results"]}
+    after_kernels = _breakdown_by_case("profile_fp16_checks_1xH200.json")
+
+    def ratio(b, kind):
+        return f"{rates[b, 'float16', kind] / rates[b, 'bfloat16', kind]:.3f}x"
+
+    def rate(b, dtype, kind):
+        return f"{rates[b, dtype, kind]:,.0f}"
+
+    def total(split):
+        return f"{round(sum(k for _, k in split.values())):,}"
+
+    def two(form, b):
+        return " and ".join(f"{forms[form, b, k]:.2f}" for k in (0, 1))
+
+    assert_quoted(text, [
+        f"fp16 at {ratio(256, 'flax')} its bf16 rate at 256 images ({rate(256, 'float16', 'flax')} "
+        f"images/s against {rate(256, 'bfloat16', 'flax')}) and {ratio(64, 'flax')} at 64 "
+        f"({rate(64, 'float16', 'flax')} against {rate(64, 'bfloat16', 'flax')})",
+        f"fp16 ran at {ratio(256, 'trainer')} bf16 at 256 ({rate(256, 'float16', 'trainer')} "
+        f"against {rate(256, 'bfloat16', 'trainer')}) and lost at 64, {ratio(64, 'trainer')} "
+        f"({rate(64, 'float16', 'trainer')} against {rate(64, 'bfloat16', 'trainer')})",
+        f"convolutions took {fp16['conv/gemm'][0]:.2f} ms against {bf16['conv/gemm'][0]:.2f}",
+        f"ran {total(fp16)} kernels a step against {total(bf16)}",
+        f"{round(fp16['bn/reduction'][1] - bf16['bn/reduction'][1])} more reductions "
+        f"({fp16['bn/reduction'][1]:.0f} against {bf16['bn/reduction'][1]:.0f}, "
+        f"{fp16['bn/reduction'][0]:.2f} ms against {bf16['bn/reduction'][0]:.2f})",
+        f"{round(fp16['elementwise'][1] - bf16['elementwise'][1])} more elementwise passes "
+        f"({fp16['elementwise'][1]:.0f} against {bf16['elementwise'][1]:.0f})",
+        f"took {two('norms+flat', 64)} ms a step at 64 images against {two('current', 64)}, and "
+        f"{two('norms+flat', 256)} at 256 against {two('current', 256)}",
+        f"({two('no_check', 64)} ms at 64)",
+        f"{after[64, 'float16'] / before[64]:.3f}x its former rate at 64 images "
+        f"({after[64, 'float16']:,.0f} images/s against {before[64]:,.0f}) and "
+        f"{after[256, 'float16'] / before[256]:.3f}x at 256 ({after[256, 'float16']:,.0f} against "
+        f"{before[256]:,.0f}), and {after[64, 'float16'] / after[64, 'bfloat16']:.3f}x and "
+        f"{after[256, 'float16'] / after[256, 'bfloat16']:.3f}x the bf16 step",
+        f"runs {total(after_kernels['resnet50:1x1:xla:64 (float16)'])} kernels",
+    ])
+    assert min(after[b, "float16"] / after[b, "bfloat16"] for b in (64, 256)) >= 1.0
+    against_bf16 = (
+        f"{after[256, 'float16'] / after[256, 'bfloat16']:.3f}x the bf16 step's rate at 256 images "
+        f"per GPU and {after[64, 'float16'] / after[64, 'bfloat16']:.3f}x at 64"
+    )
+    for doc in ("README.md", "docs/lars.md"):
+        assert_quoted(" ".join(read(doc).split()), [against_bf16])
+    import jax
+    import jax.numpy as jnp
+
+    from configs import resnet50_64k
+    from jia_jax import models
+
+    config = resnet50_64k.get_config()
+    model = models.create_model(
+        config.model.name, num_classes=1000, dtype=jnp.float16,
+        **{k: v for k, v in config.model.items() if k != "name"},
+    )
+    variables = jax.eval_shape(
+        lambda: model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)), train=False)
+    )
+    assert_quoted(text, [
+        f"each of the {len(jax.tree.leaves(variables['params']))} gradient leaves",
+        f"each of BatchNorm's {len(jax.tree.leaves(variables['batch_stats']))} running statistics",
+    ])

@@ -1187,6 +1187,59 @@ def planar_runs_table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def compute_runs_table(doc: dict[str, Any]) -> str:
+    """The trainer's one-GPU rates by compute dtype from `scripts.bench.peers` runs of several
+    checkouts in one call (`runs`, each its `code` and record), each against the first run's
+    bf16 row at its batch."""
+    runs = doc["runs"]
+    bf16 = {
+        r["per_device_batch"]: r["images_per_s"]
+        for r in runs[0]["doc"]["results"]
+        if r.get("compute") == "bfloat16" and r["kind"] == "trainer"
+    }
+    lines = [
+        f"The trainer's step by compute dtype ({_environment(runs[0]['doc'])}; synthetic data; "
+        "queued = one step in flight ahead; one call, the checkouts in turn):",
+        "",
+        "| code | compute | images per GPU | images/s queued | images/s synced | vs bf16 |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for run in runs:
+        dtype = run["doc"]["args"]["compute_dtype"]  # a checkout's that ran one dtype a call
+        for r in run["doc"]["results"]:
+            rate = r["images_per_s"]
+            lines.append(
+                f"| {run['code']} | {r.get('compute', dtype)} | {r['per_device_batch']} | "
+                f"{rate:.0f} | {r['synced_images_per_s']:.0f} | "
+                f"{rate / bf16[r['per_device_batch']]:.3f} |"
+            )
+    return "\n".join(lines)
+
+
+def loss_scale_forms_table(doc: dict[str, Any]) -> str:
+    """The fp16 step with each form of loss scaling's check and skip, in rounds (a probe)."""
+    rows = doc["rows"]
+    rounds = sorted({r["round"] for r in rows})
+    lines = [
+        f"The fp16 step by form of the check and the skip ({_environment(doc)}; ResNet-50 64K "
+        "config, synthetic data; queued step ms, median of 30 steps; the forms in turn in each "
+        "round):",
+        "",
+        "| form | images per GPU | kernels in the program |"
+        + "".join(f" ms round {r + 1} |" for r in rounds),
+        "| --- | ---: | ---: |" + " ---: |" * len(rounds),
+    ]
+    for form, batch in dict.fromkeys((r["variant"], r["per_device_batch"]) for r in rows):
+        mine = {
+            r["round"]: r for r in rows if (r["variant"], r["per_device_batch"]) == (form, batch)
+        }
+        lines.append(
+            f"| {form} | {batch} | {mine[rounds[0]]['entry_kernels']} |"
+            + "".join(f" {mine[r]['queued_ms']:.2f} |" for r in rounds)
+        )
+    return "\n".join(lines)
+
+
 def table(path: str) -> str:
     """The table of one raw file, of whichever benchmark wrote it."""
     if path.endswith(".kernels.json.gz"):
@@ -1207,6 +1260,10 @@ def table(path: str) -> str:
         return gc_runs_table(doc)
     if "runs" in doc and "decoded_into" in doc["runs"][0]:
         return planar_runs_table(doc)
+    if "runs" in doc and "code" in doc["runs"][0]:
+        return compute_runs_table(doc)
+    if "rows" in doc and "entry_kernels" in doc["rows"][0]:
+        return loss_scale_forms_table(doc)
     first = (doc.get("results") or [{}])[0]
     if "action" in first and "traced_steps" in first:
         return second_stream_table(doc)

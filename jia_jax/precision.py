@@ -115,21 +115,25 @@ def unscale(grads: Any, state: LossScaleState) -> Any:
 def all_finite(tree: Any) -> jax.Array:
     """bool scalar: no leaf of `tree` holds an inf or NaN (True for an empty tree).
 
-    A leaf of rank 2 or more is judged by its fp32 L2 norm, the very `jnp.linalg.norm` LARS
-    takes of each kernel's gradient (`jia_jax.lars`): XLA computes that reduction once for both,
-    so the check adds no pass over the kernels' gradients (one reduction per leaf did: about 2%
-    of an fp16 ResNet-50 step at 64 images on an H200, docs/benchmarks.md). The squares' sum is
-    inf or NaN exactly when an element is, unless it overflows fp32 on its own, which needs a norm
-    above 1.8e19: never for gradients born in fp16 (each below 65504) and unscaled by a scale of
-    at least 1. The leaves of rank 0 or 1 (biases, norm scales) are joined and checked at once.
+    A float leaf of rank 2 or more is judged by its fp32 L2 norm: with LARS, the very
+    `jnp.linalg.norm` it takes of each kernel's gradient (`jia_jax.lars`), which XLA then computes
+    once for both, so the check adds no pass over the kernels' gradients (with another optimizer,
+    a reduction a kernel, as a per-element check would). The squares' sum is inf or NaN when an
+    element is; it also overflows when the norm exceeds 1.8e19 (fp32's largest value's root),
+    far above any fp16 gradient over a scale of 1 or more; such a leaf reads as not finite, so the
+    step is skipped, never a bad one taken. The float leaves of rank 0 or 1 (biases, norm scales)
+    are joined and checked in one reduction.
     """
-    leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    leaves = [jnp.asarray(x) for x in jax.tree.leaves(tree)]
+    floats = [x for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)]
     checks = [
-        jnp.isfinite(jnp.linalg.norm(jnp.asarray(x, jnp.float32))) for x in leaves if x.ndim > 1
+        jnp.isfinite(jnp.linalg.norm(jnp.asarray(x, jnp.float32))) for x in floats if x.ndim > 1
     ]
-    small = [jnp.ravel(jnp.asarray(x, jnp.float32)) for x in leaves if x.ndim <= 1]
+    small = [jnp.ravel(jnp.asarray(x, jnp.float32)) for x in floats if x.ndim <= 1]
     if small:
         checks.append(jnp.all(jnp.isfinite(jnp.concatenate(small))))
+    # Complex leaves (no model here has them) element by element: the fp32 cast drops the imag.
+    checks += [jnp.all(jnp.isfinite(x)) for x in leaves if jnp.iscomplexobj(x)]
     return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
 
 
@@ -181,17 +185,29 @@ def select_tree(pred: jax.Array, new: Any, old: Any) -> Any:
 
 def select_joined(pred: jax.Array, new: Any, old: Any) -> Any:
     """`select_tree` for many small leaves (BatchNorm's statistics): the leaves of each dtype
-    joined into one vector, selected at once and split again, so XLA runs one kernel for them
-    where it ran one a leaf (they change in forward, far from the update's own kernels)."""
+    joined into one vector, selected at once and split again, so XLA runs one kernel for them,
+    not one a leaf or a layer (they are made in forward, far from the update's own kernels).
+
+    Raises:
+      ValueError: an `old` leaf's shape or dtype differs from its `new` leaf's (a select would
+        promote or broadcast it; the skipped step would not keep it bit for bit).
+    """
     new_leaves, treedef = jax.tree.flatten(new)
     old_leaves = treedef.flatten_up_to(old)
+    for n, o in zip(new_leaves, old_leaves, strict=True):
+        if (n.shape, n.dtype) != (o.shape, o.dtype):
+            raise ValueError(
+                f"select_joined: an old leaf of {o.dtype}{list(o.shape)} against a new one of "
+                f"{n.dtype}{list(n.shape)}; the two trees must match leaf for leaf."
+            )
     out: list[Any] = list(new_leaves)
-    for dtype in dict.fromkeys(x.dtype for x in new_leaves):  # in order: one program a tree
+    # First-seen order, not a set's: every process must trace the same program.
+    for dtype in dict.fromkeys(x.dtype for x in new_leaves):
         at = [i for i, x in enumerate(new_leaves) if x.dtype == dtype]
         joined = jnp.where(
             pred,
             jnp.concatenate([jnp.ravel(new_leaves[i]) for i in at]),
-            jnp.concatenate([jnp.ravel(jnp.asarray(old_leaves[i], dtype)) for i in at]),
+            jnp.concatenate([jnp.ravel(old_leaves[i]) for i in at]),
         )
         ends = np.cumsum([new_leaves[i].size for i in at])
         for i, part in zip(at, jnp.split(joined, ends[:-1]), strict=True):

@@ -378,15 +378,14 @@ def update_fn(
         )
         if not dynamic_scale:
             return new, metrics
-        finite = precision.all_finite(grads)
         # Every device holds the same reduced gradients, so all take the same decision.
-        stats = precision.select_joined(finite, new_stats, state.batch_stats)
-        new = precision.select_tree(
-            finite,
-            new.replace(batch_stats=stats),
-            state.replace(step=state.step + 1, batch_stats=stats),
-        )
+        finite = precision.all_finite(grads)
+        kept = (state.params, state.opt_state)
+        params, opt_state = precision.select_tree(finite, (new.params, new.opt_state), kept)
         new = new.replace(
+            params=params,
+            opt_state=opt_state,
+            batch_stats=precision.select_joined(finite, new_stats, state.batch_stats),
             loss_scale=precision.update_loss_scale(
                 state.loss_scale,
                 finite,

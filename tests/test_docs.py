@@ -5241,29 +5241,25 @@ def _breakdown_by_case(name: str) -> dict[str, dict[str, tuple[float, float]]]:
 
 def test_fp16_prose_quotes_the_json():
     text = " ".join(_section("## One GPU").split())
-    rates = {(r["per_device_batch"], r["compute"], r["kind"]): r["images_per_s"]
+    rates = {(r["per_device_batch"], r["compute"], r["kind"]): r
              for r in load("bench_peers_fp16_1xH200.json")["results"]}
     kinds = _breakdown_by_case("profile_fp16_1xH200.json")
     bf16, fp16 = kinds["resnet50:1x1:xla:64"], kinds["resnet50:1x1:xla:64 (float16)"]
-    forms = {(r["variant"], r["per_device_batch"], r["round"]): r["queued_ms"]
-             for r in load("loss_scale_forms_1xH200.json")["rows"]}
-    runs = load("bench_peers_fp16_checks_1xH200.json")["runs"]
-    after = {(r["per_device_batch"], r["compute"]): r["images_per_s"]
-             for r in runs[0]["doc"]["results"]}
-    before = {r["per_device_batch"]: r["images_per_s"] for r in runs[1]["doc"]["results"]}
-    after_kernels = _breakdown_by_case("profile_fp16_checks_1xH200.json")
+    after_kinds = _breakdown_by_case("profile_fp16_checks_1xH200.json")
+    fixed = after_kinds["resnet50:1x1:xla:64 (float16)"]
 
     def ratio(b, kind):
-        return f"{rates[b, 'float16', kind] / rates[b, 'bfloat16', kind]:.3f}x"
+        return f"{rate(b, 'float16', kind, '') / rate(b, 'bfloat16', kind, ''):.3f}x"
 
-    def rate(b, dtype, kind):
-        return f"{rates[b, dtype, kind]:,.0f}"
+    def rate(b, dtype, kind, form=",.0f"):
+        value = rates[b, dtype, kind]["images_per_s"]
+        return f"{value:{form}}" if form else value
 
     def total(split):
-        return f"{round(sum(k for _, k in split.values())):,}"
+        return round(sum(k for _, k in split.values()))
 
-    def two(form, b):
-        return " and ".join(f"{forms[form, b, k]:.2f}" for k in (0, 1))
+    def more(kind, a, b):
+        return f"{round(a[kind][1] - b[kind][1])}"
 
     assert_quoted(text, [
         f"fp16 at {ratio(256, 'flax')} its bf16 rate at 256 images ({rate(256, 'float16', 'flax')} "
@@ -5273,29 +5269,62 @@ def test_fp16_prose_quotes_the_json():
         f"against {rate(256, 'bfloat16', 'trainer')}) and lost at 64, {ratio(64, 'trainer')} "
         f"({rate(64, 'float16', 'trainer')} against {rate(64, 'bfloat16', 'trainer')})",
         f"convolutions took {fp16['conv/gemm'][0]:.2f} ms against {bf16['conv/gemm'][0]:.2f}",
-        f"ran {total(fp16)} kernels a step against {total(bf16)}",
-        f"{round(fp16['bn/reduction'][1] - bf16['bn/reduction'][1])} more reductions "
+        f"ran {total(fp16):,} kernels a step against {total(bf16):,}",
+        f"{more('bn/reduction', fp16, bf16)} more reductions "
         f"({fp16['bn/reduction'][1]:.0f} against {bf16['bn/reduction'][1]:.0f}, "
         f"{fp16['bn/reduction'][0]:.2f} ms against {bf16['bn/reduction'][0]:.2f})",
-        f"{round(fp16['elementwise'][1] - bf16['elementwise'][1])} more elementwise passes "
+        f"{more('elementwise', fp16, bf16)} more elementwise passes "
         f"({fp16['elementwise'][1]:.0f} against {bf16['elementwise'][1]:.0f})",
-        f"took {two('norms+flat', 64)} ms a step at 64 images against {two('current', 64)}, and "
-        f"{two('norms+flat', 256)} at 256 against {two('current', 256)}",
-        f"({two('no_check', 64)} ms at 64)",
-        f"{after[64, 'float16'] / before[64]:.3f}x its former rate at 64 images "
-        f"({after[64, 'float16']:,.0f} images/s against {before[64]:,.0f}) and "
-        f"{after[256, 'float16'] / before[256]:.3f}x at 256 ({after[256, 'float16']:,.0f} against "
-        f"{before[256]:,.0f}), and {after[64, 'float16'] / after[64, 'bfloat16']:.3f}x and "
-        f"{after[256, 'float16'] / after[256, 'bfloat16']:.3f}x the bf16 step",
-        f"runs {total(after_kernels['resnet50:1x1:xla:64 (float16)'])} kernels",
+        f"runs {total(fixed):,} kernels",
+        f"{more('elementwise', fixed, bf16)} elementwise kernels and "
+        f"{more('bn/reduction', fixed, bf16)} reductions more than the bf16 step's",
     ])
-    assert min(after[b, "float16"] / after[b, "bfloat16"] for b in (64, 256)) >= 1.0
+    synced = [rates[64, d, "trainer"]["synced_images_per_s"] for d in ("float16", "bfloat16")]
+    assert_quoted(text, [f"{synced[0] / synced[1]:.3f}x in the first ({synced[0]:,.0f} against "
+                         f"{synced[1]:,.0f})"])
+
+
+def test_fp16_forms_and_the_trainer_after_them_prose_quotes_the_json():
+    text = " ".join(_section("## One GPU").split())
+    forms = {(r["variant"], r["per_device_batch"], r["round"]): r
+             for r in load("loss_scale_forms_1xH200.json")["rows"]}
+    runs = load("bench_peers_fp16_checks_1xH200.json")["runs"]
+    after = {(r["per_device_batch"], r["compute"]): r for r in runs[0]["doc"]["results"]}
+    before = {r["per_device_batch"]: r["images_per_s"] for r in runs[1]["doc"]["results"]}
+
+    def two(form, b):
+        return " and ".join(f"{forms[form, b, k]['queued_ms']:.2f}" for k in (0, 1))
+
+    def kernels(form):
+        return forms[form, 64, 0]["entry_kernels"]
+
+    def fp16_over_bf16(b, field="images_per_s"):
+        return after[b, "float16"][field] / after[b, "bfloat16"][field]
+
+    rate = {b: after[b, "float16"]["images_per_s"] for b in (64, 256)}
+    assert_quoted(text, [
+        f"took {two('norms+flat', 64)} ms a step at 64 images against {two('current', 64)}, and "
+        f"{two('norms+flat', 256)} at 256 against {two('current', 256)}, with "
+        f"{kernels('current') - kernels('norms+flat')} kernels fewer in the program, of the "
+        f"{kernels('current') - kernels('no_check')} the check and the skip add "
+        f"({two('no_check', 64)} ms at 64 without them)",
+        f"{rate[64] / before[64]:.3f}x its former rate at 64 images ({rate[64]:,.0f} images/s "
+        f"against {before[64]:,.0f}) and {rate[256] / before[256]:.3f}x at 256 ({rate[256]:,.0f} "
+        f"against {before[256]:,.0f}) queued, as training runs it, and "
+        f"{fp16_over_bf16(64):.3f}x and {fp16_over_bf16(256):.3f}x the bf16 step",
+        f"{fp16_over_bf16(64, 'synced_images_per_s'):.3f}x the bf16 step in this call "
+        f"({after[64, 'float16']['synced_images_per_s']:,.0f} images/s against "
+        f"{after[64, 'bfloat16']['synced_images_per_s']:,.0f})",
+    ])
     against_bf16 = (
-        f"{after[256, 'float16'] / after[256, 'bfloat16']:.3f}x the bf16 step's rate at 256 images "
-        f"per GPU and {after[64, 'float16'] / after[64, 'bfloat16']:.3f}x at 64"
+        f"{fp16_over_bf16(256):.3f}x the bf16 step's queued rate at 256 images per GPU and "
+        f"{fp16_over_bf16(64):.3f}x at 64"
     )
     for doc in ("README.md", "docs/lars.md"):
         assert_quoted(" ".join(read(doc).split()), [against_bf16])
+
+
+def test_fp16_prose_counts_resnet50s_gradient_leaves():
     import jax
     import jax.numpy as jnp
 
@@ -5310,7 +5339,6 @@ def test_fp16_prose_quotes_the_json():
     variables = jax.eval_shape(
         lambda: model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)), train=False)
     )
-    assert_quoted(text, [
-        f"each of the {len(jax.tree.leaves(variables['params']))} gradient leaves",
-        f"each of BatchNorm's {len(jax.tree.leaves(variables['batch_stats']))} running statistics",
-    ])
+    leaves = len(jax.tree.leaves(variables["params"]))
+    text = " ".join(_section("## One GPU").split())
+    assert_quoted(text, [f"each of the {leaves} gradient leaves"])

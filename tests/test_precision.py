@@ -137,6 +137,14 @@ def test_all_finite_finds_a_bad_element_in_a_leaf_of_any_rank(bad, leaf):
     assert not want and bool(jax.jit(all_finite)(tree)) == want
 
 
+@pytest.mark.parametrize("part", [complex(np.inf, 0.0), complex(0.0, np.nan)])
+def test_all_finite_checks_complex_leaves_whole(part):
+    tree = {"k": np.ones((2, 2), np.complex64), "b": np.ones(2, np.float32)}
+    assert bool(jax.jit(all_finite)(tree))
+    tree["k"][1, 0] = part
+    assert not bool(jax.jit(all_finite)(tree))
+
+
 def test_all_finite_keeps_large_fp16_gradients_finite():
     # Squared in fp16, 6e4 would overflow (6e4**2 > 65504): the norm is taken in fp32.
     tree = {"k": np.full((64, 64), 6.0e4, np.float16), "b": np.full(4, 6.0e4, np.float16)}
@@ -168,15 +176,21 @@ def test_all_finite_adds_no_pass_over_the_kernels_lars_already_reduces():
 
 
 def _stats_trees():
+    """Two trees of the same leaves (shapes, dtypes), the awkward values a select must carry
+    exactly: -0.0, a NaN with a payload, an int leaf, an empty leaf."""
     rng = np.random.default_rng(1)
-    shapes = [(), (3,), (2, 4), (5,)]
-    dtypes = [jnp.float32, jnp.bfloat16, jnp.float32, jnp.float32]
+    shapes = [(), (3,), (2, 4), (5,), (0,), (2,)]
+    dtypes = [np.float32, jnp.bfloat16, np.float32, np.float32, np.float32, np.int32]
+    payload_nan = np.array(0x7FC00123, np.uint32).view(np.float32)
 
     def tree(offset: float) -> dict:
-        return {
-            f"l{i}": jnp.asarray(rng.normal(size=shape) + offset, dtype)
-            for i, (shape, dtype) in enumerate(zip(shapes, dtypes, strict=True))
-        }
+        leaves = {}
+        for i, (shape, dtype) in enumerate(zip(shapes, dtypes, strict=True)):
+            value = np.asarray(rng.normal(size=shape) + offset).astype(dtype)
+            if i == 3:
+                value[:2] = (-0.0, payload_nan)
+            leaves[f"l{i}"] = jnp.asarray(value)
+        return leaves
 
     return tree(0.0), tree(10.0)
 
@@ -185,22 +199,29 @@ def _stats_trees():
 def test_select_joined_is_select_tree_bit_for_bit(pred):
     old, new = _stats_trees()
     got = jax.jit(select_joined)(jnp.asarray(pred), new, old)
-    want = new if pred else old
-    assert jax.tree.structure(got) == jax.tree.structure(want)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_array_equal(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    for want in (new if pred else old, jax.jit(select_tree)(jnp.asarray(pred), new, old)):
+        assert jax.tree.structure(got) == jax.tree.structure(want)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            assert (a.dtype, a.shape) == (b.dtype, b.shape)
+            assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_select_joined_refuses_leaves_that_differ():
+    old, new = _stats_trees()
+    for changed in ({**old, "l2": old["l2"].astype(jnp.bfloat16)}, {**old, "l1": old["l1"][:2]}):
+        with pytest.raises(ValueError, match="select_joined: an old leaf of"):
+            select_joined(jnp.asarray(True), new, changed)
 
 
 def test_select_joined_selects_each_dtype_once():
-    # One select per dtype (two here), where select_tree has one per leaf (four).
+    # One select per dtype (three here), where select_tree has one per non-empty leaf (five).
     old, new = _stats_trees()
     pred = jnp.asarray(True)
     count = {
         f.__name__: jax.jit(f).lower(pred, new, old).as_text().count("stablehlo.select")
         for f in (select_joined, select_tree)
     }
-    assert count == {"select_joined": 2, "select_tree": 4}
+    assert count == {"select_joined": 3, "select_tree": 5}
 
 
 def test_select_tree_keeps_old_values_when_false():

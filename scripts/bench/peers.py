@@ -1,12 +1,12 @@
 r"""One-device step rate of the trainer against the same model trained the plain way, one run.
 
-Rows per model (`--models`) and per-device batch (`--batches`), one after another on one GPU:
+Rows per model (`--models`), per-device batch (`--batches`) and compute dtype
+(`--compute_dtype`), one after another on one GPU:
 
   * `trainer`: the trainer's step on a 1x1 mesh (`scripts/bench/trainer_step.py`: the model's
-    64K config: LARS, bf16 compute, fp32 master weights, metrics);
+    64K config: LARS, fp32 master weights, metrics; in fp16, loss scaling);
   * `flax`: a plain flax step, `jax.jit(donate_argnums=0)` of forward/backward with the same
-    model (`jia_jax.models`, bf16 compute, fp32 parameters, the plain layers) and optax SGD with
-    momentum;
+    model (`jia_jax.models`, fp32 parameters, the plain layers) and optax SGD with momentum;
   * `torch` (ResNet-50 only): torchvision's ResNet-50, channels-last, bf16 autocast, SGD with
     momentum, `torch.compile` of the model.
 
@@ -59,8 +59,8 @@ PLAIN_LAYERS = ("no_space_to_depth_stem", "no_sliced_max_pool")
 def _jax_step(case: dict[str, Any], args: argparse.Namespace, cache: dict[str, Any]):
     """`(step, state, batch)` of the trainer or of the plain flax step.
 
-    The initial state is made once per model and child (`cache`), kept on the host: every option
-    set has the same variables, and each case donates its own copy.
+    The initial state is made once per model, compute dtype and child (`cache`), kept on the
+    host: every option set has the same variables, and each case donates its own copy.
     """
     import jax
 
@@ -100,7 +100,7 @@ def case_config(case: dict[str, Any], args: argparse.Namespace) -> Any:
         image_size=args.image_size,
         model_width=args.model_width,
         small_inputs=args.small_inputs,
-        compute_dtype=case.get("compute") or compute_dtypes(args)[0],
+        compute_dtype=case.get("compute") or compute_dtypes(args)[0],  # a case made elsewhere
         model_options=options,
     )
 
@@ -311,9 +311,11 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 def _same_case(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """Rows of one model, batch and compute dtype (bf16 in rows from before it was recorded)."""
-    key = ("model", "per_device_batch")
-    dtype = [r.get("compute", "bfloat16") for r in (a, b)]
-    return [a[k] for k in key] == [b[k] for k in key] and dtype[0] == dtype[1]
+
+    def key(r: dict[str, Any]) -> tuple:
+        return r["model"], r["per_device_batch"], r.get("compute", "bfloat16")
+
+    return key(a) == key(b)
 
 
 def run_cases(cases: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -397,6 +399,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     """Runs the benchmark; returns (and writes to `--out`) the JSON document."""
     args = parse_args(argv)
+    if not compute_dtypes(args):
+        raise SystemExit("--compute_dtype: name a dtype or more, e.g. bfloat16 or bfloat16,float16")
     if args.worker_spec:
         harness.worker(args.worker_spec, measure, describe, provenance=None)
         return None

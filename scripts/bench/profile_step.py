@@ -1,8 +1,8 @@
 r"""Where the time of the trainer's step goes: a `jax.profiler` trace, summarised.
 
 For each `--cases` entry (`model:mesh:strategy:per_device_batch[:wire dtype]`, e.g.
-`resnet50:1x2:hierarchical:64`; computing in `--compute_dtype`, bf16 unless set, a case of
-another named `<case> (<dtype>)`) this builds the trainer's own step
+`resnet50:1x2:hierarchical:64`, computing in `--compute_dtype`: bf16 unless set, and in
+another dtype named `<case> (<dtype>)` in the record) this builds the trainer's own step
 (`scripts/bench/trainer_step.py`), compiles it as the trainer would (its convolutions in command
 buffers where `launch.convolution_graphs` says: the row's `convolution_graphs`), times it synced
 and queued, traces `--trace_steps` queued steps and reports per GPU: busy time by kernel kind,
@@ -95,8 +95,10 @@ def parse_case(text: str) -> dict[str, Any]:
 
 def write_hlo(hlo_dir: str, case: dict[str, Any], hlo_text: str) -> str:
     """Writes a case's optimized HLO to `hlo_dir` (created if absent) as
-    ``model_mesh_strategy_batch.hlo.gz``, for `kernel_bandwidth`'s bytes per kernel; its path."""
+    ``model_mesh_strategy_batch[_dtype].hlo.gz``, for `kernel_bandwidth`'s bytes per kernel; its
+    path."""
     name = "_".join(str(case[k]) for k in ("model", "mesh", "strategy", "per_device_batch"))
+    name += f"_{case['variant']}" if case.get("variant") else ""  # another compute dtype's
     os.makedirs(hlo_dir, exist_ok=True)
     path = os.path.join(hlo_dir, f"{name}.hlo.gz")
     with gzip.open(path, "wt") as f:

@@ -425,7 +425,10 @@ def peers_table(doc: dict[str, Any]) -> str:
     extra = (" variant |", " --- |") if variants else ("", "")
     tail = (" vs trainer |", " ---: |") if variants else ("", "")
     dtype = (" compute |", " --- |") if len(dtypes) > 1 else ("", "")
-    caption = "compute dtype as listed" if len(dtypes) > 1 else _DTYPE_NAMES.get(*dtypes, *dtypes)
+    caption = "compute dtype as listed"
+    if len(dtypes) == 1:
+        (only,) = dtypes
+        caption = _DTYPE_NAMES.get(only, only)
     lines = [
         (
             f"One-GPU step ({_environment(doc)}; synthetic data, {caption}; queued = one step in "
@@ -1207,6 +1210,8 @@ def compute_runs_table(doc: dict[str, Any]) -> str:
     for run in runs:
         dtype = run["doc"]["args"]["compute_dtype"]  # a checkout's that ran one dtype a call
         for r in run["doc"]["results"]:
+            if r["kind"] != "trainer" or "images_per_s" not in r:
+                continue
             rate = r["images_per_s"]
             lines.append(
                 f"| {run['code']} | {r.get('compute', dtype)} | {r['per_device_batch']} | "
@@ -1260,7 +1265,7 @@ def table(path: str) -> str:
         return gc_runs_table(doc)
     if "runs" in doc and "decoded_into" in doc["runs"][0]:
         return planar_runs_table(doc)
-    if "runs" in doc and "code" in doc["runs"][0]:
+    if "runs" in doc and {"code", "doc"} <= set(doc["runs"][0]):
         return compute_runs_table(doc)
     if "rows" in doc and "entry_kernels" in doc["rows"][0]:
         return loss_scale_forms_table(doc)

@@ -1494,10 +1494,8 @@ def test_vectors_last_prose_quotes_the_json():
     ])
 
 
-def test_resnet50_vectors_are_what_the_docs_count():
-    """The vectors `comm.vectors_last` moves: ResNet-50's leaves of fewer than two dimensions."""
-    import math
-
+def _resnet50_variables() -> dict:
+    """The shapes of the ResNet-50 64K config's variables (params, batch_stats), not computed."""
     import jax
     import jax.numpy as jnp
 
@@ -1509,9 +1507,18 @@ def test_resnet50_vectors_are_what_the_docs_count():
         config.model.name, num_classes=1000, dtype=jnp.bfloat16,
         **{k: v for k, v in config.model.items() if k != "name"},
     )
-    variables = jax.eval_shape(
+    return jax.eval_shape(
         lambda: model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)), train=False)
     )
+
+
+def test_resnet50_vectors_are_what_the_docs_count():
+    """The vectors `comm.vectors_last` moves: ResNet-50's leaves of fewer than two dimensions."""
+    import math
+
+    import jax
+
+    variables = _resnet50_variables()
     vectors = [leaf for leaf in jax.tree.leaves(variables["params"]) if leaf.ndim < 2]
     values = sum(math.prod(leaf.shape) for leaf in vectors)
     assert_quoted(read("docs/benchmarks.md"), [
@@ -5326,19 +5333,7 @@ def test_fp16_forms_and_the_trainer_after_them_prose_quotes_the_json():
 
 def test_fp16_prose_counts_resnet50s_gradient_leaves():
     import jax
-    import jax.numpy as jnp
 
-    from configs import resnet50_64k
-    from jia_jax import models
-
-    config = resnet50_64k.get_config()
-    model = models.create_model(
-        config.model.name, num_classes=1000, dtype=jnp.float16,
-        **{k: v for k, v in config.model.items() if k != "name"},
-    )
-    variables = jax.eval_shape(
-        lambda: model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)), train=False)
-    )
-    leaves = len(jax.tree.leaves(variables["params"]))
+    leaves = len(jax.tree.leaves(_resnet50_variables()["params"]))
     text = " ".join(_section("## One GPU").split())
     assert_quoted(text, [f"each of the {leaves} gradient leaves"])

@@ -54,9 +54,8 @@ def env(tmp_path_factory):
     cache = tmp_path_factory.mktemp("xla_cache")
     return {
         **os.environ,
-        # Cheaper LLVM compiles (the model is tiny); the same flags for every run.
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8 "
-        "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+        # conftest.py's: 8 devices and cheap CPU compiles (the model is tiny), for every run.
+        "XLA_FLAGS": os.environ["XLA_FLAGS"],
         "JAX_PLATFORMS": "cpu",
         "JAX_COMPILATION_CACHE_DIR": str(cache),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",

@@ -53,9 +53,7 @@ RUN_TIMEOUT_S = 600
 def env(tmp_path_factory):
     cache = tmp_path_factory.mktemp("xla_cache")
     return {
-        **os.environ,
-        # conftest.py's: 8 devices and cheap CPU compiles (the model is tiny), for every run.
-        "XLA_FLAGS": os.environ["XLA_FLAGS"],
+        **os.environ,  # with conftest.py's XLA_FLAGS: 8 devices, cheap CPU compiles, every run
         "JAX_PLATFORMS": "cpu",
         "JAX_COMPILATION_CACHE_DIR": str(cache),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",

@@ -13,8 +13,10 @@ they hold when the tests run:
     and an eval or export of a run an earlier command trained reads that run;
   - checked without running otherwise (ImageNet, GPUs, several processes, long studies): the
     trainer's flag parser (`--only_check_args`) or a script's argparse parser must accept its
-    arguments (a script that reads sys.argv itself runs), a `python -m` module must exist, a shell script must be executable and pass
-    `bash -n` with the trainer accepting the config and overrides it is given;
+    arguments (a script that reads sys.argv itself runs), a `python -m` module must exist, a
+    shell script must be executable and pass `bash -n` with the trainer accepting the config and
+    overrides it is given. These parses run in forked children of one process that imported JAX
+    once (tests/fork_checker.py);
   - parsed only when it is setup or another tool (pip, venv, tfds, jupyter, tensorboard, ...), or
     a template with placeholders (`...`, `<json>`).
 
@@ -27,12 +29,14 @@ import ast
 import dataclasses
 import functools
 import importlib.util
+import json
 import os
 import pathlib
 import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import tomllib
 
 import pytest
@@ -209,18 +213,18 @@ def _env_and_words(text: str) -> tuple[dict[str, str], list[str]]:
     return env, words
 
 
+def _environment(env: dict[str, str]) -> dict[str, str]:
+    """The test's environment but XLA_FLAGS (a doc command that needs them must say so), on the
+    CPU, the checkout importable, and the command's own assignments."""
+    base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return {**base, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), **env}
+
+
 def _run(
     args: list[str], env: dict[str, str], timeout: float = TIMEOUT_S
 ) -> subprocess.CompletedProcess:
-    # The command's own environment only: a doc command that needs XLA_FLAGS must say so.
-    base = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     return subprocess.run(
-        args,
-        cwd=REPO,
-        env={**base, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO), **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+        args, cwd=REPO, env=_environment(env), capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -277,7 +281,9 @@ def _in_tmp(arg: str, tmp_path) -> str:
     return arg
 
 
-def _check_trainer(command: Command, env: dict[str, str], args: list[str], tmp_path) -> None:
+def _check_trainer(
+    command: Command, env: dict[str, str], args: list[str], tmp_path, checker: _Checker
+) -> None:
     """`python -m jia_jax.main ARGS`: run on digits in one process, else flag-checked."""
     config = _config(args)
     key = _run_key(args)
@@ -307,35 +313,72 @@ def _check_trainer(command: Command, env: dict[str, str], args: list[str], tmp_p
         if not any(a.startswith(_NOT_TRAINING_FLAGS) for a in runs[0]):
             _TRAINED[_run_key(runs[0])] = tmp_path
         return
-    result = _run([sys.executable, "-m", "jia_jax.main", *args, "--only_check_args"], env)
-    assert result.returncode == 0, (
-        f"{command}\nthe trainer refuses its flags:\n{result.stderr[-3000:]}"
-    )
+    returncode, stderr = checker.run("jia_jax.main", [*args, "--only_check_args"], env, False)
+    assert returncode == 0, f"{command}\nthe trainer refuses its flags:\n{stderr[-3000:]}"
 
 
-# Runs a module as `python -m` would, but stops once argparse has accepted the arguments (one
-# that reads sys.argv itself, such as the renderer, runs to its end: it must succeed).
-_PARSE_ONLY = """
-import argparse, runpy, sys
-parse = argparse.ArgumentParser.parse_args
-def parse_and_stop(self, *args, **kwargs):
-    parse(self, *args, **kwargs)
-    raise SystemExit(0)
-argparse.ArgumentParser.parse_args = parse_and_stop
-sys.argv = sys.argv[1:]
-runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-"""
+class _Checker:
+    """`python -m MODULE ARGS`, in the environment `_run` gives, as far as a check needs, in forked
+    children of one warm process (tests/fork_checker.py) instead of a fresh interpreter each."""
+
+    def __init__(self) -> None:
+        self._log = tempfile.TemporaryFile()
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "tests.fork_checker"],
+            cwd=REPO,
+            env=_environment({}),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+        )
+
+    def run(self, module: str, args: list[str], env: dict[str, str], stop_at_parse: bool):
+        """(returncode, stderr): `stop_at_parse` exits 0 once argparse has accepted `args` (a
+        module that reads sys.argv itself, such as the renderer, runs to its end)."""
+        request = {
+            "module": module,
+            "args": args,
+            "env": _environment(env),
+            "cwd": str(REPO),
+            "stop_at_parse": stop_at_parse,
+            "timeout": TIMEOUT_S,
+        }
+        self._process.stdin.write(json.dumps(request) + "\n")
+        self._process.stdin.flush()
+        line = self._process.stdout.readline()
+        if not line:
+            self._log.seek(0)
+            pytest.fail(f"tests/fork_checker.py ended:\n{self._log.read().decode()[-3000:]}")
+        reply = json.loads(line)
+        return reply["returncode"], reply["stderr"]
+
+    def close(self) -> None:
+        self._process.stdin.close()
+        self._process.wait(timeout=60)
+        self._log.close()
 
 
-def _check_module(command: Command, env: dict[str, str], module: str, args: list[str]) -> None:
+@pytest.fixture(scope="module")
+def checker():
+    checker = _Checker()
+    yield checker
+    checker.close()
+
+
+def _check_module(
+    command: Command, env: dict[str, str], module: str, args: list[str], checker: _Checker
+) -> None:
     assert importlib.util.find_spec(module) is not None, f"{command}\nno module {module}"
     if module == "jia_jax.main":
         return  # the caller checks it
-    result = _run([sys.executable, "-c", _PARSE_ONLY, module, *args], env)
-    assert result.returncode == 0, f"{command}\nits arguments are refused:\n{result.stderr[-3000:]}"
+    returncode, stderr = checker.run(module, args, env, True)
+    assert returncode == 0, f"{command}\nits arguments are refused:\n{stderr[-3000:]}"
 
 
-def _check_script(command: Command, env: dict[str, str], words: list[str]) -> None:
+def _check_script(
+    command: Command, env: dict[str, str], words: list[str], checker: _Checker
+) -> None:
     path = REPO / words[0]
     assert path.is_file() and os.access(path, os.X_OK), (
         f"{command}\n{words[0]} is not an executable file"
@@ -350,8 +393,8 @@ def _check_script(command: Command, env: dict[str, str], words: list[str]) -> No
             "--workdir=/tmp/unused",
             *(w for w in words if w.startswith("--config.")),
         ]
-        result = _run([sys.executable, "-m", "jia_jax.main", *args, "--only_check_args"], env)
-        assert result.returncode == 0, f"{command}\nthe trainer refuses:\n{result.stderr[-3000:]}"
+        returncode, stderr = checker.run("jia_jax.main", [*args, "--only_check_args"], env, False)
+        assert returncode == 0, f"{command}\nthe trainer refuses:\n{stderr[-3000:]}"
 
 
 def test_pip_extras_named_in_the_docs_exist():
@@ -378,6 +421,20 @@ def test_docs_hold_commands_and_snippets():
     assert any("jia_jax.main" in c.text for c in commands)
 
 
+def test_the_checker_tells_refused_arguments_from_accepted_ones(checker):
+    """What every parse-only check below relies on: a refusal comes back as a failure."""
+    workdir = "--workdir=/tmp/unused"
+    assert checker.run("scripts.bench.hosts", ["--hosts=2"], {}, True) == (0, "")
+    returncode, stderr = checker.run("scripts.bench.hosts", ["--hostz=2"], {}, True)
+    assert returncode == 2 and "unrecognized arguments: --hostz=2" in stderr, stderr
+    trainer = ["--config=configs/digits.py", workdir, "--only_check_args"]
+    assert checker.run("jia_jax.main", trainer, {}, False)[0] == 0
+    returncode, stderr = checker.run("jia_jax.main", [*trainer, "--config.nope=1"], {}, False)
+    assert returncode == 1 and "the config has no field 'nope'" in stderr, stderr
+    returncode, stderr = checker.run("scripts.no_such_module", [], {}, True)
+    assert returncode == 1 and "No module named scripts.no_such_module" in stderr, stderr
+
+
 @pytest.mark.parametrize("page, blocks", collected()[0], ids=[p for p, _ in collected()[0]])
 def test_python_snippets_run(page, blocks):
     for source, code, sketch in blocks:
@@ -396,7 +453,7 @@ def test_python_snippets_run(page, blocks):
 
 
 @pytest.mark.parametrize("command", collected()[1], ids=str)
-def test_shell_command_works_as_pasted(command, tmp_path):
+def test_shell_command_works_as_pasted(command, tmp_path, checker):
     try:
         words = _words(command.text)
     except ValueError as error:
@@ -413,7 +470,7 @@ def test_shell_command_works_as_pasted(command, tmp_path):
             # A mention of a file (or `file.py:function`) in prose.
             assert (REPO / words[0].split(":")[0]).exists(), f"{command}\nno such file"
             return
-        _check_script(command, env, words)
+        _check_script(command, env, words, checker)
         return
     if words[0] in PYTHON:
         assert len(words) >= 3 and words[1] == "-m", f"{command}\nexpected `python -m MODULE ...`"
@@ -424,8 +481,8 @@ def test_shell_command_works_as_pasted(command, tmp_path):
             # A mention of the program in prose (`python -m scripts.x`): it must exist.
             assert importlib.util.find_spec(module) is not None, f"{command}\nno module {module}"
             return
-        _check_module(command, env, module, args)
+        _check_module(command, env, module, args, checker)
         if module == "jia_jax.main":
-            _check_trainer(command, env, args, tmp_path)
+            _check_trainer(command, env, args, tmp_path, checker)
         return
     pytest.fail(f"{command}\nunknown program {words[0]!r}: teach tests/test_doc_commands.py")

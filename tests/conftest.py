@@ -1,6 +1,7 @@
 """Test setup: 8 simulated CPU devices, so SPMD code runs on a 2x4 mesh without GPUs, and a
 finished digits run that the evaluation and export tests read."""
 
+import gc
 import os
 import pathlib
 import shutil
@@ -45,6 +46,17 @@ def digits_run(tmp_path_factory) -> tuple[pathlib.Path, str]:
     result = run_main(*DIGITS_RUN_FLAGS, f"--workdir={workdir}")
     assert result.returncode == 0, result.stderr[-3000:]
     return workdir, result.stderr
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem) -> None:
+    """Freezes what outlives each test, after its fixtures' teardown. Python's full collections
+    walked every object of a worker, which grows with each test's traces and compiled programs
+    (0.56 s a pass, 69 s of the two workers' CPU in a suite run on a 2-core machine); frozen ones
+    are never walked again (three test files in one process: 5% less CPU time, the same peak
+    memory). Garbage is collected first, so only live objects are frozen."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_sessionfinish(session) -> None:

@@ -10,6 +10,7 @@ import pytest
 from configs import digits
 from jia_jax import gc_freeze, loop, metrics
 from scripts.bench import gc_pauses
+from tests.main_util import main_in_process
 
 
 class _Cycle:
@@ -77,6 +78,18 @@ def test_the_trainer_freezes_once_its_first_step_has_compiled_and_unfreezes_at_t
     assert events[freeze + 1] == ("restart", 1)
     assert events.index("unfreeze") > freeze
     assert events[-1] == "eval" and events.index("unfreeze") < len(events) - 1
+
+
+def test_the_command_line_freezes_what_its_imports_built_before_it_trains(monkeypatch, tmp_path):
+    """`python -m jia_jax.main` freezes the objects alive before the run starts (the imports'),
+    so the collector's passes while the step is traced and compiled skip them."""
+    gc.unfreeze()
+    frozen_at_training = []
+    monkeypatch.setattr(
+        loop, "train_and_evaluate", lambda *_: frozen_at_training.append(gc.get_freeze_count())
+    )
+    main_in_process("--config=configs/digits.py", f"--workdir={tmp_path}")
+    assert len(frozen_at_training) == 1 and frozen_at_training[0] > 0, frozen_at_training
 
 
 def test_pause_timer_records_each_pass_and_summary_keeps_the_steady_window(monkeypatch):

@@ -80,6 +80,8 @@ def test_the_trainer_freezes_once_its_first_step_has_compiled_and_unfreezes_at_t
     assert events[-1] == "eval" and events.index("unfreeze") < len(events) - 1
 
 
+# ml_collections loads the config file with the import machinery's deprecated load_module.
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
 def test_the_command_line_freezes_what_its_imports_built_before_it_trains(monkeypatch, tmp_path):
     """`python -m jia_jax.main` freezes the objects alive before the run starts (the imports'),
     so the collector's passes while the step is traced and compiled skip them."""

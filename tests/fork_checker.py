@@ -78,7 +78,9 @@ def _check(request: dict) -> dict:
         stderr.seek(0)
         text = stderr.read().decode(errors="replace")
     if os.WIFSIGNALED(status):
-        text += f"\nkilled by signal {os.WTERMSIG(status)} (SIGALRM: past {request['timeout']} s)"
+        signal_ = signal.Signals(os.WTERMSIG(status))
+        past = f": past {request['timeout']} s" if signal_ == signal.SIGALRM else ""
+        text += f"\nkilled by {signal_.name}{past}"
     return {"returncode": os.waitstatus_to_exitcode(status), "stderr": text}
 
 

@@ -333,7 +333,9 @@ class _Checker:
             text=True,
         )
 
-    def run(self, module: str, args: list[str], env: dict[str, str], stop_at_parse: bool):
+    def run(
+        self, module: str, args: list[str], env: dict[str, str], stop_at_parse: bool
+    ) -> tuple[int, str]:
         """(returncode, stderr): `stop_at_parse` exits 0 once argparse has accepted `args` (a
         module that reads sys.argv itself, such as the renderer, runs to its end)."""
         request = {
